@@ -1,0 +1,51 @@
+"""The `cllm` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cllm.config import ConfigError, ServeConfig, load_config
+from cllm.model_file import ModelFileError, resolve_model
+
+
+def _serve_parser(sub) -> None:
+    d = ServeConfig()
+    p = sub.add_parser(
+        "serve",
+        help="serve a GGUF model over HTTP",
+        description="Serve a GGUF model over HTTP: an engine process runs llama.cpp, a frontend process speaks HTTP.",
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML file with any of the options below (as 'ctx-size: 4096'); the command line wins")
+    p.add_argument("--host", help=f"address to listen on (default {d.host}; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, help=f"TCP port (default {d.port}; 0 picks a free one)")
+    p.add_argument("--model", metavar="PATH", help="GGUF file to serve (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--ctx-size", type=int, help=f"KV cache cells in all, shared evenly by the --parallel sequences (default {d.ctx_size})")
+    p.add_argument("--parallel", type=int, help=f"most sequences decoded together; more requests wait their turn (default {d.parallel})")
+    p.add_argument("--threads", type=int, help="CPU threads for llama.cpp (default: one per core)")
+    p.add_argument("--batch-size", type=int, help=f"token budget of one engine step, prompt chunks included (default {d.batch_size})")
+    p.add_argument("--shutdown-timeout", type=float, help=f"seconds in-flight requests get to finish on SIGINT/SIGTERM (default {d.shutdown_timeout:g})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cllm", description="cllm: llama.cpp behind an HTTP API")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+        try:
+            config = load_config(args.config, overrides)
+            model_path = resolve_model(config.model)
+        except (ConfigError, ModelFileError) as e:
+            print(f"cllm: {e}", file=sys.stderr)
+            return 2
+        from cllm.supervisor import Supervisor
+
+        return Supervisor(config, model_path).run()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

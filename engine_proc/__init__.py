@@ -1,0 +1,1 @@
+"""The engine process: owns the llama.cpp model and runs the decode loop."""

@@ -1,0 +1,5 @@
+import sys
+
+from engine_proc.main import main
+
+sys.exit(main())

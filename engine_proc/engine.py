@@ -1,0 +1,71 @@
+"""The engine: one step = schedule, decode, sample, retire."""
+
+from __future__ import annotations
+
+from cllm.config import ServeConfig
+from cllm.protocol import EngineStats, SeqOutput, Submit
+from engine_proc.model_runner import ModelRunner
+from engine_proc.sampler import Sampler
+from engine_proc.scheduler import Scheduler
+from engine_proc.sequence import Sequence
+
+
+class LLMEngine:
+    def __init__(self, model_path: str, config: ServeConfig):
+        self.runner = ModelRunner(model_path, config)
+        self.sampler = Sampler(self.runner.ctx, self.runner.n_vocab, self.runner.eog_tokens)
+        self.scheduler = Scheduler(config.parallel, self.runner.token_budget, self.runner.seq_ctx)
+        self.steps = 0
+        self.generated_tokens = 0
+
+    def add(self, req: Submit) -> None:
+        chain = self.sampler.chain(req.sampling, req.prompt)
+        self.scheduler.add(Sequence(req.id, req.prompt, req.sampling, chain))
+
+    def abort(self, ids: list[int]) -> None:
+        self._release(self.scheduler.remove(set(ids)))
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[SeqOutput]:
+        chunks = self.scheduler.schedule()
+        rows = self.runner.decode(chunks)
+        outputs, done = [], []
+        eog_tokens = self.runner.eog_tokens
+        for chunk, row in zip(chunks, rows):
+            seq = chunk.seq
+            seq.n_cached = chunk.end
+            if row < 0:
+                continue
+            token = self.sampler.sample(seq.sampler, row)
+            is_eog = token in eog_tokens
+            finish = self.scheduler.finish_reason(seq, token, is_eog)
+            outputs.append(SeqOutput(seq.id, None if finish == "stop" and is_eog else token, finish))
+            if finish:
+                done.append(seq)
+        if done:
+            self._release(self.scheduler.remove({s.id for s in done}))
+        self.steps += 1
+        self.generated_tokens += len(outputs)
+        return outputs
+
+    def _release(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            if seq.slot >= 0:
+                self.runner.free_slot(seq.slot)
+            self.sampler.free(seq.sampler)
+
+    def stats(self) -> EngineStats:
+        running = self.scheduler.running
+        return EngineStats(
+            running=len(running),
+            waiting=len(self.scheduler.waiting),
+            kv_used=sum(s.n_cached for s in running),
+            steps=self.steps,
+            generated_tokens=self.generated_tokens,
+        )
+
+    def close(self) -> None:
+        self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting)])
+        self.runner.close()

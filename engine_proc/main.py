@@ -1,0 +1,73 @@
+"""The engine process: drain requests, step while there is work, block when idle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import msgspec
+
+from cllm.launch import from_argv
+from cllm.protocol import EngineReady, StepOutputs, Submit, ToEngine
+from cllm.ring import Ring
+from engine_proc.engine import LLMEngine
+from engine_proc.model_runner import ModelLoadError
+
+STATS_INTERVAL = 1.0  # seconds between EngineStats while busy
+
+
+def main() -> int:
+    launch = from_argv()
+    requests, outputs = Ring(launch.requests), Ring(launch.outputs)
+    decode = msgspec.msgpack.Decoder(ToEngine).decode
+    encode = msgspec.msgpack.Encoder().encode
+
+    # SIGTERM ends the loop; the wake-up fd breaks an idle select() at once.
+    stop_r, stop_w = os.pipe()
+    os.set_blocking(stop_w, False)
+    signal.set_wakeup_fd(stop_w)
+    stopping = False
+
+    def on_term(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+
+    try:
+        engine = LLMEngine(launch.model_path, launch.config)
+    except ModelLoadError as e:
+        print(f"cllm engine: {e}", file=sys.stderr)
+        return 1
+    outputs.put(encode(EngineReady(engine.runner.info)))
+
+    stats_due = 0.0
+    try:
+        while not stopping:
+            records = requests.drain()
+            if not records and not engine.has_work():
+                outputs.put(encode(engine.stats()))  # going idle: the frontend sees the final figures
+                if launch.lifeline in requests.wait((launch.lifeline, stop_r)):
+                    break  # the supervisor is gone
+                continue
+            for record in records:
+                msg = decode(record)
+                if type(msg) is Submit:
+                    engine.add(msg)
+                else:
+                    engine.abort(msg.ids)
+            if engine.has_work():
+                outputs.put(encode(StepOutputs(engine.step())))
+                if time.monotonic() >= stats_due:
+                    outputs.put(encode(engine.stats()))
+                    stats_due = time.monotonic() + STATS_INTERVAL
+    finally:
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""llama.cpp model and context, and the one batch every step is decoded from.
+
+The llama_batch points into numpy arrays that live as long as the runner, so
+filling it is a few vectorised slice writes per sequence (no per-token ctypes
+calls, nothing allocated per step). Each running sequence owns one KV stream
+(``kv_unified`` off): its seq_id is its slot, and freeing the slot clears it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import llama_cpp as L
+import numpy as np
+
+from cllm.config import ServeConfig
+from cllm.llama_log import silence_llama_logs
+from cllm.protocol import ModelInfo
+from engine_proc.sequence import Chunk
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+def _meta(model, key: str) -> str:
+    buf = ctypes.create_string_buffer(256)
+    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode(errors="replace") if n >= 0 else ""
+
+
+class ModelRunner:
+    def __init__(self, model_path: str, config: ServeConfig):
+        silence_llama_logs()
+        L.llama_backend_init()
+        mparams = L.llama_model_default_params()
+        self.model = L.llama_model_load_from_file(model_path.encode(), mparams)
+        if not self.model:
+            raise ModelLoadError(f"llama.cpp could not load {model_path}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        # A step always has room for one token of every running sequence.
+        self.token_budget = max(config.batch_size, config.parallel)
+
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = config.ctx_size
+        cparams.n_batch = self.token_budget
+        cparams.n_ubatch = min(self.token_budget, 512)
+        cparams.n_seq_max = config.parallel
+        cparams.n_threads = cparams.n_threads_batch = config.n_threads
+        cparams.kv_unified = False
+        cparams.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise ModelLoadError(f"llama.cpp could not create a context of {config.ctx_size} cells for {model_path}")
+        self.memory = L.llama_get_memory(self.ctx)
+        self.seq_ctx = L.llama_n_ctx_seq(self.ctx)
+        self.eog_tokens = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
+
+        n = self.token_budget
+        self._token = np.zeros(n, np.int32)
+        self._pos = np.zeros(n, np.int32)
+        self._n_seq_id = np.ones(n, np.int32)
+        self._seq_id = np.zeros(n, np.int32)
+        self._logits = np.zeros(n, np.int8)
+        self._positions = np.arange(self.seq_ctx, dtype=np.int32)
+        seq_id_row = ctypes.POINTER(L.llama_seq_id)
+        base = self._seq_id.ctypes.data
+        self._seq_id_rows = (seq_id_row * n)(*(ctypes.cast(base + 4 * i, seq_id_row) for i in range(n)))
+        self.batch = L.llama_batch()
+        self.batch.token = self._token.ctypes.data_as(ctypes.POINTER(L.llama_token))
+        self.batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
+        self.batch.n_seq_id = self._n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.batch.seq_id = self._seq_id_rows
+        self.batch.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+        self.info = ModelInfo(
+            model_path=model_path,
+            model_name=_meta(self.model, "general.name") or os.path.basename(model_path),
+            model_family=_meta(self.model, "general.architecture"),
+            quantization=_quantization(self.model),
+            vocab_size=self.n_vocab,
+            num_layers=L.llama_model_n_layer(self.model),
+            n_ctx_train=L.llama_model_n_ctx_train(self.model),
+            ctx_size=L.llama_n_ctx(self.ctx),
+            seq_ctx=self.seq_ctx,
+            parallel=config.parallel,
+            batch_size=self.token_budget,
+            threads=config.n_threads,
+            gpu_layers=mparams.n_gpu_layers,
+            use_mmap=mparams.load_mode in (L.LLAMA_LOAD_MODE_AUTO, L.LLAMA_LOAD_MODE_MMAP, L.LLAMA_LOAD_MODE_MMAP_MLOCK),
+        )
+
+    def decode(self, chunks: list[Chunk]) -> list[int]:
+        """One llama_decode for all chunks; returns each chunk's logits row (-1: none)."""
+        rows = []
+        i = 0
+        for c in chunks:
+            seq, n = c.seq, c.end - c.start
+            if c.start >= len(seq.prompt):  # decoding: feed the last sampled token
+                self._token[i] = seq.output[-1]
+            else:
+                self._token[i : i + n] = seq.prompt[c.start : c.end]
+            self._pos[i : i + n] = self._positions[c.start : c.end]
+            self._seq_id[i : i + n] = seq.slot
+            self._logits[i : i + n] = 0
+            i += n
+            if c.samples:
+                self._logits[i - 1] = 1
+                rows.append(i - 1)
+            else:
+                rows.append(-1)
+        self.batch.n_tokens = i
+        rc = L.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        return rows
+
+    def free_slot(self, slot: int) -> None:
+        L.llama_memory_seq_rm(self.memory, slot, -1, -1)
+
+    def close(self) -> None:
+        L.llama_free(self.ctx)
+        L.llama_model_free(self.model)
+
+
+def _quantization(model) -> str:
+    desc = ctypes.create_string_buffer(256)
+    L.llama_model_desc(model, desc, len(desc))
+    # "llama 135M Q4_1" -> "Q4_1"
+    return desc.value.decode(errors="replace").split()[-1] if desc.value else ""

@@ -1,0 +1,36 @@
+"""One request as the engine sees it: tokens, KV slot and progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cllm.protocol import SamplingParams
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    sampler: object  # the sequence's llama.cpp sampler chain
+    slot: int = -1  # its KV stream / llama.cpp seq_id while running
+    n_cached: int = 0  # tokens whose KV cells are filled
+    output: list[int] = field(default_factory=list)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_cached < len(self.prompt)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Tokens of one sequence in this step's batch: positions [start, end)."""
+
+    seq: Sequence
+    start: int
+    end: int
+
+    @property
+    def samples(self) -> bool:
+        """The chunk ends the known tokens, so its last logits pick the next one."""
+        return self.end >= len(self.seq.prompt)

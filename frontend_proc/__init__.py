@@ -1,0 +1,1 @@
+"""The frontend process: HTTP, validation, tokenization, streaming."""

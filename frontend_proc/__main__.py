@@ -1,0 +1,5 @@
+import sys
+
+from frontend_proc.main import main
+
+sys.exit(main())

@@ -1,0 +1,184 @@
+"""cLLM's HTTP API: /, /health, /generate, /generate_stream, /encode, /model/info."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from frontend_proc.app import ApiError, AppState, decode_body, json_response, ok, state
+from frontend_proc.engine_client import RequestStream
+from frontend_proc.schemas import EncodeRequest, GenerateRequest
+
+_json = msgspec.json.Encoder()
+
+ENDPOINTS = [
+    {"method": "GET", "path": "/", "description": "this list"},
+    {"method": "GET", "path": "/health", "description": "liveness; ?level=basic|detailed|full"},
+    {"method": "POST", "path": "/generate", "description": "generate text (\"stream\": true for SSE)"},
+    {"method": "POST", "path": "/generate_stream", "description": "generate text as Server-Sent Events"},
+    {"method": "POST", "path": "/encode", "description": "tokenize text"},
+    {"method": "GET", "path": "/model/info", "description": "the served model and llama.cpp settings"},
+]
+
+
+async def index(request: Request) -> Response:
+    return ok({"service": "cllm", "endpoints": ENDPOINTS})
+
+
+async def health(request: Request) -> Response:
+    st = state(request)
+    level = request.query_params.get("level", "basic")
+    if level not in ("basic", "detailed", "full"):
+        raise ApiError(400, "invalid request", f"level must be basic, detailed or full, not {level!r}")
+    client = st.client
+    healthy = client.info is not None
+    data = {
+        "healthy": healthy,
+        "status": "healthy" if healthy else "starting",
+        "components": {"frontend": True, "tokenizer": True, "engine": healthy},
+    }
+    if level in ("detailed", "full"):
+        stats = client.stats
+        data["queue"] = {
+            "in_flight": client.in_flight,
+            "running": stats.running if stats else 0,
+            "waiting": stats.waiting if stats else 0,
+        }
+        data["uptime_seconds"] = round(time.monotonic() - st.started_at, 3)
+    if level == "full" and healthy:
+        info = client.info
+        data["engine"] = {
+            "steps": stats.steps if stats else 0,
+            "generated_tokens": stats.generated_tokens if stats else 0,
+            "kv_used": stats.kv_used if stats else 0,
+            "kv_total": info.ctx_size,
+            "parallel": info.parallel,
+        }
+        data["model"] = msgspec.to_builtins(info)
+    return json_response({"success": True, "data": data}, 200 if healthy else 503)
+
+
+async def _submit(st: AppState, body: GenerateRequest, per_step: bool) -> RequestStream:
+    info = st.client.info
+    if info is None:
+        raise ApiError(503, "not ready", "the engine is not running")
+    prompt = st.tokenizer.encode(body.prompt)
+    if not prompt:
+        raise ApiError(400, "invalid request", "prompt is empty")
+    if len(prompt) >= info.seq_ctx:
+        raise ApiError(
+            400,
+            "prompt too long",
+            f"the prompt is {len(prompt)} tokens; one sequence holds at most {info.seq_ctx} (ctx-size / parallel), "
+            f"so a prompt may have at most {info.seq_ctx - 1}",
+        )
+    if body.max_tokens > info.seq_ctx:
+        raise ApiError(400, "invalid request", f"max_tokens {body.max_tokens} exceeds the context of one sequence ({info.seq_ctx})")
+    return await st.client.submit(prompt, body.sampling(), per_step)
+
+
+def _request_id(stream: RequestStream) -> str:
+    return f"cllm-{stream.id}"
+
+
+async def generate(request: Request) -> Response:
+    body = await decode_body(request, GenerateRequest)
+    if body.stream:
+        return await _stream(request, body)
+    st = state(request)
+    stream = await _submit(st, body, per_step=False)
+    try:
+        tokens = await stream.result()
+    finally:
+        st.client.abort(stream)
+    elapsed = time.perf_counter() - stream.t_submit
+    detok = st.tokenizer.detokenizer()
+    return ok(
+        {
+            "id": _request_id(stream),
+            "text": detok.feed(tokens) + detok.flush(),
+            "response_time": round(elapsed, 6),
+            "tokens_per_second": round(len(tokens) / elapsed, 3) if elapsed > 0 else 0.0,
+            "generated_tokens": len(tokens),
+            "prompt_tokens": stream.prompt_tokens,
+            "max_tokens": body.max_tokens,
+            "finish_reason": stream.finish,
+        }
+    )
+
+
+async def generate_stream(request: Request) -> Response:
+    return await _stream(request, await decode_body(request, GenerateRequest))
+
+
+def _sse(event: dict) -> bytes:
+    return b"data: " + _json.encode(event) + b"\n\n"
+
+
+async def _stream(request: Request, body: GenerateRequest) -> Response:
+    st = state(request)
+    stream = await _submit(st, body, per_step=True)
+    rid = _request_id(stream)
+
+    async def events():
+        detok = st.tokenizer.detokenizer()
+        try:
+            async for new in stream.updates():
+                for token in new:
+                    piece = detok.feed((token,))
+                    if piece:
+                        yield _sse({"id": rid, "token": piece, "done": False})
+            tail = detok.flush()
+            if tail:
+                yield _sse({"id": rid, "token": tail, "done": False})
+            yield _sse(
+                {"id": rid, "token": "", "done": True, "generated_tokens": len(stream.tokens), "finish_reason": stream.finish}
+            )
+        finally:
+            st.client.abort(stream)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def encode(request: Request) -> Response:
+    body = await decode_body(request, EncodeRequest)
+    tokens = state(request).tokenizer.encode(body.text)
+    return ok({"tokens": tokens, "length": len(tokens)})
+
+
+async def model_info(request: Request) -> Response:
+    info = state(request).client.info
+    if info is None:
+        raise ApiError(503, "not ready", "the engine is not running")
+    return ok(
+        {
+            "model_path": info.model_path,
+            "model_name": info.model_name,
+            "model_family": info.model_family,
+            "quantization": info.quantization,
+            "vocab_size": info.vocab_size,
+            "num_layers": info.num_layers,
+            "max_sequence_length": info.seq_ctx,
+            "n_ctx_train": info.n_ctx_train,
+            "ctx_size": info.ctx_size,
+            "parallel": info.parallel,
+            "batch_size": info.batch_size,
+            "num_threads": info.threads,
+            "gpu_layers": info.gpu_layers,
+            "use_mmap": info.use_mmap,
+        }
+    )
+
+
+routes = [
+    Route("/", index, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/generate", generate, methods=["POST"]),
+    Route("/generate_stream", generate_stream, methods=["POST"]),
+    Route("/encode", encode, methods=["POST"]),
+    Route("/model/info", model_info, methods=["GET"]),
+]

@@ -1,0 +1,78 @@
+"""The frontend process: uvicorn serving the Starlette app, attached to the rings."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import sys
+
+import uvicorn
+
+from cllm.launch import from_argv
+from frontend_proc import cllm_api
+from frontend_proc.app import AppState, build_app
+from frontend_proc.engine_client import EngineClient
+from frontend_proc.tokenizer import Tokenizer
+
+
+class _Server(uvicorn.Server):
+    """Tells the supervisor, through the ready pipe, which port it serves."""
+
+    def __init__(self, config: uvicorn.Config, ready_fd: int):
+        super().__init__(config)
+        self._ready_fd = ready_fd
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            port = self.servers[0].sockets[0].getsockname()[1]
+            os.write(self._ready_fd, f"{port}\n".encode())
+            os.close(self._ready_fd)
+
+
+def main() -> int:
+    launch = from_argv()
+    config = launch.config
+    client = EngineClient(launch)
+    app_state = AppState(config=config, client=client, tokenizer=Tokenizer(launch.model_path))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        loop = asyncio.get_running_loop()
+        client.start()
+        # The supervisor holds the lifeline's only write end: EOF means it died.
+        loop.add_reader(launch.lifeline, _on_supervisor_gone, client)
+        await client.ready
+        yield
+        loop.remove_reader(launch.lifeline)
+        client.stop()
+
+    app = build_app(app_state, cllm_api.routes, lifespan)
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+            http="httptools",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=config.shutdown_timeout,
+        ),
+        launch.ready,
+    )
+    server.run()
+    return 0 if server.started else 1
+
+
+def _on_supervisor_gone(client: EngineClient) -> None:
+    if not client.ready.done():
+        client.ready.set_exception(SystemExit("cllm frontend: the supervisor is gone"))
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Tokenization in the frontend, from a vocabulary-only load of the GGUF file."""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+
+import llama_cpp as L
+
+from cllm.llama_log import silence_llama_logs
+
+
+class Tokenizer:
+    def __init__(self, model_path: str):
+        silence_llama_logs()
+        params = L.llama_model_default_params()
+        params.vocab_only = True
+        self._model = L.llama_model_load_from_file(model_path.encode(), params)
+        if not self._model:
+            raise RuntimeError(f"llama.cpp could not load the vocabulary of {model_path}")
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode()
+        size = len(data) + 8
+        while True:
+            buf = (L.llama_token * size)()
+            n = L.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, False)
+            if n >= 0:
+                return buf[:n]
+            size = -n
+
+    def piece(self, token: int) -> bytes:
+        """The bytes one token stands for (control tokens: none)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+            if n < 0:  # longer than the buffer
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+                piece = buf.raw[:n]
+            else:
+                piece = self._piece_buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def detokenizer(self) -> "Detokenizer":
+        return Detokenizer(self.piece)
+
+
+class Detokenizer:
+    """Incremental detokenization that only ever emits whole UTF-8 characters.
+
+    Bytes of a character split across tokens are held back until it is
+    complete; whatever is left at the end is decoded with replacement.
+    """
+
+    def __init__(self, piece):
+        self._piece = piece
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, tokens: list[int]) -> str:
+        return self._utf8.decode(b"".join(map(self._piece, tokens)))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
