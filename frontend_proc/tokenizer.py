@@ -23,11 +23,12 @@ class Tokenizer:
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids of text; special tokens written out (<|im_end|>) are parsed, as llama-server does."""
         data = text.encode()
         size = len(data) + 8
         while True:
             buf = (L.llama_token * size)()
-            n = L.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, False)
+            n = L.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
             if n >= 0:
                 return buf[:n]
             size = -n

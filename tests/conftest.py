@@ -1,0 +1,88 @@
+"""Fixtures that run `cllm serve` for real, on free ports, and always clean up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START_TIMEOUT = 90.0
+STOP_TIMEOUT = 30.0
+
+# A chat-formatted prompt after which SmolLM2-Instruct answers briefly and ends with <|im_end|>.
+CHAT_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+    stdout_lines: list[str]
+
+    def client(self, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_server(*args: str) -> Server:
+    """Start `cllm serve` and wait (bounded) for the line that says it serves."""
+    cmd = [sys.executable, "-m", "cllm.cli", "serve", "--port", str(free_port()), *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+    url = []
+
+    def read_stdout():
+        for line in proc.stdout:
+            lines.append(line)
+            if " at http://" in line and not ready.is_set():
+                url.append(line.rsplit(" at ", 1)[1].strip())
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read_stdout, daemon=True).start()
+    if not ready.wait(START_TIMEOUT) or not url:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"cllm serve did not start: {proc.stderr.read()}")
+    return Server(proc, url[0], lines)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    """The server most tests share: 16 sequences at once, 512 KV cells each."""
+    srv = start_server("--parallel", "16", "--ctx-size", "8192")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def http(server) -> Iterator[httpx.Client]:
+    with server.client() as c:
+        yield c
