@@ -29,7 +29,9 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[SeqOutput]:
-        chunks = self.scheduler.schedule()
+        chunks, moves = self.scheduler.schedule()
+        for src, dst in moves:
+            self.runner.move_slot(src, dst)
         rows = self.runner.decode(chunks)
         outputs, done = [], []
         eog_tokens = self.runner.eog_tokens

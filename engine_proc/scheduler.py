@@ -4,10 +4,16 @@ A step's batch holds one token for every decoding sequence, then prompt
 chunks (of running sequences still prefilling, then of newly admitted ones)
 up to the token budget. Sequences leave the moment they finish, and their
 KV slot goes to the next waiting request in the same step.
+
+Running sequences always sit in slots 0..n-1 and the batch lists them in
+slot order: llama.cpp decodes a run of consecutive seq_ids in one graph, and
+a gap would split the step in two. New requests take the lowest free slots;
+a gap they do not fill is closed by moving the top sequence down into it.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from engine_proc.sequence import Chunk, Sequence
@@ -17,7 +23,7 @@ class Scheduler:
     def __init__(self, parallel: int, token_budget: int, seq_ctx: int):
         self.token_budget = token_budget
         self.seq_ctx = seq_ctx
-        self.free_slots = list(range(parallel - 1, -1, -1))
+        self.free_slots = list(range(parallel))  # a heap: the lowest slot first
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -35,10 +41,12 @@ class Scheduler:
         running = [s for s in self.running if s.id in ids]
         if running:
             self.running = [s for s in self.running if s.id not in ids]
-            self.free_slots.extend(s.slot for s in running)
+            for seq in running:
+                heapq.heappush(self.free_slots, seq.slot)
         return gone + running
 
-    def schedule(self) -> list[Chunk]:
+    def schedule(self) -> tuple[list[Chunk], list[tuple[int, int]]]:
+        """This step's chunks in slot order, and the (from, to) slot moves to make first."""
         budget = self.token_budget
         chunks = []
         for seq in self.running:
@@ -50,10 +58,25 @@ class Scheduler:
                 budget -= self._prefill(seq, budget, chunks)
         while self.waiting and self.free_slots and budget > 0:
             seq = self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
+            seq.slot = heapq.heappop(self.free_slots)
             self.running.append(seq)
             budget -= self._prefill(seq, budget, chunks)
-        return chunks
+        moves = self._compact()
+        chunks.sort(key=lambda c: c.seq.slot)
+        return chunks, moves
+
+    def _compact(self) -> list[tuple[int, int]]:
+        n = len(self.running)
+        moves = []
+        if not self.free_slots or self.free_slots[0] >= n:
+            return moves  # no gap below the top slot
+        for seq in sorted(self.running, key=lambda s: s.slot, reverse=True):
+            if seq.slot < n:
+                break
+            hole = heapq.heappushpop(self.free_slots, seq.slot)
+            moves.append((seq.slot, hole))
+            seq.slot = hole
+        return moves
 
     @staticmethod
     def _prefill(seq: Sequence, budget: int, chunks: list[Chunk]) -> int:

@@ -1,0 +1,1 @@
+"""Benchmarks: raw llama.cpp ceiling, HTTP load against cllm and its peers."""
