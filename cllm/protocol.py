@@ -16,8 +16,13 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     top_k: int = 40  # 0 disables
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None  # None: a random seed
     ignore_eos: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    grammar: str | None = None  # GBNF (start symbol "root") the output must match
+    logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the n likeliest
 
 
 # ---- frontend -> engine ------------------------------------------------------
@@ -60,10 +65,21 @@ class EngineReady(msgspec.Struct, tag=1, array_like=True, gc=False):
     info: ModelInfo
 
 
+class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
+    """Log-probabilities of one sampled token under the model (raw logits, before sampling)."""
+
+    logprob: float  # the sampled token's
+    top_ids: list[int]  # the likeliest tokens, likeliest first
+    top_logprobs: list[float]
+
+
 class SeqOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     id: int
     token: int | None = None  # None when the step ended the sequence without text (EOS)
-    finish: str | None = None  # "stop" or "length" once the sequence is done
+    # "stop" or "length" once the sequence is done; "error" when the engine
+    # refused it at admission (a grammar llama.cpp cannot parse)
+    finish: str | None = None
+    logprobs: TokenLogprobs | None = None  # only for sequences that ask
 
 
 class StepOutputs(msgspec.Struct, tag=2, array_like=True, gc=False):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cllm.config import ServeConfig
 from cllm.protocol import EngineStats, SeqOutput, Submit
 from engine_proc.model_runner import ModelRunner
-from engine_proc.sampler import Sampler
+from engine_proc.sampler import GrammarError, Sampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Sequence
 
@@ -13,14 +13,19 @@ from engine_proc.sequence import Sequence
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig):
         self.runner = ModelRunner(model_path, config)
-        self.sampler = Sampler(self.runner.ctx, self.runner.n_vocab, self.runner.eog_tokens)
+        self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens)
         self.scheduler = Scheduler(config.parallel, self.runner.token_budget, self.runner.seq_ctx)
         self.steps = 0
         self.generated_tokens = 0
 
-    def add(self, req: Submit) -> None:
-        chain = self.sampler.chain(req.sampling, req.prompt)
-        self.scheduler.add(Sequence(req.id, req.prompt, req.sampling, chain))
+    def add(self, req: Submit) -> SeqOutput | None:
+        """Queue a request; the output that ends it at once if the engine refuses it."""
+        try:
+            sampler = self.sampler.new(req.sampling, req.prompt)
+        except GrammarError:
+            return SeqOutput(req.id, finish="error")
+        self.scheduler.add(Sequence(req.id, req.prompt, req.sampling, sampler))
+        return None
 
     def abort(self, ids: list[int]) -> None:
         self._release(self.scheduler.remove(set(ids)))
@@ -43,7 +48,12 @@ class LLMEngine:
             token = self.sampler.sample(seq.sampler, row)
             is_eog = token in eog_tokens
             finish = self.scheduler.finish_reason(seq, token, is_eog)
-            outputs.append(SeqOutput(seq.id, None if finish == "stop" and is_eog else token, finish))
+            if finish == "stop" and is_eog:
+                outputs.append(SeqOutput(seq.id, None, finish))
+            elif seq.params.logprobs is None:
+                outputs.append(SeqOutput(seq.id, token, finish))
+            else:
+                outputs.append(SeqOutput(seq.id, token, finish, self.sampler.logprobs(row, token, seq.params.logprobs)))
             if finish:
                 done.append(seq)
         if done:

@@ -53,12 +53,17 @@ def main() -> int:
                 if launch.lifeline in requests.wait((launch.lifeline, stop_r)):
                     break  # the supervisor is gone
                 continue
+            refused = []
             for record in records:
                 msg = decode(record)
                 if type(msg) is Submit:
-                    engine.add(msg)
+                    out = engine.add(msg)
+                    if out is not None:
+                        refused.append(out)
                 else:
                     engine.abort(msg.ids)
+            if refused:
+                outputs.put(encode(StepOutputs(refused)))
             if engine.has_work():
                 outputs.put(encode(StepOutputs(engine.step())))
                 if time.monotonic() >= stats_due:

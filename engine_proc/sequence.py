@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cllm.protocol import SamplingParams
+from engine_proc.sampler import SeqSampler
 
 
 @dataclass(eq=False, slots=True)
@@ -12,7 +13,7 @@ class Sequence:
     id: int
     prompt: list[int]
     params: SamplingParams
-    sampler: object  # the sequence's llama.cpp sampler chain
+    sampler: SeqSampler
     slot: int = -1  # its KV stream / llama.cpp seq_id while running
     n_cached: int = 0  # tokens whose KV cells are filled
     output: list[int] = field(default_factory=list)

@@ -24,6 +24,7 @@ from cllm.protocol import (
     SamplingParams,
     StepOutputs,
     Submit,
+    TokenLogprobs,
 )
 from cllm.ring import Ring
 
@@ -31,23 +32,26 @@ from cllm.ring import Ring
 class RequestStream:
     """Tokens of one request as they arrive from the engine."""
 
-    __slots__ = ("id", "prompt_tokens", "tokens", "finish", "t_submit", "t_first", "_event", "_per_step")
+    __slots__ = ("id", "prompt_tokens", "tokens", "logprobs", "finish", "t_submit", "t_first", "_event", "_per_step")
 
     def __init__(self, rid: int, prompt_tokens: int, per_step: bool):
         self.id = rid
         self.prompt_tokens = prompt_tokens
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []  # one per token, when the request asked for them
         self.finish: str | None = None
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
         self._event = asyncio.Event()
         self._per_step = per_step
 
-    def _push(self, token: int | None, finish: str | None) -> None:
+    def _push(self, token: int | None, finish: str | None, logprobs: TokenLogprobs | None) -> None:
         if token is not None:
             if self.t_first is None:
                 self.t_first = time.perf_counter()
             self.tokens.append(token)
+            if logprobs is not None:
+                self.logprobs.append(logprobs)
         if finish is not None:
             self.finish = finish
             self._event.set()
@@ -150,7 +154,7 @@ class EngineClient:
                     for out in msg.outputs:
                         stream = streams.get(out.id)
                         if stream is not None:
-                            stream._push(out.token, out.finish)
+                            stream._push(out.token, out.finish, out.logprobs)
                             if out.finish is not None:
                                 del streams[out.id]
                 elif type(msg) is EngineStats:
