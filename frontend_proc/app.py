@@ -1,7 +1,8 @@
-"""The Starlette application: shared state, error shape, body decoding."""
+"""The Starlette application: shared state, error shapes, body decoding."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -13,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.config import ServeConfig
+from frontend_proc.chat_template import ChatTemplate
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.tokenizer import Tokenizer
 
@@ -25,15 +27,25 @@ class AppState:
     config: ServeConfig
     client: EngineClient
     tokenizer: Tokenizer
+    chat_template: ChatTemplate
     started_at: float = field(default_factory=time.monotonic)
 
 
 class ApiError(Exception):
-    """Answered as {"success": false, "error": ..., "message": ...}."""
+    """Answered in the shape of the API the path belongs to (see error_body)."""
 
-    def __init__(self, status: int, error: str, message: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        message: str | None = None,
+        headers: dict | None = None,
+        param: str | None = None,  # the request field at fault
+        code: str | None = None,  # OpenAI's machine-readable code; default: error in snake_case
+    ):
         super().__init__(error)
         self.status, self.error, self.message, self.headers = status, error, message, headers
+        self.param, self.code = param, code
 
 
 def json_response(data, status: int = 200, headers: dict | None = None) -> Response:
@@ -44,20 +56,42 @@ def ok(data) -> Response:
     return json_response({"success": True, "data": data})
 
 
-def _error_body(status: int, error: str, message: str | None) -> dict:
-    body = {"success": False, "error": error}
-    if message:
-        body["message"] = message
+def error_body(path: str, exc: ApiError) -> dict:
+    """cLLM's {"success": false, "error", "message"}, or OpenAI's {"error": {...}} under /v1/."""
+    if path.startswith("/v1/"):
+        message = f"{exc.error}: {exc.message}" if exc.message else exc.error
+        return {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error" if exc.status < 500 else "server_error",
+                "param": exc.param,
+                "code": exc.code or exc.error.replace(" ", "_"),
+            }
+        }
+    body = {"success": False, "error": exc.error}
+    if exc.message:
+        body["message"] = exc.message
     return body
 
 
 async def _on_api_error(request: Request, exc: ApiError) -> Response:
-    return json_response(_error_body(exc.status, exc.error, exc.message), exc.status, exc.headers)
+    return json_response(error_body(request.url.path, exc), exc.status, exc.headers)
 
 
 async def _on_http_error(request: Request, exc: HTTPException) -> Response:
-    message = f"{request.method} {request.url.path}"
-    return json_response(_error_body(exc.status_code, exc.detail.lower(), message), exc.status_code, exc.headers)
+    return await _on_api_error(request, ApiError(exc.status_code, exc.detail.lower(), f"{request.method} {request.url.path}", exc.headers))
+
+
+# msgspec names the field at fault: "Expected `int` >= 1 - at `$.max_tokens`",
+# "Object contains unknown field `bogus`", "... field `role` - at `$.messages[0]`".
+_FIELD = re.compile(r"field `([^`]*)`")
+_PATH = re.compile(r"at `\$\.?([^`]*)`$")
+
+
+def _param(message: str) -> str | None:
+    field, path = _FIELD.search(message), _PATH.search(message)
+    parts = [m.group(1) for m in (path, field) if m and m.group(1)]
+    return ".".join(parts) or None
 
 
 async def decode_body(request: Request, type_: type[T]) -> T:
@@ -65,7 +99,7 @@ async def decode_body(request: Request, type_: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as e:
-        raise ApiError(400, "invalid request", str(e)) from None
+        raise ApiError(400, "invalid request", str(e), param=_param(str(e))) from None
     except msgspec.DecodeError as e:
         raise ApiError(400, "invalid JSON", str(e)) from None
 

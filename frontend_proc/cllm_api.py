@@ -9,8 +9,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from frontend_proc import generation
 from frontend_proc.app import ApiError, AppState, decode_body, json_response, ok, state
-from frontend_proc.engine_client import RequestStream
+from frontend_proc.generation import Choice, Generation
 from frontend_proc.schemas import EncodeRequest, GenerateRequest
 
 _json = msgspec.json.Encoder()
@@ -22,6 +23,9 @@ ENDPOINTS = [
     {"method": "POST", "path": "/generate_stream", "description": "generate text as Server-Sent Events"},
     {"method": "POST", "path": "/encode", "description": "tokenize text"},
     {"method": "GET", "path": "/model/info", "description": "the served model and llama.cpp settings"},
+    {"method": "GET", "path": "/v1/models", "description": "OpenAI: the served model"},
+    {"method": "POST", "path": "/v1/completions", "description": "OpenAI: text completions"},
+    {"method": "POST", "path": "/v1/chat/completions", "description": "OpenAI: chat completions"},
 ]
 
 
@@ -62,27 +66,12 @@ async def health(request: Request) -> Response:
     return json_response({"success": True, "data": data}, 200 if healthy else 503)
 
 
-async def _submit(st: AppState, body: GenerateRequest, per_step: bool) -> RequestStream:
-    info = st.client.info
-    if info is None:
-        raise ApiError(503, "not ready", "the engine is not running")
-    prompt = st.tokenizer.encode(body.prompt)
-    if not prompt:
-        raise ApiError(400, "invalid request", "prompt is empty")
-    if len(prompt) >= info.seq_ctx:
-        raise ApiError(
-            400,
-            "prompt too long",
-            f"the prompt is {len(prompt)} tokens; one sequence holds at most {info.seq_ctx} (ctx-size / parallel), "
-            f"so a prompt may have at most {info.seq_ctx - 1}",
-        )
-    if body.max_tokens > info.seq_ctx:
-        raise ApiError(400, "invalid request", f"max_tokens {body.max_tokens} exceeds the context of one sequence ({info.seq_ctx})")
-    return await st.client.submit(prompt, body.sampling(), per_step)
+async def _start(st: AppState, body: GenerateRequest, stream: bool) -> Generation:
+    return await generation.start(st, [st.tokenizer.encode(body.prompt)], body.sampling(), stream=stream)
 
 
-def _request_id(stream: RequestStream) -> str:
-    return f"cllm-{stream.id}"
+def _request_id(choice: Choice) -> str:
+    return f"cllm-{choice.stream.id}"
 
 
 async def generate(request: Request) -> Response:
@@ -90,23 +79,23 @@ async def generate(request: Request) -> Response:
     if body.stream:
         return await _stream(request, body)
     st = state(request)
-    stream = await _submit(st, body, per_step=False)
+    gen = await _start(st, body, stream=False)
     try:
-        tokens = await stream.result()
+        [text] = await gen.texts()
     finally:
-        st.client.abort(stream)
-    elapsed = time.perf_counter() - stream.t_submit
-    detok = st.tokenizer.detokenizer()
+        gen.close()
+    choice = gen.choices[0]
+    elapsed = time.perf_counter() - choice.stream.t_submit
     return ok(
         {
-            "id": _request_id(stream),
-            "text": detok.feed(tokens) + detok.flush(),
+            "id": _request_id(choice),
+            "text": text,
             "response_time": round(elapsed, 6),
-            "tokens_per_second": round(len(tokens) / elapsed, 3) if elapsed > 0 else 0.0,
-            "generated_tokens": len(tokens),
-            "prompt_tokens": stream.prompt_tokens,
+            "tokens_per_second": round(choice.n_tokens / elapsed, 3) if elapsed > 0 else 0.0,
+            "generated_tokens": choice.n_tokens,
+            "prompt_tokens": gen.prompt_tokens,
             "max_tokens": body.max_tokens,
-            "finish_reason": stream.finish,
+            "finish_reason": choice.finish,
         }
     )
 
@@ -120,26 +109,18 @@ def _sse(event: dict) -> bytes:
 
 
 async def _stream(request: Request, body: GenerateRequest) -> Response:
-    st = state(request)
-    stream = await _submit(st, body, per_step=True)
-    rid = _request_id(stream)
+    gen = await _start(state(request), body, stream=True)
+    choice = gen.choices[0]
+    rid = _request_id(choice)
 
     async def events():
-        detok = st.tokenizer.detokenizer()
         try:
-            async for new in stream.updates():
-                for token in new:
-                    piece = detok.feed((token,))
-                    if piece:
-                        yield _sse({"id": rid, "token": piece, "done": False})
-            tail = detok.flush()
-            if tail:
-                yield _sse({"id": rid, "token": tail, "done": False})
-            yield _sse(
-                {"id": rid, "token": "", "done": True, "generated_tokens": len(stream.tokens), "finish_reason": stream.finish}
-            )
+            async for _, piece in gen.pieces():
+                if piece is not None:
+                    yield _sse({"id": rid, "token": piece, "done": False})
+            yield _sse({"id": rid, "token": "", "done": True, "generated_tokens": choice.n_tokens, "finish_reason": choice.finish})
         finally:
-            st.client.abort(stream)
+            gen.close()
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -151,9 +132,7 @@ async def encode(request: Request) -> Response:
 
 
 async def model_info(request: Request) -> Response:
-    info = state(request).client.info
-    if info is None:
-        raise ApiError(503, "not ready", "the engine is not running")
+    info = generation.engine_info(state(request))
     return ok(
         {
             "model_path": info.model_path,

@@ -12,7 +12,7 @@ import sys
 import uvicorn
 
 from cllm.launch import from_argv
-from frontend_proc import cllm_api
+from frontend_proc import cllm_api, openai_api
 from frontend_proc.app import AppState, build_app
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.tokenizer import Tokenizer
@@ -37,7 +37,8 @@ def main() -> int:
     launch = from_argv()
     config = launch.config
     client = EngineClient(launch)
-    app_state = AppState(config=config, client=client, tokenizer=Tokenizer(launch.model_path))
+    tokenizer = Tokenizer(launch.model_path)
+    app_state = AppState(config=config, client=client, tokenizer=tokenizer, chat_template=tokenizer.chat_template())
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -50,7 +51,7 @@ def main() -> int:
         loop.remove_reader(launch.lifeline)
         client.stop()
 
-    app = build_app(app_state, cllm_api.routes, lifespan)
+    app = build_app(app_state, cllm_api.routes + openai_api.routes, lifespan)
     server = _Server(
         uvicorn.Config(
             app,

@@ -8,6 +8,7 @@ import ctypes
 import llama_cpp as L
 
 from cllm.llama_log import silence_llama_logs
+from frontend_proc.chat_template import ChatTemplate
 
 
 class Tokenizer:
@@ -18,9 +19,23 @@ class Tokenizer:
         self._model = L.llama_model_load_from_file(model_path.encode(), params)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load the vocabulary of {model_path}")
-        self._vocab = L.llama_model_get_vocab(self._model)
+        self.vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
+
+    def chat_template(self) -> ChatTemplate:
+        """The file's `tokenizer.chat_template` (or a plain fallback), with its BOS and EOS."""
+        source = L.llama_model_chat_template(self._model, None)
+        return ChatTemplate(
+            source.decode(errors="replace") if source else None,
+            bos_token=self._text(L.llama_vocab_bos(self.vocab)),
+            eos_token=self._text(L.llama_vocab_eos(self.vocab)),
+            strip_bos=L.llama_vocab_get_add_bos(self.vocab),
+        )
+
+    def _text(self, token: int) -> str:
+        return L.llama_vocab_get_text(self.vocab, token).decode(errors="replace") if token >= 0 else ""
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of text; special tokens written out (<|im_end|>) are parsed, as llama-server does."""
@@ -28,7 +43,7 @@ class Tokenizer:
         size = len(data) + 8
         while True:
             buf = (L.llama_token * size)()
-            n = L.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, True)
             if n >= 0:
                 return buf[:n]
             size = -n
@@ -37,15 +52,19 @@ class Tokenizer:
         """The bytes one token stands for (control tokens: none)."""
         piece = self._pieces.get(token)
         if piece is None:
-            n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+            n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
             if n < 0:  # longer than the buffer
                 buf = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+                n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
                 piece = buf.raw[:n]
             else:
                 piece = self._piece_buf.raw[:n]
             self._pieces[token] = piece
         return piece
+
+    def token_str(self, token: int) -> str:
+        """One token's text on its own (a piece of a split character shows as U+FFFD)."""
+        return self.piece(token).decode(errors="replace")
 
     def detokenizer(self) -> "Detokenizer":
         return Detokenizer(self.piece)

@@ -1,0 +1,219 @@
+"""The one generation path behind every API: limits, submit, stop strings, n choices.
+
+cLLM's /generate and the OpenAI routes all start here and differ only in how
+they format what comes back. A request becomes one engine sequence per choice
+(n per prompt); each choice's tokens are detokenized as they arrive and, when
+the request has stop strings, cut at the first one (the engine is told to stop
+at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import msgspec
+
+from cllm.protocol import ModelInfo, SamplingParams
+from frontend_proc.app import ApiError, AppState
+from frontend_proc.engine_client import EngineClient, RequestStream
+from frontend_proc.tokenizer import Detokenizer
+
+
+def engine_info(st: AppState) -> ModelInfo:
+    info = st.client.info
+    if info is None:
+        raise ApiError(503, "not ready", "the engine is not running")
+    return info
+
+
+async def start(
+    st: AppState,
+    prompts: list[list[int]],
+    sampling: SamplingParams,
+    *,
+    n: int = 1,
+    stops: Sequence[str] = (),
+    stream: bool = False,
+    prompt_param: str = "prompt",
+) -> Generation:
+    """Check limits and submit n sequences per prompt (seed, seed+1, ... when seeded)."""
+    info = engine_info(st)
+    for prompt in prompts:
+        if not prompt:
+            raise ApiError(400, "invalid request", "prompt is empty", param=prompt_param)
+        if len(prompt) >= info.seq_ctx:
+            raise ApiError(
+                400,
+                "prompt too long",
+                f"the prompt is {len(prompt)} tokens; one sequence holds at most {info.seq_ctx} (ctx-size / parallel), "
+                f"so a prompt may have at most {info.seq_ctx - 1}",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+    if sampling.max_tokens > info.seq_ctx:
+        raise ApiError(
+            400,
+            "invalid request",
+            f"max_tokens {sampling.max_tokens} exceeds the context of one sequence ({info.seq_ctx})",
+            param="max_tokens",
+        )
+    per_step = stream or bool(stops)  # stop strings are looked for as the text grows
+    choices: list[Choice] = []
+    try:
+        for prompt in prompts:
+            for i in range(n):
+                params = sampling if i == 0 or sampling.seed is None else msgspec.structs.replace(sampling, seed=sampling.seed + i)
+                rs = await st.client.submit(prompt, params, per_step)
+                choices.append(Choice(len(choices), rs, st.client, st.tokenizer.detokenizer(), stops))
+    except BaseException:
+        for choice in choices:
+            choice.abort()
+        raise
+    return Generation(choices, sum(map(len, prompts)))
+
+
+class StopMatcher:
+    """Finds the first stop string in text fed piece by piece.
+
+    Only the tail that could still be the start of a stop string is held back.
+    """
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = stops
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """The text that is safe to release, and whether a stop string ended it."""
+        text = self._held + text
+        cut = min((i for stop in self.stops if (i := text.find(stop)) >= 0), default=-1)
+        if cut >= 0:
+            self._held = ""
+            return text[:cut], True
+        keep = max(_overlap(text, stop) for stop in self.stops)
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+def _overlap(text: str, stop: str) -> int:
+    """The length of the longest end of text that is a beginning of stop."""
+    for k in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:k]):
+            return k
+    return 0
+
+
+class Choice:
+    """One sequence of a request: its text, cut at a stop string, and why it ended."""
+
+    def __init__(self, index: int, stream: RequestStream, client: EngineClient, detok: Detokenizer, stops: Sequence[str]):
+        self.index = index
+        self.stream = stream
+        self.n_tokens = 0  # tokens that made the text (a stop string ends the count)
+        self.finish: str | None = None  # "stop", "length" or "error"
+        self._client = client
+        self._detok = detok
+        self._stop = StopMatcher(stops) if stops else None
+
+    def abort(self) -> None:
+        self._client.abort(self.stream)
+
+    async def text(self) -> str:
+        """The whole text, once the choice is done."""
+        if self._stop is not None:
+            return "".join([piece async for piece in self.pieces()])
+        tokens = await self.stream.result()
+        self.n_tokens, self.finish = len(tokens), self.stream.finish
+        return self._detok.feed(tokens) + self._detok.flush()
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The text as it grows, at most one piece per token; whole UTF-8 characters only."""
+        detok, stop = self._detok, self._stop
+        async for new in self.stream.updates():
+            for token in new:
+                self.n_tokens += 1
+                piece = detok.feed((token,))
+                if stop is not None:
+                    piece, hit = stop.feed(piece)
+                    if hit:
+                        self.finish = "stop"
+                        self.abort()
+                        if piece:
+                            yield piece
+                        return
+                if piece:
+                    yield piece
+        piece = detok.flush()
+        self.finish = self.stream.finish
+        if stop is not None:
+            piece, hit = stop.feed(piece)
+            if hit:
+                self.finish = "stop"
+            else:
+                piece += stop.flush()
+        if piece:
+            yield piece
+
+
+class Generation:
+    """The choices of one request."""
+
+    def __init__(self, choices: list[Choice], prompt_tokens: int):
+        self.choices = choices
+        self.prompt_tokens = prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.n_tokens for c in self.choices)
+
+    async def texts(self) -> list[str]:
+        """Every choice's whole text, once all are done."""
+        if len(self.choices) == 1:
+            texts = [await self.choices[0].text()]
+        else:
+            texts = await asyncio.gather(*(c.text() for c in self.choices))
+        if any(c.finish == "error" for c in self.choices):
+            raise engine_refused()
+        return texts
+
+    async def pieces(self) -> AsyncIterator[tuple[Choice, str | None]]:
+        """(choice, text) as the choices' texts grow; (choice, None) once a choice is done."""
+        if len(self.choices) == 1:
+            choice = self.choices[0]
+            async for piece in choice.pieces():
+                yield choice, piece
+            yield choice, None
+            return
+        queue: asyncio.Queue[tuple[Choice, str | None]] = asyncio.Queue()
+
+        async def pump(choice: Choice) -> None:
+            try:
+                async for piece in choice.pieces():
+                    queue.put_nowait((choice, piece))
+            finally:
+                queue.put_nowait((choice, None))
+
+        tasks = [asyncio.create_task(pump(c)) for c in self.choices]
+        try:
+            left = len(tasks)
+            while left:
+                choice, piece = await queue.get()
+                left -= piece is None
+                yield choice, piece
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def close(self) -> None:
+        """Stop whatever has not finished (the client left, or a stop string ended it)."""
+        for choice in self.choices:
+            choice.abort()
+
+
+def engine_refused() -> ApiError:
+    # The frontend checks grammars before submitting: this means the two disagree.
+    return ApiError(500, "engine error", "the engine could not set up sampling for this request")

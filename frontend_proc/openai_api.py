@@ -1,0 +1,279 @@
+"""The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions.
+
+Both generation routes go through frontend_proc.generation, as /generate
+does; this module turns a request into prompts and SamplingParams and a
+Generation into OpenAI's response shapes (whole, or as SSE chunks ending
+with `data: [DONE]`). Errors take OpenAI's shape (see app.error_body).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from cllm.protocol import ModelInfo
+from frontend_proc import generation
+from frontend_proc.app import ApiError, AppState, decode_body, error_body, json_response, state
+from frontend_proc.chat_template import ChatTemplateError
+from frontend_proc.generation import Choice, Generation
+from frontend_proc.grammar import GrammarError, response_format_grammar
+from frontend_proc.openai_schemas import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+
+_json = msgspec.json.Encoder()
+DONE = b"data: [DONE]\n\n"
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def model_id(info: ModelInfo) -> str:
+    name = os.path.basename(info.model_path)
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name
+
+
+def _model_card(info: ModelInfo) -> dict:
+    return {"id": model_id(info), "object": "model", "created": int(os.path.getmtime(info.model_path)), "owned_by": "cllm"}
+
+
+async def list_models(request: Request) -> Response:
+    info = generation.engine_info(state(request))
+    return json_response({"object": "list", "data": [_model_card(info)]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    info = generation.engine_info(state(request))
+    name = request.path_params["model"]
+    if name != model_id(info):
+        raise ApiError(404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found")
+    return json_response(_model_card(info))
+
+
+def _invalid(message: str, param: str) -> ApiError:
+    return ApiError(400, "invalid request", message, param=param)
+
+
+async def _start(
+    st: AppState, body: _GenerationRequest, prompts: list[list[int]], max_tokens: int, logprobs: int | None, prompt_param: str
+) -> Generation:
+    n_vocab = st.tokenizer.n_vocab
+    for token in body.logit_bias or ():
+        if not 0 <= token < n_vocab:
+            raise _invalid(f"logit_bias names token {token}, outside the vocabulary (0..{n_vocab - 1})", "logit_bias")
+    try:
+        grammar = response_format_grammar(body.response_format, st.tokenizer.vocab)
+    except GrammarError as e:
+        raise _invalid(str(e), "response_format") from None
+    if grammar is not None and body.ignore_eos:
+        # The grammar's last rule can only be followed by an end-of-generation token.
+        raise _invalid("ignore_eos cannot be combined with a JSON response_format", "ignore_eos")
+    return await generation.start(
+        st,
+        prompts,
+        body.sampling(max_tokens, grammar, logprobs),
+        n=body.n,
+        stops=body.stops,
+        stream=body.stream,
+        prompt_param=prompt_param,
+    )
+
+
+def _usage(gen: Generation) -> dict:
+    return {
+        "prompt_tokens": gen.prompt_tokens,
+        "completion_tokens": gen.completion_tokens,
+        "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+    }
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + _json.encode(obj) + b"\n\n"
+
+
+async def _respond(
+    gen: Generation,
+    head: dict,
+    body: _GenerationRequest,
+    whole: Callable[[Choice, str], dict],
+    delta: Callable[[Choice, str | None, int, int], dict],
+    opening: Callable[[Choice], dict] | None = None,
+) -> Response:
+    """A non-streaming response, or an SSE stream of chunks, from the generation's choices.
+
+    whole(choice, text) is one choice of the complete response; delta(choice,
+    text, start, end) one choice of a chunk, with text None for the chunk that
+    ends the choice and tokens [start, end) the ones consumed since the last.
+    """
+    if not body.stream:
+        return await _respond_whole(gen, head, whole)
+    usage_field = {"usage": None} if body.include_usage else {}
+
+    async def events():
+        try:
+            if opening is not None:
+                yield _sse({**head, "choices": [opening(c) for c in gen.choices], **usage_field})
+            sent = [0] * len(gen.choices)
+            async for choice, text in gen.pieces():
+                if text is None and choice.finish == "error":
+                    yield _sse(error_body("/v1/", generation.engine_refused()))
+                    return
+                start, sent[choice.index] = sent[choice.index], choice.n_tokens
+                yield _sse({**head, "choices": [delta(choice, text, start, choice.n_tokens)], **usage_field})
+            if body.include_usage:
+                yield _sse({**head, "choices": [], "usage": _usage(gen)})
+            yield DONE
+        finally:
+            gen.close()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _respond_whole(gen: Generation, head: dict, whole: Callable[[Choice, str], dict]) -> Response:
+    try:
+        texts = await gen.texts()
+    finally:
+        gen.close()
+    choices = [whole(c, text) for c, text in zip(gen.choices, texts)]
+    return json_response({**head, "choices": choices, "usage": _usage(gen)})
+
+
+def _head(gen: Generation, prefix: str, obj: str, info: ModelInfo) -> dict:
+    return {"id": f"{prefix}-{gen.choices[0].stream.id}", "object": obj, "created": int(time.time()), "model": model_id(info)}
+
+
+# ---- /v1/completions ---------------------------------------------------------
+
+
+def _completion_prompts(st: AppState, prompt: str | list) -> list[list[int]]:
+    """A string, token ids, or a list of strings and token-id lists: one token list per prompt."""
+    if isinstance(prompt, str):
+        return [st.tokenizer.encode(prompt)]
+    if prompt and all(type(p) is int for p in prompt):
+        prompt = [prompt]
+    prompts = []
+    for i, p in enumerate(prompt):
+        if isinstance(p, str):
+            prompts.append(st.tokenizer.encode(p))
+        elif isinstance(p, list):
+            if not all(0 <= t < st.tokenizer.n_vocab for t in p):
+                raise _invalid(f"prompt {i} has a token id outside the vocabulary (0..{st.tokenizer.n_vocab - 1})", "prompt")
+            prompts.append(p)
+        else:
+            raise _invalid("prompt must be a string, a list of token ids, or a list of strings or token-id lists", "prompt")
+    if not prompts:
+        raise _invalid("prompt is empty", "prompt")
+    return prompts
+
+
+def _completion_logprobs(st: AppState, choice: Choice, start: int, end: int, offset: int) -> dict:
+    """Legacy completions logprobs for tokens [start, end); text_offset counts from offset."""
+    token_str = st.tokenizer.token_str
+    tokens = [token_str(t) for t in choice.stream.tokens[start:end]]
+    entries = choice.stream.logprobs[start:end]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{token_str(i): lp for i, lp in zip(e.top_ids, e.top_logprobs)} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+async def completions(request: Request) -> Response:
+    st = state(request)
+    body = await decode_body(request, CompletionRequest)
+    if body.echo:
+        raise _invalid("echo is not supported", "echo")
+    if body.suffix:
+        raise _invalid("suffix is not supported", "suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise _invalid("best_of must equal n (every choice generated is returned)", "best_of")
+    prompts = _completion_prompts(st, body.prompt)
+    gen = await _start(st, body, prompts, body.max_tokens or COMPLETION_MAX_TOKENS, body.logprobs, "prompt")
+    head = _head(gen, "cmpl", "text_completion", st.client.info)
+    want_logprobs = body.logprobs is not None
+    text_len = [0] * len(gen.choices)
+
+    def whole(choice: Choice, text: str) -> dict:
+        logprobs = _completion_logprobs(st, choice, 0, choice.n_tokens, 0) if want_logprobs else None
+        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.finish}
+
+    def delta(choice: Choice, text: str | None, start: int, end: int) -> dict:
+        logprobs = None
+        if want_logprobs and end > start:
+            logprobs = _completion_logprobs(st, choice, start, end, text_len[choice.index])
+            text_len[choice.index] += sum(map(len, logprobs["tokens"]))
+        if text is None:
+            return {"index": choice.index, "text": "", "logprobs": logprobs, "finish_reason": choice.finish}
+        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": None}
+
+    return await _respond(gen, head, body, whole, delta)
+
+
+# ---- /v1/chat/completions ----------------------------------------------------
+
+
+def _chat_logprobs(st: AppState, choice: Choice, start: int, end: int) -> dict:
+    piece = st.tokenizer.piece
+
+    def entry(token: int, logprob: float) -> dict:
+        b = piece(token)
+        return {"token": b.decode(errors="replace"), "logprob": logprob, "bytes": list(b)}
+
+    content = []
+    for token, e in zip(choice.stream.tokens[start:end], choice.stream.logprobs[start:end]):
+        item = entry(token, e.logprob)
+        item["top_logprobs"] = [entry(i, lp) for i, lp in zip(e.top_ids, e.top_logprobs)]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+async def chat_completions(request: Request) -> Response:
+    st = state(request)
+    body = await decode_body(request, ChatCompletionRequest)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise _invalid("top_logprobs needs logprobs: true", "top_logprobs")
+    info = generation.engine_info(st)
+    try:
+        text = st.chat_template.render([m.to_template() for m in body.messages])
+    except ChatTemplateError as e:
+        raise _invalid(str(e), "messages") from None
+    max_tokens = body.max_completion_tokens or body.max_tokens or info.seq_ctx  # default: what the sequence holds
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    gen = await _start(st, body, [st.tokenizer.encode(text)], max_tokens, logprobs, "messages")
+    head = _head(gen, "chatcmpl", "chat.completion.chunk" if body.stream else "chat.completion", info)
+
+    def lp(choice: Choice, start: int, end: int) -> dict | None:
+        return _chat_logprobs(st, choice, start, end) if body.logprobs and end > start else None
+
+    def whole(choice: Choice, text: str) -> dict:
+        return {
+            "index": choice.index,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": _chat_logprobs(st, choice, 0, choice.n_tokens) if body.logprobs else None,
+            "finish_reason": choice.finish,
+        }
+
+    def opening(choice: Choice) -> dict:
+        return {"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+    def delta(choice: Choice, text: str | None, start: int, end: int) -> dict:
+        if text is None:
+            return {"index": choice.index, "delta": {}, "logprobs": lp(choice, start, end), "finish_reason": choice.finish}
+        return {"index": choice.index, "delta": {"content": text}, "logprobs": lp(choice, start, end), "finish_reason": None}
+
+    return await _respond(gen, head, body, whole, delta, opening)
+
+
+routes = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+]

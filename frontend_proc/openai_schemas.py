@@ -1,0 +1,140 @@
+"""Request bodies of the OpenAI-compatible API, validated by msgspec as they are decoded.
+
+A bad field fails the decode with a message naming it, answered as a 400 in
+OpenAI's error shape with that field as `param`.
+
+Unknown top-level fields are rejected, as OpenAI does ("unknown field
+`tools`"), so a client never believes a feature is in effect when it is not.
+Fields OpenAI clients send routinely that have no bearing on the output
+(`user`, `store`, `metadata`, `service_tier`, `parallel_tool_calls`) are
+accepted and ignored. Inside a message only `role`, `content` and `name`
+are read; other keys (`refusal`, `tool_calls`: null, as a previous response's
+message carries them) are ignored. Beyond OpenAI's parameters, llama-server's
+`top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from cllm.protocol import SamplingParams
+
+StopString = Annotated[str, Meta(min_length=1)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class TextFormat(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class JsonObjectFormat(msgspec.Struct, tag="json_object", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class JsonSchema(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    schema: dict = {}
+    description: str | None = None
+    strict: bool | None = None  # the schema is always enforced
+
+
+class JsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type", forbid_unknown_fields=True):
+    json_schema: JsonSchema
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+
+
+class _GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The parameters both endpoints share."""
+
+    model: str | None = None  # any name is answered by the one served model
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    # llama-server's default: a full-vocabulary draw costs ~8x more per token; 0 or -1 disables.
+    top_k: Annotated[int, Meta(ge=-1)] = 40
+    min_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0)] = 1.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    seed: int | None = None
+    stop: StopString | Annotated[list[StopString], Meta(max_length=4)] | None = None
+    n: Annotated[int, Meta(ge=1, le=128)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[int, Annotated[float, Meta(ge=-100, le=100)]] | None = None
+    ignore_eos: bool = False
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else self.stop or []
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling(self, max_tokens: int, grammar: str | None, logprobs: int | None) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=self.seed,
+            ignore_eos=self.ignore_eos,
+            logit_bias=self.logit_bias or None,
+            grammar=grammar,
+            logprobs=logprobs,
+        )
+
+
+class CompletionRequest(_GenerationRequest, kw_only=True):
+    # A string, token ids, or a list of either (one choice set per prompt).
+    prompt: str | list[str | int | list[int]]
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: Annotated[int, Meta(ge=1)] | None = None
+
+
+class TextPart(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["text"]
+    text: str
+
+
+class Message(msgspec.Struct):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def to_template(self) -> dict:
+        """The message as chat templates expect it; developer is the newer name of system."""
+        content = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+        message = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class ChatCompletionRequest(_GenerationRequest, kw_only=True):
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None  # the newer name of max_tokens
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    parallel_tool_calls: bool | None = None
