@@ -2,7 +2,7 @@
 
 Each sequence gets its own chain, built once at admission from its
 parameters; a step calls llama_sampler_sample once per sampling sequence, so
-the work over the vocabulary (logit bias, penalties, top-k, softmax, the
+the work over the vocabulary (logit bias, top-k, penalties, softmax, the
 draw) runs in C and Python's share is O(batch). A chain's seeded
 distribution belongs to its sequence alone, so a seed reproduces text
 whatever else is batched.
@@ -70,7 +70,12 @@ class Sampler:
             bias.update(self._ban_eog)
         if bias:
             add(L.llama_sampler_init_logit_bias(self.n_vocab, len(bias), (L.llama_logit_bias * len(bias))(*bias.items())))
-        if params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
+        penalize = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+        # Top-k goes before the penalties, as llama.h advises: they look every
+        # candidate up in their history, ~1 ms a step over the whole vocabulary.
+        if params.top_k > 0 and (penalize or params.temperature > 0):
+            add(L.llama_sampler_init_top_k(params.top_k))
+        if penalize:
             penalties = L.llama_sampler_init_penalties(
                 self.n_vocab, PENALTY_LAST_N, params.repetition_penalty, params.frequency_penalty, params.presence_penalty
             )
@@ -80,8 +85,6 @@ class Sampler:
         if params.temperature <= 0:
             add(L.llama_sampler_init_greedy())
             return SeqSampler(chain, grammar)
-        if params.top_k > 0:
-            add(L.llama_sampler_init_top_k(params.top_k))
         if params.top_p < 1.0:
             add(L.llama_sampler_init_top_p(params.top_p, 1))
         if params.min_p > 0.0:
