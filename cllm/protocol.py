@@ -77,7 +77,7 @@ class SeqOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     id: int
     token: int | None = None  # None when the step ended the sequence without text (EOS)
     # "stop" or "length" once the sequence is done; "error" when the engine
-    # refused it at admission (a grammar llama.cpp cannot parse)
+    # gave up on it: a grammar llama.cpp cannot parse, or one that allows no next token
     finish: str | None = None
     logprobs: TokenLogprobs | None = None  # only for sequences that ask
 

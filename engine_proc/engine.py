@@ -45,7 +45,12 @@ class LLMEngine:
             seq.n_cached = chunk.end
             if row < 0:
                 continue
-            token = self.sampler.sample(seq.sampler, row)
+            try:
+                token = self.sampler.sample(seq.sampler, row)
+            except GrammarError:  # a dead end: this request ends, the rest go on
+                outputs.append(SeqOutput(seq.id, None, "error"))
+                done.append(seq)
+                continue
             is_eog = token in eog_tokens
             finish = self.scheduler.finish_reason(seq, token, is_eog)
             if finish == "stop" and is_eog:

@@ -32,7 +32,7 @@ TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32
 
 
 class GrammarError(ValueError):
-    """llama.cpp could not parse a request's grammar."""
+    """A request's grammar cannot be parsed, or allows no token to go on with."""
 
 
 @dataclass(slots=True)
@@ -60,6 +60,8 @@ class Sampler:
     def new(self, params: SamplingParams, prompt: list[int]) -> SeqSampler:
         grammar = None
         if params.grammar is not None:
+            if params.ignore_eos:  # a finished grammar allows only end-of-generation tokens
+                raise GrammarError("a grammar cannot be combined with ignore_eos")
             grammar = L.llama_sampler_init_grammar(self.vocab, params.grammar.encode(), b"root")
             if not grammar:
                 raise GrammarError("llama.cpp could not parse the grammar")
@@ -95,6 +97,7 @@ class Sampler:
         return SeqSampler(chain, grammar)
 
     def sample(self, s: SeqSampler, row: int) -> int:
+        """The next token; GrammarError when the sequence's grammar allows none."""
         if s.grammar is None:
             return L.llama_sampler_sample(s.chain, self.ctx, row)
         logits = self._logits(row)
@@ -118,6 +121,9 @@ class Sampler:
         cur_p.data, cur_p.size, cur_p.selected, cur_p.sorted = self._cur_data, self.n_vocab, -1, False
         if grammar is not None:
             L.llama_sampler_apply(grammar, ctypes.byref(cur_p))
+            # No token left: llama.cpp would pick one anyway and abort when the grammar rejects it.
+            if not (cur["logit"] > -np.inf).any():
+                raise GrammarError("the grammar allows no token here")
         L.llama_sampler_apply(chain, ctypes.byref(cur_p))
         return cur_p.data[cur_p.selected].id  # samplers may repoint data: read through it
 

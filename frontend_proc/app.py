@@ -11,7 +11,7 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from cllm.config import ServeConfig
 from frontend_proc.chat_template import ChatTemplate
@@ -54,6 +54,15 @@ def json_response(data, status: int = 200, headers: dict | None = None) -> Respo
 
 def ok(data) -> Response:
     return json_response({"success": True, "data": data})
+
+
+def sse(event) -> bytes:
+    """One Server-Sent Event carrying JSON."""
+    return b"data: " + _json.encode(event) + b"\n\n"
+
+
+def sse_response(events) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def error_body(path: str, exc: ApiError) -> dict:

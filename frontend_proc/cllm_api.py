@@ -6,15 +6,13 @@ import time
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from frontend_proc import generation
-from frontend_proc.app import ApiError, AppState, decode_body, json_response, ok, state
+from frontend_proc.app import ApiError, AppState, decode_body, json_response, ok, sse, sse_response, state
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.schemas import EncodeRequest, GenerateRequest
-
-_json = msgspec.json.Encoder()
 
 ENDPOINTS = [
     {"method": "GET", "path": "/", "description": "this list"},
@@ -104,10 +102,6 @@ async def generate_stream(request: Request) -> Response:
     return await _stream(request, await decode_body(request, GenerateRequest))
 
 
-def _sse(event: dict) -> bytes:
-    return b"data: " + _json.encode(event) + b"\n\n"
-
-
 async def _stream(request: Request, body: GenerateRequest) -> Response:
     gen = await _start(state(request), body, stream=True)
     choice = gen.choices[0]
@@ -117,12 +111,12 @@ async def _stream(request: Request, body: GenerateRequest) -> Response:
         try:
             async for _, piece in gen.pieces():
                 if piece is not None:
-                    yield _sse({"id": rid, "token": piece, "done": False})
-            yield _sse({"id": rid, "token": "", "done": True, "generated_tokens": choice.n_tokens, "finish_reason": choice.finish})
+                    yield sse({"id": rid, "token": piece, "done": False})
+            yield sse({"id": rid, "token": "", "done": True, "generated_tokens": choice.n_tokens, "finish_reason": choice.finish})
         finally:
             gen.close()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return sse_response(events())
 
 
 async def encode(request: Request) -> Response:

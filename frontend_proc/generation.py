@@ -215,5 +215,7 @@ class Generation:
 
 
 def engine_refused() -> ApiError:
-    # The frontend checks grammars before submitting: this means the two disagree.
-    return ApiError(500, "engine error", "the engine could not set up sampling for this request")
+    # The frontend parses grammars before submitting, so this is one that led to a dead end.
+    return ApiError(
+        400, "invalid request", "the engine gave up on this request's grammar: it allows no token to go on with", param="response_format"
+    )

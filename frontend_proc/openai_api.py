@@ -12,27 +12,24 @@ import os
 import time
 from collections.abc import Callable
 
-import msgspec
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from cllm.protocol import ModelInfo
 from frontend_proc import generation
-from frontend_proc.app import ApiError, AppState, decode_body, error_body, json_response, state
+from frontend_proc.app import ApiError, AppState, decode_body, error_body, json_response, sse, sse_response, state
 from frontend_proc.chat_template import ChatTemplateError
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
-from frontend_proc.openai_schemas import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from frontend_proc.openai_schemas import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
-_json = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 def model_id(info: ModelInfo) -> str:
-    name = os.path.basename(info.model_path)
-    return name[: -len(".gguf")] if name.endswith(".gguf") else name
+    return os.path.basename(info.model_path).removesuffix(".gguf")
 
 
 def _model_card(info: ModelInfo) -> dict:
@@ -57,7 +54,7 @@ def _invalid(message: str, param: str) -> ApiError:
 
 
 async def _start(
-    st: AppState, body: _GenerationRequest, prompts: list[list[int]], max_tokens: int, logprobs: int | None, prompt_param: str
+    st: AppState, body: OpenAIRequest, prompts: list[list[int]], max_tokens: int, logprobs: int | None, prompt_param: str
 ) -> Generation:
     n_vocab = st.tokenizer.n_vocab
     for token in body.logit_bias or ():
@@ -89,14 +86,10 @@ def _usage(gen: Generation) -> dict:
     }
 
 
-def _sse(obj) -> bytes:
-    return b"data: " + _json.encode(obj) + b"\n\n"
-
-
 async def _respond(
     gen: Generation,
     head: dict,
-    body: _GenerationRequest,
+    body: OpenAIRequest,
     whole: Callable[[Choice, str], dict],
     delta: Callable[[Choice, str | None, int, int], dict],
     opening: Callable[[Choice], dict] | None = None,
@@ -114,21 +107,21 @@ async def _respond(
     async def events():
         try:
             if opening is not None:
-                yield _sse({**head, "choices": [opening(c) for c in gen.choices], **usage_field})
+                yield sse({**head, "choices": [opening(c) for c in gen.choices], **usage_field})
             sent = [0] * len(gen.choices)
             async for choice, text in gen.pieces():
                 if text is None and choice.finish == "error":
-                    yield _sse(error_body("/v1/", generation.engine_refused()))
+                    yield sse(error_body("/v1/", generation.engine_refused()))
                     return
                 start, sent[choice.index] = sent[choice.index], choice.n_tokens
-                yield _sse({**head, "choices": [delta(choice, text, start, choice.n_tokens)], **usage_field})
+                yield sse({**head, "choices": [delta(choice, text, start, choice.n_tokens)], **usage_field})
             if body.include_usage:
-                yield _sse({**head, "choices": [], "usage": _usage(gen)})
+                yield sse({**head, "choices": [], "usage": _usage(gen)})
             yield DONE
         finally:
             gen.close()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return sse_response(events())
 
 
 async def _respond_whole(gen: Generation, head: dict, whole: Callable[[Choice, str], dict]) -> Response:

@@ -52,7 +52,7 @@ class JsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type", forb
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
-class _GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The parameters both endpoints share."""
 
     model: str | None = None  # any name is answered by the one served model
@@ -104,7 +104,7 @@ class _GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
         )
 
 
-class CompletionRequest(_GenerationRequest, kw_only=True):
+class CompletionRequest(OpenAIRequest, kw_only=True):
     # A string, token ids, or a list of either (one choice set per prompt).
     prompt: str | list[str | int | list[int]]
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
@@ -132,7 +132,7 @@ class Message(msgspec.Struct):
         return message
 
 
-class ChatCompletionRequest(_GenerationRequest, kw_only=True):
+class ChatCompletionRequest(OpenAIRequest, kw_only=True):
     messages: Annotated[list[Message], Meta(min_length=1)]
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None  # the newer name of max_tokens
     logprobs: bool = False

@@ -248,6 +248,18 @@ def test_json_object_output_parses(oai):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+def test_grammar_dead_end_is_a_bad_request(oai):
+    # A pattern no character matches: after the opening quote the grammar allows no token,
+    # which the engine can only find out while generating.
+    never = {"type": "json_schema", "json_schema": {"name": "never", "schema": {"type": "string", "pattern": "^[^\\x00-\\U0010FFFF]$"}}}
+    kw = dict(messages=CONVERSATION[:2], temperature=0, max_tokens=10, response_format=never)
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(oai, **kw)
+    assert e.value.body["param"] == "response_format"
+    with pytest.raises(openai.APIError, match="grammar"):
+        list(oai.chat.completions.create(model=MODEL, stream=True, **kw))
+
+
 def test_logit_bias_and_penalties_steer_the_output(oai, http):
     [token] = http.post("/encode", json={"text": " banana"}).json()["data"]["tokens"]
     kw = dict(prompt="Once upon a time", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})

@@ -1,4 +1,4 @@
-"""The engine's sampler in-process on the real model: grammars and a grammar llama.cpp refuses."""
+"""The engine's sampler in-process on the real model: grammars, and grammars it must give up on."""
 
 from __future__ import annotations
 
@@ -63,3 +63,19 @@ def test_refused_grammar_ends_only_that_request(engine, tok):
     assert results[10] == ([], "error")
     assert len(results[11][0]) == 5 and results[11][1] == "length"
 
+
+
+def test_grammar_dead_end_ends_only_that_request(engine, tok):
+    # After "yes" the grammar wants a character that does not exist: no token (not even EOS) may follow.
+    prompt = tok.encode("Say yes")
+    stuck = Submit(20, prompt, SamplingParams(max_tokens=10, temperature=0, grammar=r'root ::= "yes" [^\x00-\U0010FFFF]'))
+    good = Submit(21, prompt, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    results = run(engine, [stuck, good])
+    tokens, finish = results[20]
+    assert finish == "error" and b"".join(map(tok.piece, tokens)).decode() == "yes"
+    assert len(results[21][0]) == 5 and results[21][1] == "length"
+
+
+def test_grammar_with_ignore_eos_is_refused(engine, tok):
+    results = run(engine, [Submit(30, tok.encode("Hi"), SamplingParams(grammar='root ::= "a"', ignore_eos=True))])
+    assert results[30] == ([], "error")
