@@ -34,7 +34,7 @@ class Server:
     url: str
     stdout_lines: list[str]
 
-    def client(self, timeout: float = 60.0) -> httpx.Client:
+    def client(self, timeout: float = 300.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
