@@ -9,11 +9,14 @@ from typing import TypeVar
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.config import ServeConfig
 from frontend_proc.engine_client import EngineClient
+from frontend_proc.metrics import Metrics
+from frontend_proc.observe import ObserveMiddleware
 from frontend_proc.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -25,6 +28,7 @@ class AppState:
     config: ServeConfig
     client: EngineClient
     tokenizer: Tokenizer
+    metrics: Metrics
     started_at: float = field(default_factory=time.monotonic)
 
 
@@ -78,6 +82,7 @@ def build_app(app_state: AppState, routes: list, lifespan) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(ObserveMiddleware, metrics=app_state.metrics)],
         exception_handlers={ApiError: _on_api_error, HTTPException: _on_http_error},
     )
     app.state.cllm = app_state

@@ -1,4 +1,4 @@
-"""cLLM's HTTP API: /, /health, /generate, /generate_stream, /encode, /model/info."""
+"""cLLM's HTTP API: /, /health, /metrics, /generate, /generate_stream, /encode, /model/info."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from starlette.routing import Route
 
 from frontend_proc.app import ApiError, AppState, decode_body, json_response, ok, state
 from frontend_proc.engine_client import RequestStream
+from frontend_proc.metrics import CONTENT_TYPE_LATEST
 from frontend_proc.schemas import EncodeRequest, GenerateRequest
 
 _json = msgspec.json.Encoder()
@@ -18,6 +19,7 @@ _json = msgspec.json.Encoder()
 ENDPOINTS = [
     {"method": "GET", "path": "/", "description": "this list"},
     {"method": "GET", "path": "/health", "description": "liveness; ?level=basic|detailed|full"},
+    {"method": "GET", "path": "/metrics", "description": "Prometheus metrics"},
     {"method": "POST", "path": "/generate", "description": "generate text (\"stream\": true for SSE)"},
     {"method": "POST", "path": "/generate_stream", "description": "generate text as Server-Sent Events"},
     {"method": "POST", "path": "/encode", "description": "tokenize text"},
@@ -49,17 +51,35 @@ async def health(request: Request) -> Response:
             "waiting": stats.waiting if stats else 0,
         }
         data["uptime_seconds"] = round(time.monotonic() - st.started_at, 3)
+        if healthy:
+            data["engine"] = _engine_figures(st, full=level == "full")
     if level == "full" and healthy:
-        info = client.info
-        data["engine"] = {
-            "steps": stats.steps if stats else 0,
-            "generated_tokens": stats.generated_tokens if stats else 0,
-            "kv_used": stats.kv_used if stats else 0,
-            "kv_total": info.ctx_size,
-            "parallel": info.parallel,
-        }
-        data["model"] = msgspec.to_builtins(info)
+        data["model"] = msgspec.to_builtins(client.info)
     return json_response({"success": True, "data": data}, 200 if healthy else 503)
+
+
+def _engine_figures(st: AppState, full: bool) -> dict:
+    """The engine as of its last EngineStats (at most a second old while busy)."""
+    client, info, stats = st.client, st.client.info, st.client.stats
+    now = time.monotonic()
+    kv_used = stats.kv_used if stats else 0
+    figures = {
+        "kv_used": kv_used,
+        "kv_total": info.ctx_size,
+        "kv_usage_ratio": round(kv_used / info.ctx_size, 4),
+        "tokens_per_second_1m": round(st.metrics.token_rate.rate(now), 2),
+        "uptime_seconds": round(now - client.ready_at, 3),
+        "restarts": client.restarts,
+    }
+    if full:
+        figures["steps"] = stats.steps if stats else 0
+        figures["generated_tokens"] = stats.generated_tokens if stats else 0
+        figures["parallel"] = info.parallel
+    return figures
+
+
+async def metrics(request: Request) -> Response:
+    return Response(state(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 async def _submit(st: AppState, body: GenerateRequest, per_step: bool) -> RequestStream:
@@ -81,10 +101,6 @@ async def _submit(st: AppState, body: GenerateRequest, per_step: bool) -> Reques
     return await st.client.submit(prompt, body.sampling(), per_step)
 
 
-def _request_id(stream: RequestStream) -> str:
-    return f"cllm-{stream.id}"
-
-
 async def generate(request: Request) -> Response:
     body = await decode_body(request, GenerateRequest)
     if body.stream:
@@ -99,7 +115,7 @@ async def generate(request: Request) -> Response:
     detok = st.tokenizer.detokenizer()
     return ok(
         {
-            "id": _request_id(stream),
+            "id": stream.request_id,
             "text": detok.feed(tokens) + detok.flush(),
             "response_time": round(elapsed, 6),
             "tokens_per_second": round(len(tokens) / elapsed, 3) if elapsed > 0 else 0.0,
@@ -122,7 +138,7 @@ def _sse(event: dict) -> bytes:
 async def _stream(request: Request, body: GenerateRequest) -> Response:
     st = state(request)
     stream = await _submit(st, body, per_step=True)
-    rid = _request_id(stream)
+    rid = stream.request_id
 
     async def events():
         detok = st.tokenizer.detokenizer()
@@ -177,6 +193,7 @@ async def model_info(request: Request) -> Response:
 routes = [
     Route("/", index, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
     Route("/generate", generate, methods=["POST"]),
     Route("/generate_stream", generate_stream, methods=["POST"]),
     Route("/encode", encode, methods=["POST"]),
