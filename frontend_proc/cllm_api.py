@@ -11,7 +11,6 @@ from starlette.routing import Route
 
 from frontend_proc.app import ApiError, AppState, decode_body, json_response, ok, state
 from frontend_proc.engine_client import RequestStream
-from frontend_proc.metrics import CONTENT_TYPE_LATEST
 from frontend_proc.schemas import EncodeRequest, GenerateRequest
 
 _json = msgspec.json.Encoder()
@@ -79,7 +78,8 @@ def _engine_figures(st: AppState, full: bool) -> dict:
 
 
 async def metrics(request: Request) -> Response:
-    return Response(state(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    metrics = state(request).metrics
+    return Response(metrics.exposition(), media_type=metrics.content_type)
 
 
 async def _submit(st: AppState, body: GenerateRequest, per_step: bool) -> RequestStream:

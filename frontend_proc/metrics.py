@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,  # noqa: F401  (the exposition's media type, for the route)
+    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -37,6 +37,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 
 
 class Metrics:
+    content_type = CONTENT_TYPE_LATEST  # of exposition()
+
     def __init__(self):
         r = self.registry = CollectorRegistry()
         self.requests = Counter("cllm_requests_total", "HTTP responses, by route and status", ["route", "status"], registry=r)
