@@ -2,8 +2,8 @@
 
 Metrics are always recorded, so what can be switched off is the scraping:
 this runs N requests x G tokens at concurrency C against one server, without
-then with a client fetching /metrics every second, for R rounds (alternating
-keeps a shared machine's drift from landing on one side only). Usage:
+and with a client fetching /metrics every second, for R rounds in the order
+ABBA... (so a shared machine's drift does not land on one side only). Usage:
     .venv/bin/python -m perf.metrics_cost [--model PATH] [--requests 64] [--rounds 2] [--concurrency 32] [--gen-tokens 50]
 """
 
@@ -58,7 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
     ap.add_argument("--requests", type=int, default=64, help="per run")
-    ap.add_argument("--rounds", type=int, default=2, help="pairs of runs: without, then with scraping")
+    ap.add_argument("--rounds", type=int, default=2, help="pairs of runs, one without and one with scraping")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--gen-tokens", type=int, default=50)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -72,8 +72,10 @@ def main() -> None:
     proc = serve(model, args.port, args.concurrency, args.threads)
     try:
         run_load(url, make_prompts(args.concurrency), args.concurrency, 5)  # warm-up
-        for _ in range(args.rounds):
-            plain.add(run_load(url, make_prompts(args.requests), args.concurrency, args.gen_tokens))
+        for i in range(2 * args.rounds):
+            if i % 4 in (0, 3):
+                plain.add(run_load(url, make_prompts(args.requests), args.concurrency, args.gen_tokens))
+                continue
             scraper = Scraper(url, 1.0)
             scraper.start()
             scraped.add(run_load(url, make_prompts(args.requests), args.concurrency, args.gen_tokens))
