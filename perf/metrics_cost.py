@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import psutil
 
 from cllm.model_file import resolve_model
 from perf.http_load import run_load
@@ -47,11 +48,22 @@ class Tally:
     tokens: int = 0
     seconds: float = 0.0
     errors: int = 0
+    frontend_cpu: float = 0.0  # CPU seconds the frontend process used
+    engine_cpu: float = 0.0
 
-    def add(self, run: dict) -> None:
+    def run(self, url: str, args, children: dict[str, psutil.Process]) -> None:
+        cpu = {name: sum(p.cpu_times()[:2]) for name, p in children.items()}
+        run = run_load(url, make_prompts(args.requests), args.concurrency, args.gen_tokens)
+        self.frontend_cpu += sum(children["frontend"].cpu_times()[:2]) - cpu["frontend"]
+        self.engine_cpu += sum(children["engine"].cpu_times()[:2]) - cpu["engine"]
         self.tokens += run["generated_tokens"]
         self.seconds += run["seconds"]
         self.errors += run["errors"]
+
+
+def server_children(proc) -> dict[str, psutil.Process]:
+    children = psutil.Process(proc.pid).children()
+    return {name: next(p for p in children if f"{name}_proc" in " ".join(p.cmdline())) for name in ("frontend", "engine")}
 
 
 def main() -> None:
@@ -72,13 +84,14 @@ def main() -> None:
     proc = serve(model, args.port, args.concurrency, args.threads)
     try:
         run_load(url, make_prompts(args.concurrency), args.concurrency, 5)  # warm-up
+        children = server_children(proc)
         for i in range(2 * args.rounds):
             if i % 4 in (0, 3):
-                plain.add(run_load(url, make_prompts(args.requests), args.concurrency, args.gen_tokens))
+                plain.run(url, args, children)
                 continue
             scraper = Scraper(url, 1.0)
             scraper.start()
-            scraped.add(run_load(url, make_prompts(args.requests), args.concurrency, args.gen_tokens))
+            scraped.run(url, args, children)
             scraper.stopping.set()
             scraper.join(30)
             scrapes += scraper.seconds
@@ -89,7 +102,10 @@ def main() -> None:
     name = re.sub(r"\.gguf$", "", os.path.basename(model))
     print(f"{name}: {args.rounds} x 2 runs of {args.requests} requests x {args.gen_tokens} tokens, concurrency {args.concurrency}, {args.threads} threads")
     for label, t in (("no scraping", plain), ("/metrics every 1 s", scraped)):
-        print(f"  {label:18} : {t.tokens / t.seconds:7.1f} tok/s  ({t.tokens} tokens in {t.seconds:.1f} s, {t.errors} errors)")
+        print(
+            f"  {label:18} : {t.tokens / t.seconds:7.1f} tok/s  ({t.tokens} tokens in {t.seconds:.1f} s, {t.errors} errors;"
+            f" CPU: frontend {t.frontend_cpu / t.seconds * 1e3:.0f} ms/s, engine {t.engine_cpu / t.seconds * 1e3:.0f} ms/s)"
+        )
     if scrapes:
         print(f"  scrapes            : {len(scrapes)}, median {statistics.median(scrapes) * 1e3:.1f} ms, max {max(scrapes) * 1e3:.1f} ms")
     print(f"  ratio              : {(scraped.tokens / scraped.seconds) / (plain.tokens / plain.seconds):.3f}")
