@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
 
 
 class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
@@ -18,6 +22,8 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per CPU core
     batch_size: Annotated[int, Meta(ge=1)] = 512
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "text"
 
     @property
     def n_threads(self) -> int:

@@ -51,8 +51,11 @@ class ModelInfo(msgspec.Struct, gc=False):
     quantization: str
     vocab_size: int
     num_layers: int
+    n_params: int
+    model_bytes: int  # size of the weights
     n_ctx_train: int
     ctx_size: int  # KV cells in all
+    kv_bytes: int  # memory the KV cache reserves
     seq_ctx: int  # KV cells one sequence may use
     parallel: int
     batch_size: int
@@ -89,11 +92,17 @@ class StepOutputs(msgspec.Struct, tag=2, array_like=True, gc=False):
 
 
 class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
+    """The engine's figures: sent when it goes idle and at most once a second while busy."""
+
     running: int
     waiting: int
     kv_used: int  # KV cells held by running sequences
     steps: int
     generated_tokens: int
+    # One entry per step since the previous EngineStats: its duration and its
+    # number of sequences (a few dozen numbers a second, never per token).
+    step_seconds: list[float] = []
+    batch_sizes: list[int] = []
 
 
 FromEngine = EngineReady | StepOutputs | EngineStats

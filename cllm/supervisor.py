@@ -10,17 +10,20 @@ so nothing is left in /dev/shm whatever way the processes end.
 
 from __future__ import annotations
 
+import logging
 import os
 import selectors
 import signal
 import subprocess
-import sys
 
 from cllm.config import ServeConfig
 from cllm.launch import OUTPUT_RING_BYTES, REQUEST_RING_BYTES, Launch, close_quietly
+from cllm.log import setup_logging
 from cllm.ring import Ring
 
 ENGINE_EXIT_GRACE = 5.0
+
+log = logging.getLogger("cllm.supervisor")
 
 
 class Supervisor:
@@ -30,6 +33,7 @@ class Supervisor:
         self.stopping = False
 
     def run(self) -> int:
+        setup_logging(self.config.log_level, self.config.log_format)
         requests = Ring.create(REQUEST_RING_BYTES)
         outputs = Ring.create(OUTPUT_RING_BYTES)
         lifeline_r, lifeline_w = os.pipe()
@@ -79,7 +83,7 @@ class Supervisor:
             for name, child in children.items():
                 if child.poll() is not None:
                     when = "while serving" if serving else "during start-up"
-                    print(f"cllm: the {name} process exited {when} (code {child.returncode})", file=sys.stderr)
+                    log.error("the %s process exited %s (code %d)", name, when, child.returncode)
                     return 1
             for key, _ in sel.select():
                 data = os.read(key.fd, 64)

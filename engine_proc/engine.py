@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from cllm.config import ServeConfig
 from cllm.protocol import EngineStats, SeqOutput, Submit
 from engine_proc.model_runner import ModelRunner
@@ -17,6 +19,9 @@ class LLMEngine:
         self.scheduler = Scheduler(config.parallel, self.runner.token_budget, self.runner.seq_ctx)
         self.steps = 0
         self.generated_tokens = 0
+        # Per-step figures gathered until the next stats(): a float and an int a step.
+        self.step_seconds: list[float] = []
+        self.batch_sizes: list[int] = []
 
     def add(self, req: Submit) -> SeqOutput | None:
         """Queue a request; the output that ends it at once if the engine refuses it."""
@@ -34,6 +39,7 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[SeqOutput]:
+        t0 = time.perf_counter()
         chunks, moves = self.scheduler.schedule()
         for src, dst in moves:
             self.runner.move_slot(src, dst)
@@ -65,6 +71,8 @@ class LLMEngine:
             self._release(self.scheduler.remove({s.id for s in done}))
         self.steps += 1
         self.generated_tokens += len(outputs)
+        self.step_seconds.append(time.perf_counter() - t0)
+        self.batch_sizes.append(len(chunks))
         return outputs
 
     def _release(self, seqs: list[Sequence]) -> None:
@@ -74,14 +82,19 @@ class LLMEngine:
             self.sampler.free(seq.sampler)
 
     def stats(self) -> EngineStats:
+        """Current figures, and the per-step ones gathered since the last call."""
         running = self.scheduler.running
-        return EngineStats(
+        stats = EngineStats(
             running=len(running),
             waiting=len(self.scheduler.waiting),
             kv_used=sum(s.n_cached for s in running),
             steps=self.steps,
             generated_tokens=self.generated_tokens,
+            step_seconds=self.step_seconds,
+            batch_sizes=self.batch_sizes,
         )
+        self.step_seconds, self.batch_sizes = [], []
+        return stats
 
     def close(self) -> None:
         self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting)])

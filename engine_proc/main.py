@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -10,16 +11,21 @@ import time
 import msgspec
 
 from cllm.launch import from_argv
-from cllm.protocol import EngineReady, StepOutputs, Submit, ToEngine
+from cllm.log import setup_logging
+from cllm.protocol import EngineReady, ModelInfo, StepOutputs, Submit, ToEngine
 from cllm.ring import Ring
 from engine_proc.engine import LLMEngine
 from engine_proc.model_runner import ModelLoadError
 
 STATS_INTERVAL = 1.0  # seconds between EngineStats while busy
+MIB = 1 << 20
+
+log = logging.getLogger("cllm.engine")
 
 
 def main() -> int:
     launch = from_argv()
+    setup_logging(launch.config.log_level, launch.config.log_format)
     requests, outputs = Ring(launch.requests), Ring(launch.outputs)
     decode = msgspec.msgpack.Decoder(ToEngine).decode
     encode = msgspec.msgpack.Encoder().encode
@@ -40,8 +46,9 @@ def main() -> int:
     try:
         engine = LLMEngine(launch.model_path, launch.config)
     except ModelLoadError as e:
-        print(f"cllm engine: {e}", file=sys.stderr)
+        log.error("%s", e)
         return 1
+    _log_start(engine.runner.info)
     outputs.put(encode(EngineReady(engine.runner.info)))
 
     stats_due = 0.0
@@ -72,6 +79,17 @@ def main() -> int:
     finally:
         engine.close()
     return 0
+
+
+def _log_start(info: ModelInfo) -> None:
+    log.info(
+        "model %s: %s %s, %.0fM parameters, %.1f MiB",
+        info.model_path, info.model_family, info.quantization, info.n_params / 1e6, info.model_bytes / MIB,
+    )
+    log.info(
+        "KV cache: %d cells (%d sequences of %d), %.1f MiB reserved; %d threads, %d-token steps",
+        info.ctx_size, info.parallel, info.seq_ctx, info.kv_bytes / MIB, info.threads, info.batch_size,
+    )
 
 
 if __name__ == "__main__":

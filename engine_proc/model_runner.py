@@ -89,8 +89,11 @@ class ModelRunner:
             quantization=_quantization(self.model),
             vocab_size=self.n_vocab,
             num_layers=L.llama_model_n_layer(self.model),
+            n_params=L.llama_model_n_params(self.model),
+            model_bytes=L.llama_model_size(self.model),
             n_ctx_train=L.llama_model_n_ctx_train(self.model),
             ctx_size=L.llama_n_ctx(self.ctx),
+            kv_bytes=_kv_cache_bytes(self.model, L.llama_n_ctx(self.ctx)),
             seq_ctx=self.seq_ctx,
             parallel=config.parallel,
             batch_size=self.token_budget,
@@ -135,6 +138,15 @@ class ModelRunner:
     def close(self) -> None:
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
+
+
+def _kv_cache_bytes(model, cells: int) -> int:
+    """K and V of every layer for every cell, in f16 (llama.cpp's default cache type)."""
+    arch = _meta(model, "general.architecture")
+    n_head = L.llama_model_n_head(model) or 1
+    head_k = int(_meta(model, f"{arch}.attention.key_length") or L.llama_model_n_embd(model) // n_head)
+    head_v = int(_meta(model, f"{arch}.attention.value_length") or head_k)
+    return L.llama_model_n_layer(model) * cells * L.llama_model_n_head_kv(model) * (head_k + head_v) * 2
 
 
 def _quantization(model) -> str:

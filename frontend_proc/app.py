@@ -10,12 +10,15 @@ from typing import TypeVar
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from cllm.config import ServeConfig
 from frontend_proc.chat_template import ChatTemplate
 from frontend_proc.engine_client import EngineClient
+from frontend_proc.metrics import Metrics
+from frontend_proc.observe import ObserveMiddleware
 from frontend_proc.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -28,6 +31,7 @@ class AppState:
     client: EngineClient
     tokenizer: Tokenizer
     chat_template: ChatTemplate
+    metrics: Metrics
     started_at: float = field(default_factory=time.monotonic)
 
 
@@ -121,6 +125,7 @@ def build_app(app_state: AppState, routes: list, lifespan) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(ObserveMiddleware, metrics=app_state.metrics)],
         exception_handlers={ApiError: _on_api_error, HTTPException: _on_http_error},
     )
     app.state.cllm = app_state

@@ -1,4 +1,4 @@
-"""cLLM's HTTP API: /, /health, /generate, /generate_stream, /encode, /model/info."""
+"""cLLM's HTTP API: /, /health, /metrics, /generate, /generate_stream, /encode, /model/info."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from frontend_proc.schemas import EncodeRequest, GenerateRequest
 ENDPOINTS = [
     {"method": "GET", "path": "/", "description": "this list"},
     {"method": "GET", "path": "/health", "description": "liveness; ?level=basic|detailed|full"},
+    {"method": "GET", "path": "/metrics", "description": "Prometheus metrics"},
     {"method": "POST", "path": "/generate", "description": "generate text (\"stream\": true for SSE)"},
     {"method": "POST", "path": "/generate_stream", "description": "generate text as Server-Sent Events"},
     {"method": "POST", "path": "/encode", "description": "tokenize text"},
@@ -51,16 +52,10 @@ async def health(request: Request) -> Response:
             "waiting": stats.waiting if stats else 0,
         }
         data["uptime_seconds"] = round(time.monotonic() - st.started_at, 3)
+        if healthy:
+            data["engine"] = _engine_figures(st, full=level == "full")
     if level == "full" and healthy:
-        info = client.info
-        data["engine"] = {
-            "steps": stats.steps if stats else 0,
-            "generated_tokens": stats.generated_tokens if stats else 0,
-            "kv_used": stats.kv_used if stats else 0,
-            "kv_total": info.ctx_size,
-            "parallel": info.parallel,
-        }
-        data["model"] = msgspec.to_builtins(info)
+        data["model"] = msgspec.to_builtins(client.info)
     return json_response({"success": True, "data": data}, 200 if healthy else 503)
 
 
@@ -68,8 +63,30 @@ async def _start(st: AppState, body: GenerateRequest, stream: bool) -> Generatio
     return await generation.start(st, [st.tokenizer.encode(body.prompt)], body.sampling(), stream=stream)
 
 
-def _request_id(choice: Choice) -> str:
-    return f"cllm-{choice.stream.id}"
+def _engine_figures(st: AppState, full: bool) -> dict:
+    """The engine as of its last EngineStats (at most a second old while busy)."""
+    client, info, stats = st.client, st.client.info, st.client.stats
+    now = time.monotonic()
+    kv_used = stats.kv_used if stats else 0
+    figures = {
+        "kv_used": kv_used,
+        "kv_total": info.ctx_size,
+        "kv_usage_ratio": round(kv_used / info.ctx_size, 4),
+        "tokens_per_second_1m": round(st.metrics.token_rate.rate(now), 2),
+        "uptime_seconds": round(now - client.ready_at, 3),
+        "restarts": client.restarts,
+    }
+    if full:
+        figures["steps"] = stats.steps if stats else 0
+        figures["generated_tokens"] = stats.generated_tokens if stats else 0
+        figures["parallel"] = info.parallel
+    return figures
+
+
+async def metrics(request: Request) -> Response:
+    metrics = state(request).metrics
+    return Response(metrics.exposition(), media_type=metrics.content_type)
+
 
 
 async def generate(request: Request) -> Response:
@@ -86,7 +103,7 @@ async def generate(request: Request) -> Response:
     elapsed = time.perf_counter() - choice.stream.t_submit
     return ok(
         {
-            "id": _request_id(choice),
+            "id": choice.stream.request_id,
             "text": text,
             "response_time": round(elapsed, 6),
             "tokens_per_second": round(choice.n_tokens / elapsed, 3) if elapsed > 0 else 0.0,
@@ -105,7 +122,7 @@ async def generate_stream(request: Request) -> Response:
 async def _stream(request: Request, body: GenerateRequest) -> Response:
     gen = await _start(state(request), body, stream=True)
     choice = gen.choices[0]
-    rid = _request_id(choice)
+    rid = choice.stream.request_id
 
     async def events():
         try:
@@ -150,6 +167,7 @@ async def model_info(request: Request) -> Response:
 routes = [
     Route("/", index, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
     Route("/generate", generate, methods=["POST"]),
     Route("/generate_stream", generate_stream, methods=["POST"]),
     Route("/encode", encode, methods=["POST"]),

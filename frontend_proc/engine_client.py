@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from contextvars import ContextVar
 
 import msgspec
 
@@ -27,12 +28,17 @@ from cllm.protocol import (
     TokenLogprobs,
 )
 from cllm.ring import Ring
+from frontend_proc.metrics import Metrics
+
+# Set to a list by whoever watches an HTTP request; submit() adds the request's
+# streams to it, so every route that generates is observed without doing anything.
+submitted: ContextVar[list[RequestStream] | None] = ContextVar("submitted", default=None)
 
 
 class RequestStream:
     """Tokens of one request as they arrive from the engine."""
 
-    __slots__ = ("id", "prompt_tokens", "tokens", "logprobs", "finish", "t_submit", "t_first", "_event", "_per_step")
+    __slots__ = ("id", "prompt_tokens", "tokens", "logprobs", "finish", "t_submit", "t_first", "t_done", "_tail", "_event", "_per_step")
 
     def __init__(self, rid: int, prompt_tokens: int, per_step: bool):
         self.id = rid
@@ -42,8 +48,21 @@ class RequestStream:
         self.finish: str | None = None
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
+        self.t_done: float | None = None
+        self._tail = 0  # 1 when the engine's last output carried no token (it sampled EOS)
         self._event = asyncio.Event()
         self._per_step = per_step
+
+    @property
+    def request_id(self) -> str:
+        return f"cllm-{self.id}"
+
+    def time_per_output(self) -> float | None:
+        """Mean time between the engine's outputs after the first token, once finished."""
+        outputs = len(self.tokens) + self._tail
+        if self.t_first is None or self.t_done is None or outputs < 2:
+            return None
+        return (self.t_done - self.t_first) / (outputs - 1)
 
     def _push(self, token: int | None, finish: str | None, logprobs: TokenLogprobs | None) -> None:
         if token is not None:
@@ -54,6 +73,8 @@ class RequestStream:
                 self.logprobs.append(logprobs)
         if finish is not None:
             self.finish = finish
+            self.t_done = time.perf_counter()
+            self._tail = token is None
             self._event.set()
         elif self._per_step:
             self._event.set()
@@ -78,7 +99,8 @@ class RequestStream:
 
 
 class EngineClient:
-    def __init__(self, launch: Launch):
+    def __init__(self, launch: Launch, metrics: Metrics):
+        self.metrics = metrics
         self._requests = Ring(launch.requests)
         self._outputs = Ring(launch.outputs)
         self._encode = msgspec.msgpack.Encoder().encode
@@ -91,7 +113,8 @@ class EngineClient:
         self.ready: asyncio.Future[ModelInfo] | None = None
         self.info: ModelInfo | None = None
         self.stats: EngineStats | None = None
-        self.ready_at: float | None = None
+        self.ready_at: float | None = None  # when the current engine said it was ready
+        self.restarts = 0  # engines started after the first
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -115,6 +138,9 @@ class EngineClient:
         except BaseException:
             del self._streams[stream.id]
             raise
+        watched = submitted.get()
+        if watched is not None:
+            watched.append(stream)
         return stream
 
     def abort(self, stream: RequestStream) -> None:
@@ -159,9 +185,14 @@ class EngineClient:
                                 del streams[out.id]
                 elif type(msg) is EngineStats:
                     self.stats = msg
+                    self.metrics.engine_stats(msg, self.info.ctx_size, time.monotonic())
                 elif type(msg) is EngineReady:
+                    restarted = self.info is not None
+                    self.restarts += restarted
                     self.info = msg.info
+                    self.stats = None  # a new engine runs nothing yet
                     self.ready_at = time.monotonic()
+                    self.metrics.engine_ready(self.ready_at, restarted)
                     if not self.ready.done():
                         self.ready.set_result(msg.info)
             if ring.arm_wait():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import logging
 import os
 import signal
 import sys
@@ -12,10 +13,14 @@ import sys
 import uvicorn
 
 from cllm.launch import from_argv
+from cllm.log import setup_logging
 from frontend_proc import cllm_api, openai_api
 from frontend_proc.app import AppState, build_app
 from frontend_proc.engine_client import EngineClient
+from frontend_proc.metrics import Metrics
 from frontend_proc.tokenizer import Tokenizer
+
+log = logging.getLogger("cllm.frontend")
 
 
 class _Server(uvicorn.Server):
@@ -29,6 +34,7 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             port = self.servers[0].sockets[0].getsockname()[1]
+            log.info("listening on http://%s:%d", self.config.host, port)
             os.write(self._ready_fd, f"{port}\n".encode())
             os.close(self._ready_fd)
 
@@ -36,9 +42,13 @@ class _Server(uvicorn.Server):
 def main() -> int:
     launch = from_argv()
     config = launch.config
-    client = EngineClient(launch)
+    setup_logging(config.log_level, config.log_format)
+    metrics = Metrics()
+    client = EngineClient(launch, metrics)
     tokenizer = Tokenizer(launch.model_path)
-    app_state = AppState(config=config, client=client, tokenizer=tokenizer, chat_template=tokenizer.chat_template())
+    app_state = AppState(
+        config=config, client=client, tokenizer=tokenizer, chat_template=tokenizer.chat_template(), metrics=metrics
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -59,7 +69,9 @@ def main() -> int:
             port=config.port,
             loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
             http="httptools",
-            log_level="warning",
+            # Our handler, not uvicorn's; its own records only at debug (requests are logged by observe.py).
+            log_config=None,
+            log_level="debug" if config.log_level == "debug" else "warning",
             access_log=False,
             timeout_graceful_shutdown=config.shutdown_timeout,
         ),

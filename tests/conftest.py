@@ -33,6 +33,7 @@ class Server:
     proc: subprocess.Popen
     url: str
     stdout_lines: list[str]
+    stderr_lines: list[str]  # the logs, read as they come so a full pipe never blocks the server
 
     def client(self, timeout: float = 300.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout)
@@ -64,12 +65,21 @@ def start_server(*args: str) -> Server:
                 ready.set()
         ready.set()
 
+    errors: list[str] = []
+
+    def read_stderr():
+        for line in proc.stderr:
+            errors.append(line)
+
     threading.Thread(target=read_stdout, daemon=True).start()
+    stderr_reader = threading.Thread(target=read_stderr, daemon=True)
+    stderr_reader.start()
     if not ready.wait(START_TIMEOUT) or not url:
         proc.kill()
         proc.wait()
-        raise RuntimeError(f"cllm serve did not start: {proc.stderr.read()}")
-    return Server(proc, url[0], lines)
+        stderr_reader.join(5)
+        raise RuntimeError(f"cllm serve did not start: {''.join(errors)}")
+    return Server(proc, url[0], lines, errors)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,128 @@
+"""What the frontend knows about how serving goes: Prometheus families and live figures.
+
+Everything here moves once per finished request or once per EngineStats
+message (at most one a second while the engine is busy), never per token.
+A scrape or a /health only reads it: the engine never notices either.
+The families live in their own registry, not prometheus_client's global one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from cllm.protocol import EngineStats
+
+# No *_created series: they double the output and say nothing a restart counter does not.
+disable_created_metrics()
+
+TOKEN_RATE_WINDOW = 60.0  # seconds
+
+# Buckets fit what this machine sees: steps of 10-300 ms, first tokens within
+# 0.05-5 s, 5-100 ms per token, batches of 1-64 sequences.
+STEP_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST  # of exposition()
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("cllm_requests_total", "HTTP responses, by route and status", ["route", "status"], registry=r)
+        self.running = Gauge("cllm_requests_running", "Sequences the engine is decoding", registry=r)
+        self.waiting = Gauge("cllm_requests_waiting", "Requests waiting for a free engine slot", registry=r)
+        self.prompt_tokens = Counter("cllm_prompt_tokens_total", "Prompt tokens of requests that reached the engine", registry=r)
+        self.generation_tokens = Counter("cllm_generation_tokens_total", "Tokens generated for requests", registry=r)
+        self.ttft = Histogram(
+            "cllm_time_to_first_token_seconds", "From a request's arrival to its first token", buckets=TTFT_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "cllm_time_per_output_token_seconds", "Mean time between a request's outputs after the first", buckets=TPOT_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "cllm_e2e_request_latency_seconds", "From a request's arrival to the end of its response", buckets=E2E_BUCKETS, registry=r
+        )
+        self.step = Histogram(
+            "cllm_engine_step_seconds", "Engine steps: schedule, one llama_decode, sample", buckets=STEP_BUCKETS, registry=r
+        )
+        self.batch = Histogram("cllm_batch_size", "Sequences in one engine step", buckets=BATCH_BUCKETS, registry=r)
+        self.kv_usage = Gauge("cllm_kv_cache_usage_ratio", "KV cells held by running sequences / all KV cells", registry=r)
+        self.restarts = Counter("cllm_engine_restarts_total", "Engines started after the first", registry=r)
+        self.token_rate = TokenRate(TOKEN_RATE_WINDOW)
+
+    def engine_ready(self, now: float, restarted: bool) -> None:
+        if restarted:
+            self.restarts.inc()
+        self.token_rate.restart(now)
+
+    def engine_stats(self, stats: EngineStats, kv_total: int, now: float) -> None:
+        self.running.set(stats.running)
+        self.waiting.set(stats.waiting)
+        self.kv_usage.set(stats.kv_used / kv_total)
+        for seconds in stats.step_seconds:
+            self.step.observe(seconds)
+        for size in stats.batch_sizes:
+            self.batch.observe(size)
+        self.token_rate.add(now, stats.generated_tokens)
+
+    def request_done(self, route: str, status: int, t_start: float, t_end: float, streams: list) -> None:
+        """One HTTP exchange is over; ``streams`` are the RequestStreams it submitted."""
+        self.requests.labels(route, str(status)).inc()
+        if not streams:
+            return
+        self.e2e.observe(t_end - t_start)
+        for stream in streams:
+            self.prompt_tokens.inc(stream.prompt_tokens)
+            self.generation_tokens.inc(len(stream.tokens))
+            if stream.t_first is not None:
+                self.ttft.observe(stream.t_first - t_start)
+            per_output = stream.time_per_output()
+            if per_output is not None:
+                self.tpot.observe(per_output)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class TokenRate:
+    """Tokens per second over a sliding window, from the engine's running count of generated tokens."""
+
+    def __init__(self, window: float):
+        self.window = window
+        self._samples: deque[tuple[float, int]] = deque()  # (monotonic time, tokens so far)
+
+    def restart(self, now: float) -> None:
+        """A new engine: its count starts from zero."""
+        self._samples.clear()
+        self._samples.append((now, 0))
+
+    def add(self, now: float, total: int) -> None:
+        samples = self._samples
+        samples.append((now, total))
+        # Keep one sample at or before the window's start: the count to subtract.
+        while len(samples) > 1 and samples[1][0] <= now - self.window:
+            samples.popleft()
+
+    def rate(self, now: float) -> float:
+        if not self._samples:
+            return 0.0
+        first = base = self._samples[0]
+        for sample in self._samples:
+            if sample[0] > now - self.window:
+                break
+            base = sample
+        span = min(self.window, now - first[0])
+        return (self._samples[-1][1] - base[1]) / span if span > 0 else 0.0
