@@ -171,15 +171,15 @@ def test_stop_string_on_chat(oai):
 
 
 def test_seed_reproduces(oai):
-    kw = dict(prompt="Write a poem about the sea", max_tokens=24, temperature=1.0, extra_body={"top_k": 0})
+    kw = dict(prompt="Write a poem about the sea", max_tokens=12, temperature=1.0, extra_body={"top_k": 0})
     a = complete(oai, seed=1234, **kw).choices[0].text
     assert complete(oai, seed=1234, **kw).choices[0].text == a
-    others = {complete(oai, seed=s, **kw).choices[0].text for s in (1, 2, 3)}
+    others = {complete(oai, seed=s, **kw).choices[0].text for s in (1, 2)}
     assert len(others | {a}) > 1
 
 
 def test_n_choices(oai):
-    kw = dict(messages=[{"role": "user", "content": "Tell me a joke"}], temperature=1.0, max_tokens=20, n=2, seed=7)
+    kw = dict(messages=[{"role": "user", "content": "Tell me a joke"}], temperature=1.0, max_tokens=10, n=2, seed=7)
     r = chat(oai, **kw)
     assert [c.index for c in r.choices] == [0, 1]
     texts = [c.message.content for c in r.choices]
@@ -264,9 +264,11 @@ def test_logit_bias_and_penalties_steer_the_output(oai, http):
     [token] = http.post("/encode", json={"text": " banana"}).json()["data"]["tokens"]
     kw = dict(prompt="Once upon a time", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
     assert complete(oai, logit_bias={str(token): 100}, **kw).choices[0].text == " banana" * 6
-    plain = complete(oai, prompt="Once upon a time", max_tokens=40, temperature=0).choices[0].text
-    assert complete(oai, prompt="Once upon a time", max_tokens=40, temperature=0, frequency_penalty=2.0).choices[0].text != plain
-    assert complete(oai, prompt="Once upon a time", max_tokens=40, temperature=0, presence_penalty=2.0).choices[0].text != plain
+    # A list is where greedy decoding repeats itself, so the penalties show quickly.
+    kw = dict(prompt="Fruits: apple, banana, apple, banana, apple,", max_tokens=12, temperature=0)
+    plain = complete(oai, **kw).choices[0].text
+    assert complete(oai, frequency_penalty=2.0, **kw).choices[0].text != plain
+    assert complete(oai, presence_penalty=2.0, **kw).choices[0].text != plain
 
 
 def test_sampling_parameters_are_accepted(oai):
