@@ -28,7 +28,7 @@ CONVERSATION = [
 
 @pytest.fixture(scope="module")
 def oai(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120, max_retries=0) as client:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0) as client:
         yield client
 
 
