@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from contextvars import ContextVar
 
 import msgspec
 
@@ -30,10 +29,6 @@ from cllm.protocol import (
 from cllm.ring import Ring
 from frontend_proc.metrics import Metrics
 
-# Set to a list by whoever watches an HTTP request; submit() adds the request's
-# streams to it, so every route that generates is observed without doing anything.
-submitted: ContextVar[list[RequestStream] | None] = ContextVar("submitted", default=None)
-
 
 class RequestStream:
     """Tokens of one request as they arrive from the engine."""
@@ -48,17 +43,13 @@ class RequestStream:
         self.finish: str | None = None
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
-        self.t_done: float | None = None
+        self.t_done: float | None = None  # when it finished, or was aborted
         self._tail = 0  # 1 when the engine's last output carried no token (it sampled EOS)
         self._event = asyncio.Event()
         self._per_step = per_step
 
-    @property
-    def request_id(self) -> str:
-        return f"cllm-{self.id}"
-
     def time_per_output(self) -> float | None:
-        """Mean time between the engine's outputs after the first token, once finished."""
+        """Mean time between the engine's outputs after the first token, once done."""
         outputs = len(self.tokens) + self._tail
         if self.t_first is None or self.t_done is None or outputs < 2:
             return None
@@ -138,15 +129,13 @@ class EngineClient:
         except BaseException:
             del self._streams[stream.id]
             raise
-        watched = submitted.get()
-        if watched is not None:
-            watched.append(stream)
         return stream
 
     def abort(self, stream: RequestStream) -> None:
         """Stop a request that has not finished; the engine frees its slot next step."""
         if stream.finish is not None or self._streams.pop(stream.id, None) is None:
             return
+        stream.t_done = time.perf_counter()
         if not self._aborts:
             self._loop.call_soon(self._flush_aborts)
         self._aborts.append(stream.id)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 import msgspec
 
 from cllm.protocol import ModelInfo, SamplingParams
+from frontend_proc import observe
 from frontend_proc.app import ApiError, AppState
 from frontend_proc.engine_client import EngineClient, RequestStream
 from frontend_proc.tokenizer import Detokenizer
@@ -70,7 +71,9 @@ async def start(
         for choice in choices:
             choice.abort()
         raise
-    return Generation(choices, sum(map(len, prompts)))
+    gen = Generation(choices, sum(map(len, prompts)))
+    observe.track(gen)
+    return gen
 
 
 class StopMatcher:

@@ -45,7 +45,7 @@ class Metrics:
         self.running = Gauge("cllm_requests_running", "Sequences the engine is decoding", registry=r)
         self.waiting = Gauge("cllm_requests_waiting", "Requests waiting for a free engine slot", registry=r)
         self.prompt_tokens = Counter("cllm_prompt_tokens_total", "Prompt tokens of requests that reached the engine", registry=r)
-        self.generation_tokens = Counter("cllm_generation_tokens_total", "Tokens generated for requests", registry=r)
+        self.generation_tokens = Counter("cllm_generation_tokens_total", "Tokens generated for requests, as their usage says", registry=r)
         self.ttft = Histogram(
             "cllm_time_to_first_token_seconds", "From a request's arrival to its first token", buckets=TTFT_BUCKETS, registry=r
         )
@@ -78,20 +78,20 @@ class Metrics:
             self.batch.observe(size)
         self.token_rate.add(now, stats.generated_tokens)
 
-    def request_done(self, route: str, status: int, t_start: float, t_end: float, streams: list) -> None:
-        """One HTTP exchange is over; ``streams`` are the RequestStreams it submitted."""
+    def request_done(self, route: str, status: int, t_start: float, t_end: float, generations: list) -> None:
+        """One HTTP exchange is over, with the Generations it started (usually none or one)."""
         self.requests.labels(route, str(status)).inc()
-        if not streams:
-            return
-        self.e2e.observe(t_end - t_start)
-        for stream in streams:
-            self.prompt_tokens.inc(stream.prompt_tokens)
-            self.generation_tokens.inc(len(stream.tokens))
-            if stream.t_first is not None:
-                self.ttft.observe(stream.t_first - t_start)
-            per_output = stream.time_per_output()
-            if per_output is not None:
-                self.tpot.observe(per_output)
+        for gen in generations:
+            self.e2e.observe(t_end - t_start)
+            self.prompt_tokens.inc(gen.prompt_tokens)
+            self.generation_tokens.inc(gen.completion_tokens)
+            for choice in gen.choices:
+                stream = choice.stream
+                if stream.t_first is not None:
+                    self.ttft.observe(stream.t_first - t_start)
+                per_output = stream.time_per_output()
+                if per_output is not None:
+                    self.tpot.observe(per_output)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

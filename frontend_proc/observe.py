@@ -1,22 +1,36 @@
 """Watches every HTTP exchange: counts it, and once it ends records and logs its generation.
 
 The route label is the matched route's path template (never the raw URL, so
-a scan of unknown paths cannot blow up the label set). Whatever the route
-submits to the engine is collected through ``engine_client.submitted``, so a
-new route is covered without doing anything.
+a scan of unknown paths cannot blow up the label set). generation.start, the
+one way every API generates, hands its Generation to track(), so a new route
+is observed without doing anything.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
-from frontend_proc.engine_client import RequestStream, submitted
 from frontend_proc.metrics import Metrics
+
+if TYPE_CHECKING:  # generation imports this module
+    from frontend_proc.generation import Generation
 
 UNMATCHED = "unmatched"
 
 log = logging.getLogger("cllm.frontend")
+
+# The generations of the HTTP request being served; set by the middleware.
+_generations: ContextVar[list[Generation] | None] = ContextVar("cllm_generations", default=None)
+
+
+def track(gen: Generation) -> None:
+    """Record this Generation with the HTTP request being served, if it is watched."""
+    watched = _generations.get()
+    if watched is not None:
+        watched.append(gen)
 
 
 class ObserveMiddleware:
@@ -28,8 +42,8 @@ class ObserveMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         t_start = time.perf_counter()
-        streams: list[RequestStream] = []
-        token = submitted.set(streams)
+        gens: list[Generation] = []
+        token = _generations.set(gens)
         status = 500  # unless the app starts a response
 
         async def send_and_note_status(message) -> None:
@@ -41,27 +55,26 @@ class ObserveMiddleware:
         try:
             await self.app(scope, receive, send_and_note_status)
         finally:
-            submitted.reset(token)
+            _generations.reset(token)
             t_end = time.perf_counter()
             route = scope.get("route")
             path = route.path if route is not None else UNMATCHED
-            self.metrics.request_done(path, status, t_start, t_end, streams)
-            if streams:
-                log.info("request done", extra={"fields": _fields(scope["method"], path, status, t_start, t_end, streams)})
-            elif log.isEnabledFor(logging.DEBUG):
+            self.metrics.request_done(path, status, t_start, t_end, gens)
+            for gen in gens:
+                log.info("request done", extra={"fields": _fields(path, status, t_start, t_end, gen)})
+            if not gens and log.isEnabledFor(logging.DEBUG):
                 log.debug("%s %s %d", scope["method"], scope["path"], status, extra={"fields": {"seconds": round(t_end - t_start, 6)}})
 
 
-def _fields(method: str, route: str, status: int, t_start: float, t_end: float, streams: list[RequestStream]) -> dict:
-    firsts = [s.t_first for s in streams if s.t_first is not None]
+def _fields(route: str, status: int, t_start: float, t_end: float, gen: Generation) -> dict:
+    firsts = [c.stream.t_first for c in gen.choices if c.stream.t_first is not None]
     return {
-        "id": streams[0].request_id,
-        "method": method,
+        "id": gen.choices[0].stream.id,  # the number in the response's id: cllm-7, chatcmpl-7
         "route": route,
         "status": status,
-        "prompt_tokens": sum(s.prompt_tokens for s in streams),
-        "generated_tokens": sum(len(s.tokens) for s in streams),
+        "prompt_tokens": gen.prompt_tokens,
+        "generated_tokens": gen.completion_tokens,
         "ttft": round(min(firsts) - t_start, 6) if firsts else None,
         "total_time": round(t_end - t_start, 6),
-        "finish_reason": ",".join(s.finish or "abort" for s in streams),
+        "finish_reason": ",".join(c.finish or "abort" for c in gen.choices),
     }

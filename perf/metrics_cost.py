@@ -104,7 +104,8 @@ def main() -> None:
     for label, t in (("no scraping", plain), ("/metrics every 1 s", scraped)):
         print(
             f"  {label:18} : {t.tokens / t.seconds:7.1f} tok/s  ({t.tokens} tokens in {t.seconds:.1f} s, {t.errors} errors;"
-            f" CPU: frontend {t.frontend_cpu / t.seconds * 1e3:.0f} ms/s, engine {t.engine_cpu / t.seconds * 1e3:.0f} ms/s)"
+            f" CPU: frontend {t.frontend_cpu / t.seconds * 1e3:.0f} ms/s, engine {t.engine_cpu / t.seconds * 1e3:.0f} ms/s,"
+            f" {t.tokens / t.engine_cpu:.1f} tokens per engine CPU second)"
         )
     if scrapes:
         print(f"  scrapes            : {len(scrapes)}, median {statistics.median(scrapes) * 1e3:.1f} ms, max {max(scrapes) * 1e3:.1f} ms")

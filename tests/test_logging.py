@@ -45,7 +45,8 @@ def test_json_logs_startup_figures_and_one_line_per_request(json_server):
         for _ in range(3):
             http.get("/health")
             http.get("/metrics")
-    wait_for_line(srv.stderr_lines, events[0]["id"])
+        completion = http.post("/v1/completions", json={"prompt": "1, 2, 3, 4,", "max_tokens": 20, "temperature": 0, "stop": ["7"]}).json()
+    wait_for_line(srv.stderr_lines, '"route":"/v1/completions"')
     records = [json.loads(line) for line in srv.stderr_lines]  # every line is one JSON object
 
     messages = " | ".join(r["message"] for r in records)
@@ -55,20 +56,24 @@ def test_json_logs_startup_figures_and_one_line_per_request(json_server):
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
 
     done = [r for r in records if r["message"] == "request done"]
-    assert len(done) == 2  # one per generation, none per token nor for /health or /metrics
-    first, second = done
+    assert len(done) == 3  # one per generation, none per token nor for /health or /metrics
+    first, second, third = done
     assert first["level"] == "info" and first["logger"] == "cllm.frontend"
-    assert first["id"] == data["id"] and first["route"] == "/generate" and first["status"] == 200
+    assert f"cllm-{first['id']}" == data["id"] and first["route"] == "/generate" and first["status"] == 200
     assert first["prompt_tokens"] == data["prompt_tokens"] and first["generated_tokens"] == 12
     assert first["finish_reason"] == "length"
     assert 0 < first["ttft"] <= first["total_time"]
-    assert second["id"] == events[0]["id"] and second["route"] == "/generate_stream" and second["generated_tokens"] == 5
+    assert f"cllm-{second['id']}" == events[0]["id"] and second["route"] == "/generate_stream" and second["generated_tokens"] == 5
+    # A stop string ends it in the frontend: the reason and the count are what the client got.
+    assert f"cmpl-{third['id']}" == completion["id"] and third["route"] == "/v1/completions"
+    assert third["finish_reason"] == completion["choices"][0]["finish_reason"] == "stop"
+    assert third["generated_tokens"] == completion["usage"]["completion_tokens"]
     assert len(records) < 10
 
 
 def test_text_log_line_of_a_request(server, http):
     data = generate(http, prompt="The sky is", max_tokens=4, ignore_eos=True)
-    line = wait_for_line(server.stderr_lines, f"id={data['id']} ")
+    line = wait_for_line(server.stderr_lines, f"id={data['id'].removeprefix('cllm-')} ")
     assert " INFO cllm.frontend: request done " in line
     assert f"route=/generate status=200 prompt_tokens={data['prompt_tokens']} generated_tokens=4 ttft=" in line
     assert line.rstrip().endswith("finish_reason=length")
@@ -77,7 +82,7 @@ def test_text_log_line_of_a_request(server, http):
 def test_a_client_that_leaves_is_logged_as_abort(server, http):
     with http.stream("POST", "/generate_stream", json={"prompt": "Go on", "max_tokens": 400, "ignore_eos": True}) as r:
         lines = r.iter_lines()
-        rid = json.loads(next(lines)[len("data: ") :])["id"]
+        rid = json.loads(next(lines)[len("data: ") :])["id"].removeprefix("cllm-")
     line = wait_for_line(server.stderr_lines, f"id={rid} ")
     assert "route=/generate_stream status=200" in line and line.rstrip().endswith("finish_reason=abort")
 

@@ -79,11 +79,15 @@ def test_metrics_move_by_the_right_amounts(server, http):
         done = list(pool.map(lambda p: generate(http, prompt=p, max_tokens=max_tokens, ignore_eos=True), ["One", "Two two", "Three three three"]))
     events = stream_events(http, "/generate_stream", prompt="Four", max_tokens=max_tokens, ignore_eos=True)
     stream_prompt = http.post("/encode", json={"text": "Four"}).json()["data"]["length"]
+    # The OpenAI routes go the same way; two choices are two sequences in one request.
+    chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Five"}], "max_tokens": max_tokens, "ignore_eos": True, "n": 2})
+    assert chat.status_code == 200, chat.text
+    usage = chat.json()["usage"]
     assert http.post("/generate", json={"prompt": 5}).status_code == 400
     assert http.get("/generate").status_code == 405
     assert http.get("/no/such/page").status_code == 404
     # The engine counts every token it sampled (no EOS here): then it has reported its last step.
-    engine_after = wait_idle(http, engine_before["generated_tokens"] + 4 * max_tokens)["engine"]
+    engine_after = wait_idle(http, engine_before["generated_tokens"] + 6 * max_tokens)["engine"]
     after = scrape(http)
 
     def delta(name, **labels):
@@ -95,15 +99,18 @@ def test_metrics_move_by_the_right_amounts(server, http):
     assert delta("cllm_requests_total", route="/generate", status="405") == 1
     assert delta("cllm_requests_total", route="unmatched", status="404") == 1
     assert delta("cllm_requests_total", route="/encode", status="200") == 1
+    assert delta("cllm_requests_total", route="/v1/chat/completions", status="200") == 1
     assert delta("cllm_requests_total", route="/metrics", status="200") == 1  # the first scrape
 
-    assert delta("cllm_prompt_tokens_total") == sum(d["prompt_tokens"] for d in done) + stream_prompt
-    assert delta("cllm_generation_tokens_total") == sum(d["generated_tokens"] for d in done) + events[-1]["generated_tokens"] == 4 * max_tokens
-    for name in PER_REQUEST_HISTOGRAMS:
-        assert delta(f"{name}_count") == 4, name
-        assert delta(f"{name}_bucket", le="+Inf") == 4, name
+    assert delta("cllm_prompt_tokens_total") == sum(d["prompt_tokens"] for d in done) + stream_prompt + usage["prompt_tokens"]
+    assert usage["completion_tokens"] == 2 * max_tokens
+    assert delta("cllm_generation_tokens_total") == sum(d["generated_tokens"] for d in done) + events[-1]["generated_tokens"] + 2 * max_tokens
+    assert delta("cllm_generation_tokens_total") == 6 * max_tokens
+    # Per request: 5 latencies; per sequence: 6 first tokens and 6 times per token.
+    for name, count in zip(PER_REQUEST_HISTOGRAMS, (6, 6, 5)):
+        assert delta(f"{name}_count") == count, name
+        assert delta(f"{name}_bucket", le="+Inf") == count, name
         assert delta(f"{name}_sum") > 0, name
-    assert delta("cllm_time_to_first_token_seconds_sum") < delta("cllm_e2e_request_latency_seconds_sum")
 
     # Engine histograms: one observation per step, every step since the engine started.
     steps = engine_after["steps"] - engine_before["steps"]
@@ -111,7 +118,7 @@ def test_metrics_move_by_the_right_amounts(server, http):
     assert delta("cllm_engine_step_seconds_count") == steps
     assert value(after, "cllm_engine_step_seconds_count") == engine_after["steps"]
     assert delta("cllm_batch_size_count") == steps
-    assert delta("cllm_batch_size_sum") >= 4 * max_tokens  # a sequence is in every step that gives it a token
+    assert delta("cllm_batch_size_sum") >= 6 * max_tokens  # a sequence is in every step that gives it a token
     for name in ("cllm_engine_step_seconds", "cllm_batch_size", *PER_REQUEST_HISTOGRAMS):
         buckets = sorted((float(dict(k)["le"]), v) for k, v in after[f"{name}_bucket"].items())
         counts = [v for _, v in buckets]
