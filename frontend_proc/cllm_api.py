@@ -59,6 +59,10 @@ async def health(request: Request) -> Response:
     return json_response({"success": True, "data": data}, 200 if healthy else 503)
 
 
+def _request_id(choice: Choice) -> str:
+    return f"cllm-{choice.stream.id}"
+
+
 async def _start(st: AppState, body: GenerateRequest, stream: bool) -> Generation:
     return await generation.start(st, [st.tokenizer.encode(body.prompt)], body.sampling(), stream=stream)
 
@@ -103,7 +107,7 @@ async def generate(request: Request) -> Response:
     elapsed = time.perf_counter() - choice.stream.t_submit
     return ok(
         {
-            "id": choice.stream.request_id,
+            "id": _request_id(choice),
             "text": text,
             "response_time": round(elapsed, 6),
             "tokens_per_second": round(choice.n_tokens / elapsed, 3) if elapsed > 0 else 0.0,
@@ -122,7 +126,7 @@ async def generate_stream(request: Request) -> Response:
 async def _stream(request: Request, body: GenerateRequest) -> Response:
     gen = await _start(state(request), body, stream=True)
     choice = gen.choices[0]
-    rid = choice.stream.request_id
+    rid = _request_id(choice)
 
     async def events():
         try:
