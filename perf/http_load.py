@@ -1,46 +1,321 @@
-"""HTTP load on cLLM's /generate: N requests at concurrency C, G tokens each."""
+"""`cllm bench http`: closed-loop HTTP load on a server, in its own dialect.
+
+C clients each send a request, wait for the whole answer, and send the next,
+until N requests are done; every request asks for exactly G greedy tokens
+(ignore_eos) after a fresh prompt of about P tokens. Three dialects give
+peers identical work:
+  cllm          POST /generate        max_tokens, ignore_eos
+  openai        POST /v1/completions  max_tokens, ignore_eos, and a -100 logit
+                                      bias on --ban-tokens for servers that
+                                      ignore ignore_eos (llama-cpp-python)
+  llama-server  POST /completion      n_predict, ignore_eos, cache_prompt off
+Reports output tokens/s, end-to-end latency and (streaming) time to first
+token as p50/p90/p99, errors, and with --pid the CPU seconds each process of
+the server's tree spent per generated token.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import sys
 import time
+from dataclasses import dataclass, field
 
-import httpx
+import msgspec
+import numpy as np
+import psutil
+
+from perf.prompts import BASE_TOKENS, make_prompts, requests_for
+
+WARMUP_TOKENS = 4
 
 
-async def _load(url: str, prompts: list[str], concurrency: int, gen_tokens: int) -> dict:
-    queue = list(reversed(prompts))
-    latencies: list[float] = []
-    generated = 0
-    errors = 0
 
-    async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal generated, errors
-        while queue:
-            prompt = queue.pop()
-            t = time.perf_counter()
-            r = await client.post("/generate", json={"prompt": prompt, "max_tokens": gen_tokens, "ignore_eos": True, "temperature": 0})
-            latencies.append(time.perf_counter() - t)
-            if r.status_code == 200:
-                generated += r.json()["data"]["generated_tokens"]
+# ---- dialects: the request body, and how to read the answer -------------------
+
+
+@dataclass
+class Dialect:
+    path: str
+
+    def body(self, prompt: str, gen_tokens: int, stream: bool) -> dict:
+        raise NotImplementedError
+
+    def tokens(self, answer: dict) -> int:
+        """Generated tokens from a non-streaming answer."""
+        raise NotImplementedError
+
+    def event(self, event: dict) -> tuple[str, int | None]:
+        """A streamed event's text, and the generated-token count if it tells."""
+        raise NotImplementedError
+
+
+class Cllm(Dialect):
+    def body(self, prompt, gen_tokens, stream):
+        return {"prompt": prompt, "max_tokens": gen_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
+
+    def tokens(self, answer):
+        return answer["data"]["generated_tokens"]
+
+    def event(self, event):
+        return event.get("token", ""), event.get("generated_tokens")
+
+
+@dataclass
+class OpenAI(Dialect):
+    model: str = "default"
+    ban_tokens: tuple[int, ...] = ()
+
+    def body(self, prompt, gen_tokens, stream):
+        body = {"model": self.model, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0, "ignore_eos": True,
+                "stream": stream}
+        if self.ban_tokens:
+            body["logit_bias"] = {str(t): -100 for t in self.ban_tokens}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def tokens(self, answer):
+        return answer["usage"]["completion_tokens"]
+
+    def event(self, event):
+        usage = event.get("usage")
+        choices = event.get("choices") or [{}]
+        return choices[0].get("text") or "", usage["completion_tokens"] if usage else None
+
+
+class LlamaServer(Dialect):
+    def body(self, prompt, gen_tokens, stream):
+        return {"prompt": prompt, "n_predict": gen_tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
+                "stream": stream}
+
+    def tokens(self, answer):
+        return answer["tokens_predicted"]
+
+    def event(self, event):
+        return event.get("content", ""), event.get("tokens_predicted") if event.get("stop") else None
+
+
+def make_dialect(name: str, model: str = "default", ban_tokens: tuple[int, ...] = ()) -> Dialect:
+    if name == "cllm":
+        return Cllm("/generate")
+    if name == "openai":
+        return OpenAI("/v1/completions", model, ban_tokens)
+    if name == "llama-server":
+        return LlamaServer("/completion")
+    raise ValueError(f"unknown dialect {name!r}")
+
+
+DIALECTS = ("cllm", "openai", "llama-server")
+
+
+# ---- the server's processes and their CPU time --------------------------------
+
+
+def _role(proc: psutil.Process) -> str:
+    try:
+        cmd = " ".join(proc.cmdline())
+    except psutil.Error:
+        return "gone"
+    for role in ("engine_proc", "frontend_proc"):
+        if f"-m {role}" in cmd:
+            return role.split("_")[0]
+    if "cllm" in cmd and " serve" in cmd:
+        return "supervisor"
+    return proc.name()
+
+
+def cpu_seconds(pids: list[int]) -> dict[str, float]:
+    """user+system CPU seconds so far of every process in the trees rooted at pids, by role."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            role = _role(proc)
+            out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
+# ---- the load ------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    tokens: int = 0
+    latency: float = 0.0
+    ttft: float | None = None
+    error: str | None = None
+
+
+async def _one(session, url: str, dialect: Dialect, prompt: str, gen_tokens: int, stream: bool) -> Outcome:
+    decode = msgspec.json.decode
+    out = Outcome()
+    t0 = time.perf_counter()
+    try:
+        async with session.post(url, json=dialect.body(prompt, gen_tokens, stream)) as resp:
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+            elif not stream:
+                out.tokens = dialect.tokens(decode(await resp.read()))
             else:
-                errors += 1
+                counted = None
+                events = 0
+                async for line in resp.content:
+                    if not line.startswith(b"data: "):
+                        continue
+                    payload = line[6:].strip()
+                    if payload == b"[DONE]":
+                        break
+                    text, n = dialect.event(decode(payload))
+                    if text:
+                        events += 1
+                        if out.ttft is None:
+                            out.ttft = time.perf_counter() - t0
+                    if n is not None:
+                        counted = n
+                out.tokens = counted if counted is not None else events
+    except Exception as e:  # noqa: BLE001 - any failure of a request is counted, the run goes on
+        out.error = f"{type(e).__name__}: {e}"
+    out.latency = time.perf_counter() - t0
+    return out
 
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+async def _load(url: str, dialect: Dialect, prompts: list[str], concurrency: int, gen_tokens: int, stream: bool,
+                timeout: float, progress=None) -> tuple[list[Outcome], float]:
+    import aiohttp
+
+    queue = list(reversed(prompts))
+    outcomes: list[Outcome] = []
+    target = url.rstrip("/") + dialect.path
+
+    async def client(session) -> None:
+        while queue:
+            outcomes.append(await _one(session, target, dialect, queue.pop(), gen_tokens, stream))
+            if progress is not None:
+                progress.update(1)
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
         elapsed = time.perf_counter() - t0
-    latencies.sort()
+    return outcomes, elapsed
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def run_cell(url: str, dialect: Dialect, concurrency: int, requests: int, prompt_tokens: int, gen_tokens: int,
+             stream: bool, pids: list[int] = (), timeout: float = 600.0, progress: bool = True) -> dict:
+    """One measured cell: `requests` fresh prompts at `concurrency`, with the server's CPU time around it."""
+    from tqdm import tqdm
+
+    prompts = make_prompts(requests, prompt_tokens)
+    me = psutil.Process()
+    cpu0, client0 = cpu_seconds(list(pids)), me.cpu_times()
+    with tqdm(total=requests, desc=f"c={concurrency}", unit="req", leave=False, disable=not progress or None) as bar:
+        outcomes, elapsed = asyncio.run(_load(url, dialect, prompts, concurrency, gen_tokens, stream, timeout, bar))
+    cpu1, client1 = cpu_seconds(list(pids)), me.cpu_times()
+
+    ok = [o for o in outcomes if o.error is None]
+    generated = sum(o.tokens for o in ok)
+    cpu = {role: cpu1[role] - cpu0.get(role, 0.0) for role in cpu1}
+    errors = [o.error for o in outcomes if o.error is not None]
     return {
-        "requests": len(prompts),
-        "errors": errors,
+        "concurrency": concurrency,
+        "requests": requests,
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        "stream": stream,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "short": sum(1 for o in ok if o.tokens != gen_tokens),  # answers without exactly gen_tokens tokens
         "generated_tokens": generated,
         "seconds": elapsed,
-        "tokens_per_second": generated / elapsed,
-        "latency_p50": latencies[len(latencies) // 2],
+        "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,
+        "latency": _percentiles([o.latency for o in ok]),
+        "ttft": _percentiles([o.ttft for o in ok if o.ttft is not None]),
+        "cpu_seconds": cpu,
+        "cpu_ms_per_token": {role: 1000 * s / generated for role, s in cpu.items()} if generated else {},
+        "client_cpu_seconds": (client1.user + client1.system) - (client0.user + client0.system),
     }
 
 
-def run_load(url: str, prompts: list[str], concurrency: int, gen_tokens: int) -> dict:
-    return asyncio.run(_load(url, prompts, concurrency, gen_tokens))
+def warm_up(url: str, dialect: Dialect, concurrency: int, timeout: float = 600.0) -> None:
+    """A round of short requests first: servers allocate their compute graphs on the first decodes."""
+    outcomes, _ = asyncio.run(
+        _load(url, dialect, make_prompts(concurrency), concurrency, WARMUP_TOKENS, False, timeout)
+    )
+    failed = [o.error for o in outcomes if o.error is not None]
+    if failed:
+        raise RuntimeError(f"warm-up requests to {url}{dialect.path} failed: {failed[0]}")
+
+
+def summary(r: dict) -> str:
+    ttft = r["ttft"]["p50"]
+    cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in sorted(r["cpu_ms_per_token"].items()))
+    return (
+        f"c={r['concurrency']:<3} {r['tokens_per_second']:7.1f} tok/s  "
+        f"e2e p50/p99 {r['latency']['p50'] or 0:.2f}/{r['latency']['p99'] or 0:.2f} s  "
+        + (f"TTFT p50/p99 {ttft:.3f}/{r['ttft']['p99']:.3f} s  " if ttft is not None else "")
+        + f"{r['generated_tokens']} tokens, {r['errors']} errors, {r['short']} short"
+        + (f"  CPU ms/token: {cpu}" if cpu else "")
+    )
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0].split(": ", 1)[1])
+    ap.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL (default %(default)s)")
+    ap.add_argument("--dialect", choices=DIALECTS, default="cllm")
+    ap.add_argument("-c", "--concurrency", default="8", help="comma-separated list of client counts (default %(default)s)")
+    ap.add_argument("-n", "--requests", type=int, help="requests per concurrency (default: 5 x concurrency, 8 to 160)")
+    ap.add_argument("-p", "--prompt-tokens", type=int, default=BASE_TOKENS, help="about this many prompt tokens (default %(default)s)")
+    ap.add_argument("-g", "--gen-tokens", type=int, default=50)
+    ap.add_argument("--stream", action="store_true", help="stream the answers (time to first token is measured then)")
+    ap.add_argument("--pid", type=int, action="append", default=[], help="a server process to measure the CPU of (with its children)")
+    ap.add_argument("--model-name", default="default", help="the openai dialect's 'model' field")
+    ap.add_argument("--ban-tokens", default="", help="openai dialect: comma-separated token ids to bias by -100 (the EOS tokens)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
+    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the results as one JSON list")
+    args = ap.parse_args(argv)
+    try:
+        concurrencies = [int(c) for c in args.concurrency.split(",")]
+        ban = tuple(int(t) for t in args.ban_tokens.split(",") if t)
+    except ValueError:
+        ap.error("--concurrency and --ban-tokens take comma-separated integers")
+    if min(concurrencies) < 1 or args.gen_tokens < 1 or (args.requests is not None and args.requests < 1):
+        ap.error("concurrency, requests and gen-tokens must be at least 1")
+
+    dialect = make_dialect(args.dialect, args.model_name, ban)
+    if not args.no_warmup:
+        warm_up(args.url, dialect, max(concurrencies), args.timeout)
+    results = []
+    for c in concurrencies:
+        r = run_cell(args.url, dialect, c, args.requests or requests_for(c), args.prompt_tokens, args.gen_tokens,
+                     args.stream, args.pid, args.timeout)
+        results.append(r)
+        if not args.json:
+            print(summary(r), flush=True)
+    if args.json:
+        json.dump(results, sys.stdout)
+        print()
+    return 1 if any(r["errors"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

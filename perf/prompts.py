@@ -1,19 +1,36 @@
-"""Fresh, distinct prompts of about 26 tokens, so no prompt cache can help."""
+"""Fresh, distinct prompts, so no prompt cache can help.
+
+Each prompt starts with a random tag, so two prompts share no prefix. The
+base prompt is about 26 tokens; a longer one gets common words appended
+(about one token each), so `tokens` is approximate for text. The engine
+bench, which works on token ids, trims or pads to the exact length.
+"""
 
 from __future__ import annotations
 
 import random
 
+BASE_TOKENS = 26
 SUBJECTS = ["a lighthouse keeper", "a lost robot", "two rival chefs", "an old violin", "a desert caravan", "a quiet librarian",
             "a comet", "a chess prodigy", "a city under snow", "a talking crow", "a retired pilot", "a hidden garden"]
 ASKS = ["Write a short story about", "Describe the daily life of", "Explain, step by step, the history of",
         "Compose a letter from the point of view of", "Give three surprising facts about"]
+WORDS = ("river stone light morning house water music friend garden window silver market winter paper road story "
+         "mountain green bread field summer cloud letter horse clock forest bridge candle harbor valley").split()
 
 
-def make_prompts(n: int, seed: int | None = None) -> list[str]:
+def make_prompts(n: int, tokens: int = BASE_TOKENS, seed: int | None = None) -> list[str]:
     rng = random.Random(seed)
     tag = rng.randrange(10**9)
-    return [
-        f"[{tag}-{i}] {rng.choice(ASKS)} {rng.choice(SUBJECTS)} and {rng.choice(SUBJECTS)}, in a calm and precise voice."
-        for i in range(n)
-    ]
+    prompts = []
+    for i in range(n):
+        text = f"[{tag}-{i}] {rng.choice(ASKS)} {rng.choice(SUBJECTS)} and {rng.choice(SUBJECTS)}, in a calm and precise voice."
+        if tokens > BASE_TOKENS:
+            text += " Mention " + " ".join(rng.choices(WORDS, k=tokens - BASE_TOKENS - 1)) + "."
+        prompts.append(text)
+    return prompts
+
+
+def requests_for(concurrency: int) -> int:
+    """Requests in one cell: several waves, capped to keep it short (cLLM's 40 at concurrency 8)."""
+    return min(max(8, 5 * concurrency), 160)

@@ -1,0 +1,255 @@
+"""`cllm bench engine`: the engine's step loop in-process, no frontend and no HTTP.
+
+N synthetic requests of exactly P prompt tokens and G generated tokens each
+(greedy, ignore_eos) go through LLMEngine at most C at a time: a finished
+request is replaced by the next one right after its step, as closed-loop
+clients would. Each loop iteration does what the engine process does: admit
+the new requests (msgpack-decode the Submit, build its sampler), one
+engine.step(), publish the StepOutputs (msgpack-encode, ring write, waking a
+reader that sleeps as the frontend does).
+
+Where a step's time goes is measured by wrapping the methods step() calls
+(scheduler.schedule, runner.move_slot, runner.decode, llama_decode inside it,
+sampler.sample) for this run only: the production step carries no timing
+code. A wrapper costs well under a microsecond per call; steps take
+milliseconds. With --profile the wrappers stay off (they would hide the call
+structure), so the split is coarser: admit, step, publish. cProfile does not
+see calls into C through ctypes: llama_decode's time shows as the own time of
+ModelRunner.decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import os
+import pstats
+import sys
+import time
+from collections import defaultdict, deque
+
+import msgspec
+
+from cllm.config import ServeConfig
+from cllm.launch import OUTPUT_RING_BYTES
+from cllm.model_file import ModelFileError, resolve_model
+from cllm.protocol import SamplingParams, StepOutputs, Submit, ToEngine
+from cllm.ring import Ring
+from perf.prompts import make_prompts
+
+PARTS = [
+    ("admit", "decode Submit records, build sampler chains"),
+    ("step", "engine.step(), not split (profiling)"),
+    ("schedule", "pick this step's chunks, move KV slots"),
+    ("batch", "fill the llama_batch"),
+    ("llama_decode", "the forward pass"),
+    ("sampling", "llama_sampler_sample per sequence"),
+    ("retire", "finish checks, SeqOutputs, free finished sequences"),
+    ("publish", "encode StepOutputs, write the ring"),
+    ("loop", "the rest of the loop (bench bookkeeping, the reader's drain)"),
+]
+
+
+def _timed(totals: dict, key: str, fn):
+    perf = time.perf_counter
+
+    def wrapper(*args):
+        t = perf()
+        result = fn(*args)
+        totals[key] += perf() - t
+        return result
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def _timing(engine, totals: dict):
+    """Time the pieces of engine.step() by wrapping what it calls, for this run only."""
+    import llama_cpp
+
+    runner, sampler, scheduler = engine.runner, engine.sampler, engine.scheduler
+    scheduler.schedule = _timed(totals, "schedule", scheduler.schedule)
+    runner.move_slot = _timed(totals, "schedule", runner.move_slot)
+    runner.decode = _timed(totals, "decode_call", runner.decode)
+    sampler.sample = _timed(totals, "sampling", sampler.sample)
+    llama_decode = llama_cpp.llama_decode
+    llama_cpp.llama_decode = _timed(totals, "llama_decode", llama_decode)
+    try:
+        yield
+    finally:
+        llama_cpp.llama_decode = llama_decode
+        for obj, name in ((scheduler, "schedule"), (runner, "move_slot"), (runner, "decode"), (sampler, "sample")):
+            delattr(obj, name)
+
+
+def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1) -> list[bytes]:
+    """Encoded Submit records, as the frontend would write them: fresh prompts of exactly prompt_tokens."""
+    params = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+    encode = msgspec.msgpack.Encoder().encode
+    records = []
+    for i, text in enumerate(make_prompts(n, prompt_tokens)):
+        tokens = tokenize(text)
+        tokens = (tokens * (prompt_tokens // len(tokens) + 1))[:prompt_tokens]
+        records.append(encode(Submit(first_id + i, tokens, params)))
+    return records
+
+
+def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = None) -> tuple[int, int, float]:
+    """Run the records through the engine, at most `concurrency` at a time: (steps, tokens, seconds)."""
+    decode = msgspec.msgpack.Decoder(ToEngine).decode
+    encode = msgspec.msgpack.Encoder().encode
+    ring = Ring.create(OUTPUT_RING_BYTES)
+    totals = totals if totals is not None else defaultdict(float)
+    perf = time.perf_counter
+    pending = deque(records)
+    in_flight = steps = tokens = 0
+    ring.arm_wait()
+    t0 = perf()
+    try:
+        while pending or engine.has_work():
+            t = perf()
+            while pending and in_flight < concurrency:
+                engine.add(decode(pending.popleft()))
+                in_flight += 1
+            t1 = perf()
+            outputs = engine.step()
+            t2 = perf()
+            ring.put(encode(StepOutputs(outputs)))
+            t3 = perf()
+            totals["admit"] += t1 - t
+            totals["step"] += t2 - t1
+            totals["publish"] += t3 - t2
+            ring.end_wait()  # the frontend's side, woken by the put
+            ring.drain()
+            ring.arm_wait()
+            steps += 1
+            tokens += len(outputs)
+            in_flight -= sum(1 for o in outputs if o.finish is not None)
+    finally:
+        ring.close()
+        ring.close_fds()
+    return steps, tokens, perf() - t0
+
+
+def breakdown(totals: dict, seconds: float) -> dict[str, float]:
+    """Seconds per part: the step's remainder is retire, the loop's remainder is loop."""
+    if "decode_call" not in totals:  # not wrapped (profiling): the step as one part
+        parts = {"admit": totals["admit"], "step": totals["step"], "publish": totals["publish"]}
+        parts["loop"] = seconds - sum(parts.values())
+        return parts
+    parts = {
+        "admit": totals["admit"],
+        "schedule": totals["schedule"],
+        "batch": totals["decode_call"] - totals["llama_decode"],
+        "llama_decode": totals["llama_decode"],
+        "sampling": totals["sampling"],
+        "retire": totals["step"] - totals["schedule"] - totals["decode_call"] - totals["sampling"],
+        "publish": totals["publish"],
+    }
+    parts["loop"] = seconds - sum(parts.values())
+    return parts
+
+
+def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_tokens: int, threads: int,
+          batch_size: int, profile: str | None = None) -> dict:
+    from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
+
+    seq_ctx = 256 * ((prompt_tokens + gen_tokens) // 256 + 1)
+    config = ServeConfig(parallel=concurrency, ctx_size=seq_ctx * concurrency, threads=threads, batch_size=batch_size)
+    engine = LLMEngine(model, config)
+    try:
+        tokenize = _tokenizer(engine)
+        # The first decodes allocate llama.cpp's compute graphs: warm up untimed.
+        drive(engine, synthetic_requests(tokenize, concurrency, prompt_tokens, 4, first_id=10**9), concurrency)
+        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens)
+        totals: dict = defaultdict(float)
+        if profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            steps, tokens, seconds = drive(engine, records, concurrency, totals)
+            profiler.disable()
+            profiler.dump_stats(profile)
+        else:
+            with _timing(engine, totals):
+                steps, tokens, seconds = drive(engine, records, concurrency, totals)
+    finally:
+        engine.close()
+    return {
+        "requests": requests,
+        "concurrency": concurrency,
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        "threads": config.n_threads,
+        "steps": steps,
+        "generated_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds,
+        "step_ms": 1000 * seconds / steps,
+        "parts_seconds": breakdown(totals, seconds),
+    }
+
+
+def _tokenizer(engine):
+    import llama_cpp as L
+
+    vocab = engine.runner.vocab
+
+    def tokenize(text: str) -> list[int]:
+        data = text.encode()
+        buf = (L.llama_token * (len(data) + 8))()
+        n = L.llama_tokenize(vocab, data, len(data), buf, len(buf), True, True)
+        return buf[:n]
+
+    return tokenize
+
+
+def report(r: dict) -> str:
+    lines = [
+        f"engine: {r['requests']} requests x {r['gen_tokens']} tokens (prompts of {r['prompt_tokens']}), "
+        f"concurrency {r['concurrency']}, {r['threads']} threads",
+        f"  {r['tokens_per_second']:.1f} tok/s: {r['generated_tokens']} tokens in {r['seconds']:.2f} s, "
+        f"{r['steps']} steps of {r['step_ms']:.2f} ms",
+        f"  {'part':<13}{'ms/step':>9}{'share':>8}",
+    ]
+    for name, what in PARTS:
+        s = r["parts_seconds"].get(name)
+        if s is None:
+            continue
+        lines.append(f"  {name:<13}{1000 * s / r['steps']:9.3f}{100 * s / r['seconds']:7.1f}%  {what}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0].split(": ", 1)[1])
+    ap.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded SmolLM2)")
+    ap.add_argument("-n", "--requests", type=int, default=40)
+    ap.add_argument("-c", "--concurrency", type=int, default=8, help="most requests in flight (the engine's --parallel)")
+    ap.add_argument("-p", "--prompt-tokens", type=int, default=26)
+    ap.add_argument("-g", "--gen-tokens", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: one per core)")
+    ap.add_argument("--batch-size", type=int, default=ServeConfig().batch_size)
+    ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = ap.parse_args(argv)
+    for name in ("requests", "concurrency", "prompt_tokens", "gen_tokens"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    try:
+        model = resolve_model(args.model)
+    except ModelFileError as e:
+        ap.error(str(e))
+    r = bench(model, args.requests, args.concurrency, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count(),
+              args.batch_size, args.profile)
+    if args.json:
+        print(msgspec.json.encode(r).decode())
+    else:
+        print(report(r))
+    if args.profile:
+        print(f"\nprofile written to {args.profile}; the top of it by own time:")
+        pstats.Stats(args.profile, stream=sys.stdout).sort_stats("tottime").print_stats(15)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

