@@ -13,6 +13,11 @@ chain first picks from the unconstrained logits and the grammar checks only
 that token; the whole vocabulary is filtered, and the chain asked again,
 only when the grammar refuses it.
 
+Plain greedy (temperature 0, no penalty, no bias but the EOS ban, no
+grammar) needs no chain: its token is the argmax of its logits row, which
+numpy finds without the copy of the whole vocabulary into a candidate
+array that llama_sampler_sample makes (32 rows: 0.1 ms instead of 1.7 ms).
+
 Logprobs are computed with numpy from the logits row, and only for the
 sequences that ask.
 """
@@ -37,8 +42,9 @@ class GrammarError(ValueError):
 
 @dataclass(slots=True)
 class SeqSampler:
-    chain: object
+    chain: object  # None: plain greedy, the argmax of the row
     grammar: object = None  # checked apart from the chain, see Sampler.sample
+    ban_eog: bool = False  # plain greedy under ignore_eos
 
 
 class Sampler:
@@ -47,6 +53,7 @@ class Sampler:
         self.vocab = vocab
         self.n_vocab = n_vocab
         self._ban_eog = dict.fromkeys(sorted(eog_tokens), float("-inf"))
+        self._eog = np.array(sorted(eog_tokens), dtype=np.intp)
         self._scratch = np.empty(n_vocab, np.float32)
         # Candidate arrays for grammar sequences: the whole vocabulary, and one token.
         self._ids = np.arange(n_vocab, dtype=np.int32)
@@ -65,6 +72,9 @@ class Sampler:
             grammar = L.llama_sampler_init_grammar(self.vocab, params.grammar.encode(), b"root")
             if not grammar:
                 raise GrammarError("llama.cpp could not parse the grammar")
+        penalize = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+        if params.temperature <= 0 and not (penalize or params.logit_bias or grammar):
+            return SeqSampler(None, ban_eog=params.ignore_eos)
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda s: L.llama_sampler_chain_add(chain, s)  # noqa: E731
         bias = dict(params.logit_bias or ())
@@ -72,7 +82,6 @@ class Sampler:
             bias.update(self._ban_eog)
         if bias:
             add(L.llama_sampler_init_logit_bias(self.n_vocab, len(bias), (L.llama_logit_bias * len(bias))(*bias.items())))
-        penalize = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
         # Top-k goes before the penalties, as llama.h advises: they look every
         # candidate up in their history, ~1 ms a step over the whole vocabulary.
         if params.top_k > 0 and (penalize or params.temperature > 0):
@@ -98,6 +107,8 @@ class Sampler:
 
     def sample(self, s: SeqSampler, row: int) -> int:
         """The next token; GrammarError when the sequence's grammar allows none."""
+        if s.chain is None:
+            return self._argmax(row, s.ban_eog)
         if s.grammar is None:
             return L.llama_sampler_sample(s.chain, self.ctx, row)
         logits = self._logits(row)
@@ -143,11 +154,22 @@ class Sampler:
         log_z = float(top) + float(np.log(work.sum()))
         return TokenLogprobs(float(logits[token] - log_z), top_ids, (logits[top_ids] - log_z).tolist())
 
+    def _argmax(self, row: int, ban_eog: bool) -> int:
+        logits = self._logits(row)
+        token = int(logits.argmax())
+        if ban_eog and token in self._ban_eog:  # rare: look again without the EOS tokens, leaving the row intact
+            scratch = self._scratch
+            scratch[:] = logits
+            scratch[self._eog] = -np.inf
+            token = int(scratch.argmax())
+        return token
+
     def _logits(self, row: int) -> np.ndarray:
         return np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
     @staticmethod
     def free(s: SeqSampler) -> None:
-        L.llama_sampler_free(s.chain)
+        if s.chain is not None:
+            L.llama_sampler_free(s.chain)
         if s.grammar is not None:
             L.llama_sampler_free(s.grammar)

@@ -131,6 +131,16 @@ def test_sampling_parameters_are_accepted(http):
     assert data["generated_tokens"] == 10
 
 
+def test_greedy_argmax_equals_a_sampler_chain(http):
+    # Greedy takes the argmax of the logits row without a llama.cpp chain;
+    # top_k=1 goes through a chain and must pick the same tokens, EOS ban included.
+    for ignore_eos in (False, True):
+        body = dict(prompt=CHAT_PROMPT, max_tokens=40, ignore_eos=ignore_eos)
+        greedy = generate(http, temperature=0, **body)
+        chain = generate(http, temperature=0.8, top_k=1, seed=3, **body)
+        assert (greedy["text"], greedy["finish_reason"]) == (chain["text"], chain["finish_reason"])
+
+
 def test_concurrent_greedy_equals_alone(http):
     body = dict(max_tokens=24, temperature=0, ignore_eos=True)
     alone = [generate(http, prompt=p, **body)["text"] for p in PROMPTS]
