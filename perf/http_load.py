@@ -204,7 +204,10 @@ async def _load(url: str, dialect: Dialect, prompts: list[str], concurrency: int
             if progress is not None:
                 progress.update(1)
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    # llama-server drops the connection after a streamed answer although it
+    # announces keep-alive: every streamed request opens its own connection,
+    # whatever the server, so all get the same work.
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=stream)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         t0 = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
