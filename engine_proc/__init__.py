@@ -1,1 +1,14 @@
 """The engine process: owns the llama.cpp model and runs the decode loop."""
+
+import os
+
+# llama.cpp's CPU backend runs every op of a graph on an OpenMP team whose
+# threads meet at a barrier after each op. libgomp lets a waiting thread
+# spin for about 3 ms (300,000 spins) before it sleeps. On idle cores the
+# wait is a few microseconds, but when the cores are shared (the frontend,
+# the HTTP clients, other processes) the partner thread is often not
+# running, and each barrier burns a time slice: on two cores under load
+# decoding ran 2-5x slower. A short spin keeps the idle-machine speed and
+# gives the core away under load. It must be in the environment before
+# libgomp loads (before llama_cpp is imported); a value the user set wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")

@@ -6,7 +6,7 @@ llama_decode per step. Two figures per run: tokens/s over the whole run
 (prefill then decode, what a server could at best deliver) and over the
 decode steps alone. Both KV layouts can be measured: one stream per
 sequence (`kv_unified` off, as cllm's engine and llama-server with -np run)
-and one unified cache.
+and one unified cache. The OpenMP settings are the engine's (engine_proc/__init__.py).
 
     python -m perf.raw_llama [--model PATH] [--concurrency 1,8,32] [--kv both] [--json]
 """
@@ -19,6 +19,7 @@ import os
 import sys
 import time
 
+import engine_proc  # noqa: F401, I001 - first: the engine's OpenMP settings apply before llama.cpp loads
 import llama_cpp as L
 import numpy as np
 
