@@ -63,13 +63,15 @@ def _cpu(r: dict) -> str:
 def markdown(doc: dict) -> str:
     results = doc["results"]
     s = doc["settings"]
+    peer_env = " ".join(f"{k}={v}" for k, v in (s.get("peer_env") or {}).items())
     lines = [
         f"### {doc['model']} ({os.path.basename(doc['model_path'])}), {doc['date']}",
         "",
         f"{s['threads']} threads, {s['parallel']} parallel sequences of {s['seq_ctx']} KV cells, "
         f"{doc['machine']['cpus']} CPUs; load average {doc['machine']['load_before']:.1f} before, "
-        f"{doc['machine']['load_after']:.1f} after. Ratios are to the raw llama.cpp ceiling (prefill then decode, "
-        f"per-sequence KV, same concurrency) and to llama-server in the same run.",
+        f"{doc['machine']['load_after']:.1f} after; peers run with {peer_env or 'their default environment'}. "
+        f"Ratios are to the raw llama.cpp ceiling (prefill then decode, per-sequence KV, same concurrency) "
+        f"and to llama-server in the same run.",
     ]
     for prompt, gen, stream in _shapes(results):
         cells = _cells(results, prompt, gen, stream)
@@ -104,6 +106,7 @@ def plot(doc: dict, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     shapes = _shapes(doc["results"])
     fig, axes = plt.subplots(len(shapes), 2, figsize=(11, 4 * len(shapes)), squeeze=False)
@@ -128,6 +131,7 @@ def plot(doc: dict, path: str) -> None:
         for ax in row:
             cs = sorted({r["concurrency"] for r in cells})
             ax.set_xticks(cs, [str(c) for c in cs])
+            ax.xaxis.set_minor_locator(NullLocator())
             ax.grid(alpha=0.3)
         row[0].legend(fontsize=8)
     fig.tight_layout()

@@ -87,8 +87,11 @@ def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
     raise ValueError(f"unknown system {system!r}")
 
 
-def start(system: str, settings: Settings) -> Server:
-    """Start a server and wait (bounded) until it answers; its output goes to perf/cache/logs/."""
+def start(system: str, settings: Settings, env: dict[str, str] | None = None) -> Server:
+    """Start a server (with `env` added to its environment) and wait, bounded, until it answers.
+
+    Its output goes to perf/cache/logs/<system>.log.
+    """
     port = free_port()
     cmd, ready_path = command(system, settings, port)
     if not os.path.exists(cmd[0]):
@@ -97,7 +100,7 @@ def start(system: str, settings: Settings) -> Server:
     log = os.path.join(LOGS, f"{system}.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=os.path.dirname(PERF))
+                                cwd=os.path.dirname(PERF), env={**os.environ, **(env or {})})
     server = Server(system, f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:

