@@ -44,7 +44,7 @@ PARTS = [
     ("schedule", "pick this step's chunks, move KV slots"),
     ("batch", "fill the llama_batch"),
     ("llama_decode", "the forward pass"),
-    ("sampling", "llama_sampler_sample per sequence"),
+    ("sampling", "Sampler.sample per sequence (argmax or llama.cpp chain)"),
     ("retire", "finish checks, SeqOutputs, free finished sequences"),
     ("publish", "encode StepOutputs, write the ring"),
     ("loop", "the rest of the loop (bench bookkeeping, the reader's drain)"),
