@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import get_args
 
@@ -28,6 +29,17 @@ def _serve_parser(sub) -> None:
     p.add_argument("--shutdown-timeout", type=float, help=f"seconds in-flight requests get to finish on SIGINT/SIGTERM (default {d.shutdown_timeout:g})")
     p.add_argument("--log-level", metavar="|".join(get_args(LogLevel)), help=f"least severe log records written to stderr; info logs one line per request (default {d.log_level})")
     p.add_argument("--log-format", metavar="|".join(get_args(LogFormat)), help=f"text, or json for log shippers: one object a line (default {d.log_format})")
+    p.add_argument("--max-prompt-tokens", type=int, help="most tokens a prompt may have (default: what one sequence holds, ctx-size / parallel - 1)")
+    p.add_argument("--max-body-bytes", type=int, help=f"largest request body; larger ones get 413 (default {d.max_body_bytes})")
+    p.add_argument("--max-waiting", type=int, help=f"requests that may wait beyond --parallel; more get 429 (default {d.max_waiting})")
+    p.add_argument("--request-timeout", type=float, help=f"seconds a request may take before it is cancelled with 408; 0 for none (default {d.request_timeout:g})")
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=os.environ.get("CLLM_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: $CLLM_API_KEY; "
+        "prefer the variable, a command line is visible to every user)",
+    )
 
 
 def _bench_parser(sub) -> None:

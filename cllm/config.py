@@ -24,6 +24,14 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
+    # Requests: what each may ask and how long it may take, how many may wait.
+    max_prompt_tokens: Annotated[int, Meta(ge=0)] = 0  # 0: what one sequence holds
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 1 << 20
+    max_waiting: Annotated[int, Meta(ge=0)] = 256  # requests beyond --parallel; past that, 429
+    request_timeout: Annotated[float, Meta(ge=0)] = 600.0  # seconds; 0: none
+    # Every route but /health wants "Authorization: Bearer <key>". The frontend
+    # gets it in its environment, never in argv (which `ps` shows).
+    api_key: Annotated[str, Meta(min_length=1)] | None = None
 
     @property
     def n_threads(self) -> int:

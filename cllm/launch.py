@@ -15,16 +15,20 @@ OUTPUT_RING_BYTES = 4 << 20  # holds thousands of steps
 
 
 class Launch(msgspec.Struct, kw_only=True):
-    config: ServeConfig
+    config: ServeConfig  # without the API key, which goes in the frontend's environment
     model_path: str
     requests: RingSpec  # frontend -> engine
     outputs: RingSpec  # engine -> frontend
-    lifeline: int  # read end of a pipe only the supervisor writes: EOF means it is gone
-    ready: int = -1  # the frontend writes one byte here once it serves
+    # Read end of a pipe only the supervisor writes: EOF means it is gone. The
+    # frontend's also carries notices (EngineExited, one JSON line each).
+    lifeline: int
+    generation: int = 0  # times this child was started before
+    listen: int = -1  # the frontend's listening socket, held by the supervisor
+    ready: int = -1  # the frontend writes a line here once it serves
 
     def fds(self) -> tuple[int, ...]:
         fds = (*self.requests.fds(), *self.outputs.fds(), self.lifeline)
-        return fds + ((self.ready,) if self.ready >= 0 else ())
+        return fds + tuple(fd for fd in (self.listen, self.ready) if fd >= 0)
 
     def argv(self, module: str) -> list[str]:
         return [sys.executable, "-m", module, msgspec.json.encode(self).decode()]

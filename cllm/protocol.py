@@ -38,13 +38,23 @@ class Abort(msgspec.Struct, tag=2, array_like=True, gc=False):
     ids: list[int]
 
 
-ToEngine = Submit | Abort
+class Hello(msgspec.Struct, tag=3, array_like=True, gc=False):
+    """A frontend starts a session: the engine drops every sequence it has and
+    answers EngineReady(session). Records before the first Hello are stale
+    (left by a frontend or engine that died) and are skipped."""
+
+    session: int
+
+
+ToEngine = Submit | Abort | Hello
 
 
 # ---- engine -> frontend ------------------------------------------------------
 
 
 class ModelInfo(msgspec.Struct, gc=False):
+    """Also the body of GET /model/info: two fields go by their public names."""
+
     model_path: str
     model_name: str
     model_family: str
@@ -56,16 +66,18 @@ class ModelInfo(msgspec.Struct, gc=False):
     n_ctx_train: int
     ctx_size: int  # KV cells in all
     kv_bytes: int  # memory the KV cache reserves
-    seq_ctx: int  # KV cells one sequence may use
+    seq_ctx: int = msgspec.field(name="max_sequence_length")  # KV cells one sequence may use
     parallel: int
     batch_size: int
-    threads: int
+    threads: int = msgspec.field(name="num_threads")
     gpu_layers: int
     use_mmap: bool
 
 
 class EngineReady(msgspec.Struct, tag=1, array_like=True, gc=False):
     info: ModelInfo
+    session: int  # the Hello it answers: an older session's answer is stale
+    generation: int  # engine restarts before this one
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
@@ -106,3 +118,12 @@ class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
 
 
 FromEngine = EngineReady | StepOutputs | EngineStats
+
+
+# ---- supervisor -> frontend (one JSON line each, on the frontend's lifeline) --
+
+
+class EngineExited(msgspec.Struct):
+    """The engine of this generation died; the supervisor is starting the next."""
+
+    generation: int

@@ -61,9 +61,11 @@ class RingSpec(msgspec.Struct, frozen=True):
 
 
 def _anonymous_memory(size: int) -> int:
+    """Owner-only (0600) memory with no name: it goes when its last descriptor does."""
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create("cllm-ring", os.MFD_CLOEXEC)
-    else:  # macOS: a private (0600) temporary file, unlinked at once
+        os.fchmod(fd, 0o600)  # only reachable through /proc/<pid>/fd, but owner-only all the same
+    else:  # macOS: a temporary file (mkstemp: random name, O_EXCL, 0600), unlinked at once
         fd, path = tempfile.mkstemp(prefix="cllm-ring-")
         os.unlink(path)
     os.ftruncate(fd, size)
@@ -154,12 +156,22 @@ class Ring:
             _poke(self.spec.data_w)
         return True
 
-    def put(self, payload: bytes) -> None:
-        """Append one record, blocking while the ring is full (backpressure)."""
+    def put(self, payload: bytes, other_fds: tuple[int, ...] = ()) -> list[int]:
+        """Append one record, blocking while the ring is full (backpressure).
+
+        Gives up, without appending, as soon as one of ``other_fds`` is
+        readable, and returns those that are; returns [] once appended.
+        """
         while not self.try_put(payload):
             if self.arm_space_wait(len(payload)):
-                select.select([self.spec.space_r], [], [])
-                self.end_space_wait()
+                try:
+                    ready, _, _ = select.select([self.spec.space_r, *other_fds], [], [])
+                finally:
+                    self.end_space_wait()
+                others = [fd for fd in ready if fd != self.spec.space_r]
+                if others:
+                    return others
+        return []
 
     def arm_space_wait(self, size: int) -> bool:
         """Declare the producer is about to wait; False if room appeared meanwhile."""

@@ -35,6 +35,9 @@ class LLMEngine:
     def abort(self, ids: list[int]) -> None:
         self._release(self.scheduler.remove(set(ids)))
 
+    def drop_all(self) -> None:
+        self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting)])
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
@@ -97,5 +100,5 @@ class LLMEngine:
         return stats
 
     def close(self) -> None:
-        self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting)])
+        self.drop_all()
         self.runner.close()

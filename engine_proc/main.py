@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import sys
 import time
@@ -12,25 +13,32 @@ import msgspec
 
 from cllm.launch import from_argv
 from cllm.log import setup_logging
-from cllm.protocol import EngineReady, ModelInfo, StepOutputs, Submit, ToEngine
+from cllm.protocol import EngineReady, Hello, ModelInfo, StepOutputs, Submit, ToEngine
 from cllm.ring import Ring
 from engine_proc.engine import LLMEngine
 from engine_proc.model_runner import ModelLoadError
 
-STATS_INTERVAL = 1.0  # seconds between EngineStats while busy
+STATS_INTERVAL = 1.0  # seconds between EngineStats (and lifeline checks) while busy
 MIB = 1 << 20
 
 log = logging.getLogger("cllm.engine")
+
+
+class _Stop(Exception):
+    """SIGTERM, or the supervisor is gone."""
 
 
 def main() -> int:
     launch = from_argv()
     setup_logging(launch.config.log_level, launch.config.log_format)
     requests, outputs = Ring(launch.requests), Ring(launch.outputs)
+    # An engine that died before us may have left its wait flags up.
+    requests.end_wait()
+    outputs.end_space_wait()
     decode = msgspec.msgpack.Decoder(ToEngine).decode
     encode = msgspec.msgpack.Encoder().encode
 
-    # SIGTERM ends the loop; the wake-up fd breaks an idle select() at once.
+    # SIGTERM ends the loop; the wake-up fd breaks a select() at once.
     stop_r, stop_w = os.pipe()
     os.set_blocking(stop_w, False)
     signal.set_wakeup_fd(stop_w)
@@ -42,6 +50,13 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    watch = (launch.lifeline, stop_r)
+
+    def send(msg) -> None:
+        # Blocks while the frontend is behind; a frontend that died is replaced
+        # by one that drains, and meanwhile the lifeline and SIGTERM still count.
+        if outputs.put(encode(msg), watch):
+            raise _Stop
 
     try:
         engine = LLMEngine(launch.model_path, launch.config)
@@ -49,33 +64,45 @@ def main() -> int:
         log.error("%s", e)
         return 1
     _log_start(engine.runner.info)
-    outputs.put(encode(EngineReady(engine.runner.info)))
 
+    session = None  # records before the first Hello were meant for a dead engine
     stats_due = 0.0
     try:
         while not stopping:
             records = requests.drain()
             if not records and not engine.has_work():
-                outputs.put(encode(engine.stats()))  # going idle: the frontend sees the final figures
-                if launch.lifeline in requests.wait((launch.lifeline, stop_r)):
+                if session is not None:
+                    send(engine.stats())  # going idle: the frontend sees the final figures
+                if launch.lifeline in requests.wait(watch):
                     break  # the supervisor is gone
                 continue
             refused = []
             for record in records:
                 msg = decode(record)
-                if type(msg) is Submit:
+                if type(msg) is Hello:
+                    engine.drop_all()  # they belonged to a frontend that is gone
+                    refused.clear()
+                    session = msg.session
+                    send(EngineReady(engine.runner.info, session, launch.generation))
+                elif session is None:
+                    continue
+                elif type(msg) is Submit:
                     out = engine.add(msg)
                     if out is not None:
                         refused.append(out)
                 else:
                     engine.abort(msg.ids)
             if refused:
-                outputs.put(encode(StepOutputs(refused)))
+                send(StepOutputs(refused))
             if engine.has_work():
-                outputs.put(encode(StepOutputs(engine.step())))
+                send(StepOutputs(engine.step()))
                 if time.monotonic() >= stats_due:
-                    outputs.put(encode(engine.stats()))
+                    if select.select([launch.lifeline], [], [], 0)[0]:
+                        break  # the supervisor is gone: no one will read what we make
+                    send(engine.stats())
                     stats_due = time.monotonic() + STATS_INTERVAL
+    except _Stop:
+        pass
     finally:
         engine.close()
     return 0

@@ -1,4 +1,10 @@
-"""The Starlette application: shared state, error shapes, body decoding."""
+"""The Starlette application: shared state, error handling, body decoding.
+
+Every route goes through the same steps, whatever API it belongs to: the
+Guard middleware (API key, body size), ``decode_body`` (content type, UTF-8,
+JSON, fields), then frontend_proc.generation (limits, the queue bound, the
+deadline, a client that hangs up).
+"""
 
 from __future__ import annotations
 
@@ -17,12 +23,19 @@ from starlette.responses import Response, StreamingResponse
 from cllm.config import ServeConfig
 from frontend_proc.chat_template import ChatTemplate
 from frontend_proc.engine_client import EngineClient
+from frontend_proc.errors import ApiError, json_response
+from frontend_proc.guard import OPEN_PATHS, Guard
 from frontend_proc.metrics import Metrics
 from frontend_proc.observe import ObserveMiddleware
+from frontend_proc.openapi import Operation, document
 from frontend_proc.tokenizer import Tokenizer
 
 T = TypeVar("T")
 _json = msgspec.json.Encoder()
+
+# curl's -d sends application/x-www-form-urlencoded, and many clients send no
+# type at all: both are read as JSON. Any other type is refused with 415.
+JSON_MEDIA_TYPES = ("application/json", "application/x-www-form-urlencoded")
 
 
 @dataclass
@@ -32,28 +45,11 @@ class AppState:
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     metrics: Metrics
+    operations: list[Operation]  # every route, and what the OpenAPI document says of it
+    api_key: str | None = None
+    generation: int = 0  # times the frontend was restarted
     started_at: float = field(default_factory=time.monotonic)
-
-
-class ApiError(Exception):
-    """Answered in the shape of the API the path belongs to (see error_body)."""
-
-    def __init__(
-        self,
-        status: int,
-        error: str,
-        message: str | None = None,
-        headers: dict | None = None,
-        param: str | None = None,  # the request field at fault
-        code: str | None = None,  # OpenAI's machine-readable code; default: error in snake_case
-    ):
-        super().__init__(error)
-        self.status, self.error, self.message, self.headers = status, error, message, headers
-        self.param, self.code = param, code
-
-
-def json_response(data, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(_json.encode(data), status, headers, media_type="application/json")
+    openapi: bytes = b""  # the document, built on first request
 
 
 def ok(data) -> Response:
@@ -69,30 +65,12 @@ def sse_response(events) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def error_body(path: str, exc: ApiError) -> dict:
-    """cLLM's {"success": false, "error", "message"}, or OpenAI's {"error": {...}} under /v1/."""
-    if path.startswith("/v1/"):
-        message = f"{exc.error}: {exc.message}" if exc.message else exc.error
-        return {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error" if exc.status < 500 else "server_error",
-                "param": exc.param,
-                "code": exc.code or exc.error.replace(" ", "_"),
-            }
-        }
-    body = {"success": False, "error": exc.error}
-    if exc.message:
-        body["message"] = exc.message
-    return body
-
-
 async def _on_api_error(request: Request, exc: ApiError) -> Response:
-    return json_response(error_body(request.url.path, exc), exc.status, exc.headers)
+    return exc.response(request.url.path)
 
 
 async def _on_http_error(request: Request, exc: HTTPException) -> Response:
-    return await _on_api_error(request, ApiError(exc.status_code, exc.detail.lower(), f"{request.method} {request.url.path}", exc.headers))
+    return ApiError(exc.status_code, exc.detail.lower(), f"{request.method} {request.url.path}", exc.headers).response(request.url.path)
 
 
 # msgspec names the field at fault: "Expected `int` >= 1 - at `$.max_tokens`",
@@ -108,24 +86,73 @@ def _param(message: str) -> str | None:
 
 
 async def decode_body(request: Request, type_: type[T]) -> T:
+    _check_content_type(request.headers.get("content-type", ""))
     body = await request.body()
     try:
-        return msgspec.json.decode(body, type=type_)
+        return _decode(body, type_)
     except msgspec.ValidationError as e:
         raise ApiError(400, "invalid request", str(e), param=_param(str(e))) from None
     except msgspec.DecodeError as e:
         raise ApiError(400, "invalid JSON", str(e)) from None
+    except UnicodeDecodeError:
+        raise ApiError(400, "invalid UTF-8", "the body is not valid UTF-8 text") from None
+
+
+def _decode(body: bytes, type_: type[T]) -> T:
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as e:
+        if "got `float`" not in str(e):
+            raise
+    # JSON (and JSON Schema) count 2.0 as an integer; msgspec's strict ints do not.
+    return msgspec.convert(_integral(msgspec.json.decode(body)), type_)
+
+
+def _integral(value):
+    if type(value) is float and value.is_integer():
+        return int(value)
+    if type(value) is dict:
+        return {k: _integral(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_integral(v) for v in value]
+    return value
+
+
+def _check_content_type(value: str) -> None:
+    media, *params = (part.strip().lower() for part in value.split(";"))
+    if media and media not in JSON_MEDIA_TYPES and not media.endswith("+json"):
+        raise ApiError(415, "unsupported media type", f"the body must be JSON (Content-Type: application/json), not {media}")
+    for param in params:
+        if param.startswith("charset=") and param[8:].strip('"') not in ("utf-8", "utf8"):
+            raise ApiError(415, "unsupported media type", f"JSON must be UTF-8, not {param[8:]}")
 
 
 def state(request: Request) -> AppState:
     return request.app.state.cllm
 
 
-def build_app(app_state: AppState, routes: list, lifespan) -> Starlette:
+async def _openapi(request: Request) -> Response:
+    st = state(request)
+    if not st.openapi:
+        st.openapi = msgspec.json.encode(
+            document("cllm", st.operations, OPEN_PATHS, secured=st.api_key is not None, maxima=st.client.limits.maxima())
+        )
+    return Response(st.openapi, media_type="application/json")
+
+
+def build_app(app_state: AppState, lifespan) -> Starlette:
+    app_state.operations = [
+        *app_state.operations,
+        Operation("GET", "/openapi.json", _openapi, "this API as an OpenAPI 3.1 document", response=dict),
+    ]
     app = Starlette(
-        routes=routes,
+        routes=[op.route() for op in app_state.operations],
         lifespan=lifespan,
-        middleware=[Middleware(ObserveMiddleware, metrics=app_state.metrics)],
+        middleware=[
+            # Outermost, so that a request the guard refuses is counted too.
+            Middleware(ObserveMiddleware, metrics=app_state.metrics),
+            Middleware(Guard, api_key=app_state.api_key, max_body_bytes=app_state.config.max_body_bytes),
+        ],
         exception_handlers={ApiError: _on_api_error, HTTPException: _on_http_error},
     )
     app.state.cllm = app_state

@@ -4,59 +4,60 @@ from __future__ import annotations
 
 import time
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
+from cllm.protocol import ModelInfo
 from frontend_proc import generation
-from frontend_proc.app import ApiError, AppState, decode_body, json_response, ok, sse, sse_response, state
+from frontend_proc.app import AppState, decode_body, json_response, ok, sse, sse_response, state
+from frontend_proc.errors import ApiError
 from frontend_proc.generation import Choice, Generation
-from frontend_proc.schemas import EncodeRequest, GenerateRequest
+from frontend_proc.openapi import Operation
+from frontend_proc.schemas import (
+    Components,
+    EncodeRequest,
+    EncodeResult,
+    Endpoint,
+    EngineFigures,
+    GenerateRequest,
+    GenerateResult,
+    Health,
+    Index,
+    Ok,
+    Queue,
+    Restarts,
+    StreamEvent,
+)
 
-ENDPOINTS = [
-    {"method": "GET", "path": "/", "description": "this list"},
-    {"method": "GET", "path": "/health", "description": "liveness; ?level=basic|detailed|full"},
-    {"method": "GET", "path": "/metrics", "description": "Prometheus metrics"},
-    {"method": "POST", "path": "/generate", "description": "generate text (\"stream\": true for SSE)"},
-    {"method": "POST", "path": "/generate_stream", "description": "generate text as Server-Sent Events"},
-    {"method": "POST", "path": "/encode", "description": "tokenize text"},
-    {"method": "GET", "path": "/model/info", "description": "the served model and llama.cpp settings"},
-    {"method": "GET", "path": "/v1/models", "description": "OpenAI: the served model"},
-    {"method": "POST", "path": "/v1/completions", "description": "OpenAI: text completions"},
-    {"method": "POST", "path": "/v1/chat/completions", "description": "OpenAI: chat completions"},
-]
+HEALTH_LEVELS = ("basic", "detailed", "full")
 
 
 async def index(request: Request) -> Response:
-    return ok({"service": "cllm", "endpoints": ENDPOINTS})
+    return ok(Index("cllm", [Endpoint(op.method, op.doc_path, op.summary) for op in state(request).operations]))
 
 
 async def health(request: Request) -> Response:
     st = state(request)
     level = request.query_params.get("level", "basic")
-    if level not in ("basic", "detailed", "full"):
+    if level not in HEALTH_LEVELS:
         raise ApiError(400, "invalid request", f"level must be basic, detailed or full, not {level!r}")
     client = st.client
     healthy = client.info is not None
-    data = {
-        "healthy": healthy,
-        "status": "healthy" if healthy else "starting",
-        "components": {"frontend": True, "tokenizer": True, "engine": healthy},
-    }
+    data = Health(
+        healthy=healthy,
+        status="healthy" if healthy else "restarting" if client.ready.done() else "starting",
+        components=Components(frontend=True, tokenizer=True, engine=healthy),
+    )
+    stats = client.stats
     if level in ("detailed", "full"):
-        stats = client.stats
-        data["queue"] = {
-            "in_flight": client.in_flight,
-            "running": stats.running if stats else 0,
-            "waiting": stats.waiting if stats else 0,
-        }
-        data["uptime_seconds"] = round(time.monotonic() - st.started_at, 3)
+        data.queue = Queue(client.in_flight, stats.running if stats else 0, stats.waiting if stats else 0)
+        data.uptime_seconds = round(time.monotonic() - st.started_at, 3)
+        data.restarts = Restarts(engine=client.generation, frontend=st.generation)
         if healthy:
-            data["engine"] = _engine_figures(st, full=level == "full")
+            data.engine = _engine_figures(st, full=level == "full")
     if level == "full" and healthy:
-        data["model"] = msgspec.to_builtins(client.info)
-    return json_response({"success": True, "data": data}, 200 if healthy else 503)
+        data.model = client.info
+    return json_response(Ok(data=data), 200 if healthy else 503)
 
 
 def _request_id(choice: Choice) -> str:
@@ -67,30 +68,28 @@ async def _start(st: AppState, body: GenerateRequest, stream: bool) -> Generatio
     return await generation.start(st, [st.tokenizer.encode(body.prompt)], body.sampling(), stream=stream)
 
 
-def _engine_figures(st: AppState, full: bool) -> dict:
+def _engine_figures(st: AppState, full: bool) -> EngineFigures:
     """The engine as of its last EngineStats (at most a second old while busy)."""
     client, info, stats = st.client, st.client.info, st.client.stats
     now = time.monotonic()
     kv_used = stats.kv_used if stats else 0
-    figures = {
-        "kv_used": kv_used,
-        "kv_total": info.ctx_size,
-        "kv_usage_ratio": round(kv_used / info.ctx_size, 4),
-        "tokens_per_second_1m": round(st.metrics.token_rate.rate(now), 2),
-        "uptime_seconds": round(now - client.ready_at, 3),
-        "restarts": client.restarts,
-    }
+    figures = EngineFigures(
+        kv_used=kv_used,
+        kv_total=info.ctx_size,
+        kv_usage_ratio=round(kv_used / info.ctx_size, 4),
+        tokens_per_second_1m=round(st.metrics.token_rate.rate(now), 2),
+        uptime_seconds=round(now - client.ready_at, 3),
+    )
     if full:
-        figures["steps"] = stats.steps if stats else 0
-        figures["generated_tokens"] = stats.generated_tokens if stats else 0
-        figures["parallel"] = info.parallel
+        figures.steps = stats.steps if stats else 0
+        figures.generated_tokens = stats.generated_tokens if stats else 0
+        figures.parallel = info.parallel
     return figures
 
 
 async def metrics(request: Request) -> Response:
     metrics = state(request).metrics
     return Response(metrics.exposition(), media_type=metrics.content_type)
-
 
 
 async def generate(request: Request) -> Response:
@@ -100,22 +99,22 @@ async def generate(request: Request) -> Response:
     st = state(request)
     gen = await _start(st, body, stream=False)
     try:
-        [text] = await gen.texts()
+        [text] = await gen.texts(request)
     finally:
         gen.close()
     choice = gen.choices[0]
     elapsed = time.perf_counter() - choice.stream.t_submit
     return ok(
-        {
-            "id": _request_id(choice),
-            "text": text,
-            "response_time": round(elapsed, 6),
-            "tokens_per_second": round(choice.n_tokens / elapsed, 3) if elapsed > 0 else 0.0,
-            "generated_tokens": choice.n_tokens,
-            "prompt_tokens": gen.prompt_tokens,
-            "max_tokens": body.max_tokens,
-            "finish_reason": choice.finish,
-        }
+        GenerateResult(
+            id=_request_id(choice),
+            text=text,
+            response_time=round(elapsed, 6),
+            tokens_per_second=round(choice.n_tokens / elapsed, 3) if elapsed > 0 else 0.0,
+            generated_tokens=choice.n_tokens,
+            prompt_tokens=gen.prompt_tokens,
+            max_tokens=body.max_tokens,
+            finish_reason=choice.finish,
+        )
     )
 
 
@@ -129,11 +128,15 @@ async def _stream(request: Request, body: GenerateRequest) -> Response:
     rid = _request_id(choice)
 
     async def events():
+        # A client that hangs up cancels this generator (Starlette watches for
+        # http.disconnect while it streams), and `finally` aborts the request.
         try:
             async for _, piece in gen.pieces():
                 if piece is not None:
-                    yield sse({"id": rid, "token": piece, "done": False})
-            yield sse({"id": rid, "token": "", "done": True, "generated_tokens": choice.n_tokens, "finish_reason": choice.finish})
+                    yield sse(StreamEvent(rid, piece, False))
+            yield sse(StreamEvent(rid, "", True, generated_tokens=choice.n_tokens, finish_reason=choice.finish))
+        except ApiError as e:  # the status line is sent: say what went wrong in the stream
+            yield sse(StreamEvent(rid, "", True, error=e.error, message=e.message))
         finally:
             gen.close()
 
@@ -143,37 +146,29 @@ async def _stream(request: Request, body: GenerateRequest) -> Response:
 async def encode(request: Request) -> Response:
     body = await decode_body(request, EncodeRequest)
     tokens = state(request).tokenizer.encode(body.text)
-    return ok({"tokens": tokens, "length": len(tokens)})
+    return ok(EncodeResult(tokens=tokens, length=len(tokens)))
 
 
 async def model_info(request: Request) -> Response:
-    info = generation.engine_info(state(request))
-    return ok(
-        {
-            "model_path": info.model_path,
-            "model_name": info.model_name,
-            "model_family": info.model_family,
-            "quantization": info.quantization,
-            "vocab_size": info.vocab_size,
-            "num_layers": info.num_layers,
-            "max_sequence_length": info.seq_ctx,
-            "n_ctx_train": info.n_ctx_train,
-            "ctx_size": info.ctx_size,
-            "parallel": info.parallel,
-            "batch_size": info.batch_size,
-            "num_threads": info.threads,
-            "gpu_layers": info.gpu_layers,
-            "use_mmap": info.use_mmap,
-        }
-    )
+    return ok(generation.engine_info(state(request)))
 
 
-routes = [
-    Route("/", index, methods=["GET"]),
-    Route("/health", health, methods=["GET"]),
-    Route("/metrics", metrics, methods=["GET"]),
-    Route("/generate", generate, methods=["POST"]),
-    Route("/generate_stream", generate_stream, methods=["POST"]),
-    Route("/encode", encode, methods=["POST"]),
-    Route("/model/info", model_info, methods=["GET"]),
+GENERATE_ERRORS = (408, 429, 503)  # what generating adds to the errors of reading a body
+
+operations = [
+    Operation("GET", "/", index, "this list", response=Ok[Index]),
+    Operation(
+        "GET", "/health", health, "liveness; ?level=basic|detailed|full",
+        response=Ok[Health], also=(503,), errors=(400,), query=(("level", HEALTH_LEVELS),),
+    ),
+    Operation(
+        "POST", "/generate", generate, 'generate text ("stream": true for SSE)',
+        body=GenerateRequest, response=Ok[GenerateResult], events=StreamEvent, errors=GENERATE_ERRORS,
+    ),
+    Operation(
+        "POST", "/generate_stream", generate_stream, "generate text as Server-Sent Events",
+        body=GenerateRequest, events=StreamEvent, errors=GENERATE_ERRORS,
+    ),
+    Operation("POST", "/encode", encode, "tokenize text", body=EncodeRequest, response=Ok[EncodeResult]),
+    Operation("GET", "/model/info", model_info, "the served model and llama.cpp settings", response=Ok[ModelInfo], errors=(503,)),
 ]

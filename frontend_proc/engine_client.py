@@ -4,12 +4,23 @@ The output ring's wake-up pipe is watched by the event loop, so the frontend
 sleeps until the engine publishes a step, then demultiplexes that one record
 to the requests it concerns. A non-streaming request is woken once, when it
 finishes; a streaming one once per step.
+
+The client talks to the engine in sessions. It says Hello(session) and serves
+once the engine answers EngineReady(session); anything read before that answer
+was meant for a frontend that died. When the supervisor reports the engine
+died, the client fails every request in flight with 503, writes nothing more
+for that session, and says Hello again, to the engine the supervisor starts.
+
+Requests are bounded here, where the engine's size is known: at most
+``parallel + --max-waiting`` in flight (else 429), each cancelled with 408
+past ``--request-timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 
 import msgspec
@@ -20,6 +31,7 @@ from cllm.protocol import (
     EngineReady,
     EngineStats,
     FromEngine,
+    Hello,
     ModelInfo,
     SamplingParams,
     StepOutputs,
@@ -27,13 +39,24 @@ from cllm.protocol import (
     TokenLogprobs,
 )
 from cllm.ring import Ring
+from frontend_proc.errors import ApiError
+from frontend_proc.limits import Limits
 from frontend_proc.metrics import Metrics
+
+RETRY_AFTER = {"Retry-After": "1"}
+
+
+def not_ready() -> ApiError:
+    return ApiError(503, "not ready", "the engine is starting; retry shortly", RETRY_AFTER)
 
 
 class RequestStream:
     """Tokens of one request as they arrive from the engine."""
 
-    __slots__ = ("id", "prompt_tokens", "tokens", "logprobs", "finish", "t_submit", "t_first", "t_done", "_tail", "_event", "_per_step")
+    __slots__ = (
+        "id", "prompt_tokens", "tokens", "logprobs", "finish", "error", "t_submit", "t_first", "t_done", "timer",
+        "_tail", "_event", "_per_step",
+    )
 
     def __init__(self, rid: int, prompt_tokens: int, per_step: bool):
         self.id = rid
@@ -41,9 +64,11 @@ class RequestStream:
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprobs] = []  # one per token, when the request asked for them
         self.finish: str | None = None
+        self.error: ApiError | None = None  # why it ended early: timeout, hang-up, engine death
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
         self.t_done: float | None = None  # when it finished, or was aborted
+        self.timer: asyncio.TimerHandle | None = None
         self._tail = 0  # 1 when the engine's last output carried no token (it sampled EOS)
         self._event = asyncio.Event()
         self._per_step = per_step
@@ -70,8 +95,13 @@ class RequestStream:
         elif self._per_step:
             self._event.set()
 
+    def _fail(self, error: ApiError) -> None:
+        if self.finish is None and self.error is None:
+            self.error = error
+            self._event.set()
+
     async def updates(self):
-        """Yield lists of new token ids until the request finishes."""
+        """Yield lists of new token ids until the request finishes; raise its error if it fails."""
         sent = 0
         while True:
             await self._event.wait()
@@ -82,6 +112,8 @@ class RequestStream:
                 yield new
             if self.finish is not None:
                 return
+            if self.error is not None:
+                raise self.error
 
     async def result(self) -> list[int]:
         async for _ in self.updates():
@@ -92,6 +124,7 @@ class RequestStream:
 class EngineClient:
     def __init__(self, launch: Launch, metrics: Metrics):
         self.metrics = metrics
+        self._config = launch.config
         self._requests = Ring(launch.requests)
         self._outputs = Ring(launch.outputs)
         self._encode = msgspec.msgpack.Encoder().encode
@@ -99,18 +132,24 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._streams: dict[int, RequestStream] = {}
         self._submit_lock = asyncio.Lock()
+        self._room: asyncio.Future | None = None  # set while a record waits for ring space
         self._aborts: list[int] = []
+        self._session = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.ready: asyncio.Future[ModelInfo] | None = None
-        self.info: ModelInfo | None = None
+        self.ready: asyncio.Future[ModelInfo] | None = None  # the first answer to a Hello
+        self.info: ModelInfo | None = None  # None while no engine has answered our Hello
+        self.limits: Limits | None = None
+        self.generation = 0  # of the engine that answered: how often it was restarted
         self.stats: EngineStats | None = None
-        self.ready_at: float | None = None  # when the current engine said it was ready
-        self.restarts = 0  # engines started after the first
+        self.ready_at: float | None = None  # when the current engine answered
+        self._max_in_flight = 0
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.ready = self._loop.create_future()
+        self._requests.end_space_wait()  # a frontend that died before us may have left it up
         self._loop.add_reader(self._outputs.data_fd, self._on_outputs)
+        self._hello()
         self._on_outputs()
 
     def stop(self) -> None:
@@ -122,41 +161,89 @@ class EngineClient:
         return len(self._streams)
 
     async def submit(self, prompt: list[int], sampling: SamplingParams, per_step: bool) -> RequestStream:
+        if self.info is None:
+            raise not_ready()
+        if len(self._streams) >= self._max_in_flight:
+            raise ApiError(
+                429,
+                "too many requests",
+                f"{self._config.max_waiting} requests are already waiting for one of {self.info.parallel} slots",
+                RETRY_AFTER,
+            )
         stream = RequestStream(next(self._ids), len(prompt), per_step)
         self._streams[stream.id] = stream
+        if self._config.request_timeout:
+            stream.timer = self._loop.call_later(self._config.request_timeout, self._time_out, stream)
         try:
-            await self._put(self._encode(Submit(stream.id, prompt, sampling)))
+            if not await self._put(self._encode(Submit(stream.id, prompt, sampling)), stream):
+                raise stream.error or not_ready()
         except BaseException:
-            del self._streams[stream.id]
+            self.abort(stream)
             raise
         return stream
 
+    def cancel(self, stream: RequestStream, error: ApiError) -> None:
+        """End a request early: its reader gets ``error``, the engine drops it next step."""
+        stream._fail(error)
+        self.abort(stream)
+
     def abort(self, stream: RequestStream) -> None:
-        """Stop a request that has not finished; the engine frees its slot next step."""
-        if stream.finish is not None or self._streams.pop(stream.id, None) is None:
-            return
+        """The caller is done with the request: if the engine still runs it, stop it there."""
+        if stream.timer is not None:
+            stream.timer.cancel()
+        if self._streams.pop(stream.id, None) is None:
+            return  # finished, or its engine died
         stream.t_done = time.perf_counter()
         if not self._aborts:
             self._loop.call_soon(self._flush_aborts)
         self._aborts.append(stream.id)
 
+    def _time_out(self, stream: RequestStream) -> None:
+        self.cancel(stream, ApiError(408, "request timeout", f"the request took longer than {self._config.request_timeout:g} s"))
+
     def _flush_aborts(self) -> None:
         ids, self._aborts = self._aborts, []
-        payload = self._encode(Abort(ids))
-        if not self._requests.try_put(payload):
-            self._loop.create_task(self._put(payload))
+        if ids:
+            payload = self._encode(Abort(ids))
+            if not self._requests.try_put(payload):
+                self._loop.create_task(self._put(payload))
 
-    async def _put(self, payload: bytes) -> None:
+    async def _put(self, payload: bytes, stream: RequestStream | None = None) -> bool:
+        """Append a record, waiting for room; False if its session (or its stream) ended first."""
+        session = self._session
         async with self._submit_lock:
-            while not self._requests.try_put(payload):
+            while self._session == session and (stream is None or stream.error is None):
+                if self._requests.try_put(payload):
+                    return True
                 if self._requests.arm_space_wait(len(payload)):
-                    room = self._loop.create_future()
-                    self._loop.add_reader(self._requests.space_fd, room.set_result, None)
+                    self._room = room = self._loop.create_future()
+                    self._loop.add_reader(self._requests.space_fd, lambda: room.done() or room.set_result(None))
                     try:
                         await room
                     finally:
+                        self._room = None
                         self._loop.remove_reader(self._requests.space_fd)
                         self._requests.end_space_wait()
+        return False
+
+    def _hello(self) -> None:
+        # Random: an engine's answer to another frontend's Hello is never taken for ours.
+        self._session = int.from_bytes(os.urandom(8), "little") >> 1
+        self._loop.create_task(self._put(self._encode(Hello(self._session))))
+
+    def engine_exited(self, generation: int) -> None:
+        """The supervisor reports the engine of ``generation`` died and starts the next."""
+        self._on_outputs()  # first, whatever it published before it died
+        if self.info is not None and self.generation > generation:
+            return  # a later engine already answered our Hello: nothing of ours was lost
+        self.info = self.stats = None
+        self._aborts.clear()
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream._fail(ApiError(503, "engine failed", "the engine stopped while serving this request; it is restarting", RETRY_AFTER))
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)  # a record waiting for room: it is stale now
+        self._hello()
 
     def _on_outputs(self) -> None:
         ring = self._outputs
@@ -175,14 +262,16 @@ class EngineClient:
                 elif type(msg) is EngineStats:
                     self.stats = msg
                     self.metrics.engine_stats(msg, self.info.ctx_size, time.monotonic())
-                elif type(msg) is EngineReady:
-                    restarted = self.info is not None
-                    self.restarts += restarted
-                    self.info = msg.info
-                    self.stats = None  # a new engine runs nothing yet
-                    self.ready_at = time.monotonic()
-                    self.metrics.engine_ready(self.ready_at, restarted)
-                    if not self.ready.done():
-                        self.ready.set_result(msg.info)
+                elif type(msg) is EngineReady and msg.session == self._session:
+                    self._on_ready(msg)
             if ring.arm_wait():
                 return
+
+    def _on_ready(self, msg: EngineReady) -> None:
+        self.info, self.generation = msg.info, msg.generation
+        self.limits = Limits.of(self._config, msg.info)
+        self._max_in_flight = msg.info.parallel + self._config.max_waiting
+        self.ready_at = time.monotonic()
+        self.metrics.engine_ready(self.ready_at, msg.generation)
+        if not self.ready.done():
+            self.ready.set_result(msg.info)

@@ -1,4 +1,4 @@
-"""The one generation path behind every API: limits, submit, stop strings, n choices.
+"""The one generation path behind every API: limits, submit, stop strings, n choices, hang-ups.
 
 cLLM's /generate and the OpenAI routes all start here and differ only in how
 they format what comes back. A request becomes one engine sequence per choice
@@ -13,18 +13,20 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import msgspec
+from starlette.requests import Request
 
 from cllm.protocol import ModelInfo, SamplingParams
 from frontend_proc import observe
-from frontend_proc.app import ApiError, AppState
-from frontend_proc.engine_client import EngineClient, RequestStream
+from frontend_proc.app import AppState
+from frontend_proc.engine_client import EngineClient, RequestStream, not_ready
+from frontend_proc.errors import ApiError
 from frontend_proc.tokenizer import Detokenizer
 
 
 def engine_info(st: AppState) -> ModelInfo:
     info = st.client.info
     if info is None:
-        raise ApiError(503, "not ready", "the engine is not running")
+        raise not_ready()
     return info
 
 
@@ -39,26 +41,8 @@ async def start(
     prompt_param: str = "prompt",
 ) -> Generation:
     """Check limits and submit n sequences per prompt (seed, seed+1, ... when seeded)."""
-    info = engine_info(st)
-    for prompt in prompts:
-        if not prompt:
-            raise ApiError(400, "invalid request", "prompt is empty", param=prompt_param)
-        if len(prompt) >= info.seq_ctx:
-            raise ApiError(
-                400,
-                "prompt too long",
-                f"the prompt is {len(prompt)} tokens; one sequence holds at most {info.seq_ctx} (ctx-size / parallel), "
-                f"so a prompt may have at most {info.seq_ctx - 1}",
-                param=prompt_param,
-                code="context_length_exceeded",
-            )
-    if sampling.max_tokens > info.seq_ctx:
-        raise ApiError(
-            400,
-            "invalid request",
-            f"max_tokens {sampling.max_tokens} exceeds the context of one sequence ({info.seq_ctx})",
-            param="max_tokens",
-        )
+    engine_info(st)
+    st.client.limits.check(prompts, sampling.max_tokens, n, prompt_param)
     per_step = stream or bool(stops)  # stop strings are looked for as the text grows
     choices: list[Choice] = []
     try:
@@ -125,6 +109,10 @@ class Choice:
     def abort(self) -> None:
         self._client.abort(self.stream)
 
+    def cancel(self, error: ApiError) -> None:
+        """End it early; whoever waits for its text gets ``error``."""
+        self._client.cancel(self.stream, error)
+
     async def text(self) -> str:
         """The whole text, once the choice is done."""
         if self._stop is not None:
@@ -173,31 +161,49 @@ class Generation:
     def completion_tokens(self) -> int:
         return sum(c.n_tokens for c in self.choices)
 
-    async def texts(self) -> list[str]:
-        """Every choice's whole text, once all are done."""
-        if len(self.choices) == 1:
-            texts = [await self.choices[0].text()]
-        else:
-            texts = await asyncio.gather(*(c.text() for c in self.choices))
+    async def texts(self, request: Request) -> list[str]:
+        """Every choice's whole text, once all are done; the client hanging up first cancels them."""
+        watcher = asyncio.ensure_future(self._cancel_on_disconnect(request))
+        try:
+            if len(self.choices) == 1:
+                texts = [await self.choices[0].text()]
+            else:
+                texts = await asyncio.gather(*(c.text() for c in self.choices))
+        finally:
+            watcher.cancel()
         if any(c.finish == "error" for c in self.choices):
             raise engine_refused()
         return texts
 
+    async def _cancel_on_disconnect(self, request: Request) -> None:
+        # The body is read, so what comes next is http.disconnect. (A stream
+        # needs no watcher: Starlette cancels it when the client goes.)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = ApiError(499, "client closed request", "the client hung up")
+        for choice in self.choices:
+            choice.cancel(gone)
+
     async def pieces(self) -> AsyncIterator[tuple[Choice, str | None]]:
-        """(choice, text) as the choices' texts grow; (choice, None) once a choice is done."""
+        """(choice, text) as the choices' texts grow; (choice, None) once a choice is done.
+
+        A choice that fails (deadline, engine death) raises its ApiError here.
+        """
         if len(self.choices) == 1:
             choice = self.choices[0]
             async for piece in choice.pieces():
                 yield choice, piece
             yield choice, None
             return
-        queue: asyncio.Queue[tuple[Choice, str | None]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[Choice, str | ApiError | None]] = asyncio.Queue()
 
         async def pump(choice: Choice) -> None:
             try:
                 async for piece in choice.pieces():
                     queue.put_nowait((choice, piece))
-            finally:
+            except ApiError as e:
+                queue.put_nowait((choice, e))
+            else:
                 queue.put_nowait((choice, None))
 
         tasks = [asyncio.create_task(pump(c)) for c in self.choices]
@@ -205,6 +211,8 @@ class Generation:
             left = len(tasks)
             while left:
                 choice, piece = await queue.get()
+                if isinstance(piece, ApiError):
+                    raise piece
                 left -= piece is None
                 yield choice, piece
         finally:

@@ -8,12 +8,15 @@ import importlib.util
 import logging
 import os
 import signal
+import socket
 import sys
 
+import msgspec
 import uvicorn
 
 from cllm.launch import from_argv
 from cllm.log import setup_logging
+from cllm.protocol import EngineExited
 from frontend_proc import cllm_api, openai_api
 from frontend_proc.app import AppState, build_app
 from frontend_proc.engine_client import EngineClient
@@ -24,7 +27,7 @@ log = logging.getLogger("cllm.frontend")
 
 
 class _Server(uvicorn.Server):
-    """Tells the supervisor, through the ready pipe, which port it serves."""
+    """Tells the supervisor, through the ready pipe, that it serves."""
 
     def __init__(self, config: uvicorn.Config, ready_fd: int):
         super().__init__(config)
@@ -33,9 +36,9 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:
-            port = self.servers[0].sockets[0].getsockname()[1]
-            log.info("listening on http://%s:%d", self.config.host, port)
-            os.write(self._ready_fd, f"{port}\n".encode())
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            log.info("listening on http://%s:%d", host, port)
+            os.write(self._ready_fd, b"serving\n")
             os.close(self._ready_fd)
 
 
@@ -47,26 +50,29 @@ def main() -> int:
     client = EngineClient(launch, metrics)
     tokenizer = Tokenizer(launch.model_path)
     app_state = AppState(
-        config=config, client=client, tokenizer=tokenizer, chat_template=tokenizer.chat_template(), metrics=metrics
+        config=config,
+        client=client,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template(),
+        operations=cllm_api.operations + openai_api.operations,
+        api_key=os.environ.pop("CLLM_API_KEY", None),
+        metrics=metrics,
+        generation=launch.generation,
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         loop = asyncio.get_running_loop()
         client.start()
-        # The supervisor holds the lifeline's only write end: EOF means it died.
-        loop.add_reader(launch.lifeline, _on_supervisor_gone, client)
+        loop.add_reader(launch.lifeline, _on_lifeline, launch.lifeline, client)
         await client.ready
         yield
         loop.remove_reader(launch.lifeline)
         client.stop()
 
-    app = build_app(app_state, cllm_api.routes + openai_api.routes, lifespan)
     server = _Server(
         uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
+            build_app(app_state, lifespan),
             loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
             http="httptools",
             # Our handler, not uvicorn's; its own records only at debug (requests are logged by observe.py).
@@ -77,11 +83,23 @@ def main() -> int:
         ),
         launch.ready,
     )
-    server.run()
+    # The supervisor's listening socket: it outlives this process, so clients
+    # that connect while a successor starts wait in its backlog.
+    server.run(sockets=[socket.socket(fileno=launch.listen)])
     return 0 if server.started else 1
 
 
-def _on_supervisor_gone(client: EngineClient) -> None:
+_notice = msgspec.json.Decoder(EngineExited)
+
+
+def _on_lifeline(fd: int, client: EngineClient) -> None:
+    """The supervisor writes notices here; EOF means it died."""
+    data = os.read(fd, 4096)
+    for line in data.splitlines():
+        client.engine_exited(_notice.decode(line).generation)
+    if data:
+        return
+    asyncio.get_running_loop().remove_reader(fd)
     if not client.ready.done():
         client.ready.set_exception(SystemExit("cllm frontend: the supervisor is gone"))
     os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown

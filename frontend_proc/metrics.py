@@ -61,11 +61,14 @@ class Metrics:
         self.batch = Histogram("cllm_batch_size", "Sequences in one engine step", buckets=BATCH_BUCKETS, registry=r)
         self.kv_usage = Gauge("cllm_kv_cache_usage_ratio", "KV cells held by running sequences / all KV cells", registry=r)
         self.restarts = Counter("cllm_engine_restarts_total", "Engines started after the first", registry=r)
+        self._restarts_seen = 0
         self.token_rate = TokenRate(TOKEN_RATE_WINDOW)
 
-    def engine_ready(self, now: float, restarted: bool) -> None:
-        if restarted:
-            self.restarts.inc()
+    def engine_ready(self, now: float, generation: int) -> None:
+        """An engine answered; ``generation`` counts the engines started before it."""
+        if generation > self._restarts_seen:
+            self.restarts.inc(generation - self._restarts_seen)
+            self._restarts_seen = generation
         self.token_rate.restart(now)
 
     def engine_stats(self, stats: EngineStats, kv_total: int, now: float) -> None:

@@ -14,14 +14,16 @@ from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from cllm.protocol import ModelInfo
 from frontend_proc import generation
-from frontend_proc.app import ApiError, AppState, decode_body, error_body, json_response, sse, sse_response, state
+from frontend_proc.app import AppState, decode_body, sse, sse_response, state
 from frontend_proc.chat_template import ChatTemplateError
+from frontend_proc.cllm_api import GENERATE_ERRORS
+from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
+from frontend_proc.openapi import Operation
 from frontend_proc.openai_schemas import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
 DONE = b"data: [DONE]\n\n"
@@ -87,6 +89,7 @@ def _usage(gen: Generation) -> dict:
 
 
 async def _respond(
+    request: Request,
     gen: Generation,
     head: dict,
     body: OpenAIRequest,
@@ -101,7 +104,7 @@ async def _respond(
     ends the choice and tokens [start, end) the ones consumed since the last.
     """
     if not body.stream:
-        return await _respond_whole(gen, head, whole)
+        return await _respond_whole(request, gen, head, whole)
     usage_field = {"usage": None} if body.include_usage else {}
 
     async def events():
@@ -118,15 +121,17 @@ async def _respond(
             if body.include_usage:
                 yield sse({**head, "choices": [], "usage": _usage(gen)})
             yield DONE
+        except ApiError as e:  # the status line is sent: say what went wrong in the stream
+            yield sse(error_body("/v1/", e))
         finally:
             gen.close()
 
     return sse_response(events())
 
 
-async def _respond_whole(gen: Generation, head: dict, whole: Callable[[Choice, str], dict]) -> Response:
+async def _respond_whole(request: Request, gen: Generation, head: dict, whole: Callable[[Choice, str], dict]) -> Response:
     try:
-        texts = await gen.texts()
+        texts = await gen.texts(request)
     finally:
         gen.close()
     choices = [whole(c, text) for c, text in zip(gen.choices, texts)]
@@ -206,7 +211,7 @@ async def completions(request: Request) -> Response:
             return {"index": choice.index, "text": "", "logprobs": logprobs, "finish_reason": choice.finish}
         return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": None}
 
-    return await _respond(gen, head, body, whole, delta)
+    return await _respond(request, gen, head, body, whole, delta)
 
 
 # ---- /v1/chat/completions ----------------------------------------------------
@@ -261,12 +266,19 @@ async def chat_completions(request: Request) -> Response:
             return {"index": choice.index, "delta": {}, "logprobs": lp(choice, start, end), "finish_reason": choice.finish}
         return {"index": choice.index, "delta": {"content": text}, "logprobs": lp(choice, start, end), "finish_reason": None}
 
-    return await _respond(gen, head, body, whole, delta, opening)
+    return await _respond(request, gen, head, body, whole, delta, opening)
 
 
-routes = [
-    Route("/v1/models", list_models, methods=["GET"]),
-    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
-    Route("/v1/completions", completions, methods=["POST"]),
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+# The response bodies are OpenAI's objects, built in place: the document calls them objects.
+operations = [
+    Operation("GET", "/v1/models", list_models, "OpenAI: the served model", response=dict, errors=(503,)),
+    Operation("GET", "/v1/models/{model:path}", retrieve_model, "OpenAI: one model", response=dict, errors=(404, 503)),
+    Operation(
+        "POST", "/v1/completions", completions, "OpenAI: text completions",
+        body=CompletionRequest, response=dict, events=str, errors=GENERATE_ERRORS,
+    ),
+    Operation(
+        "POST", "/v1/chat/completions", chat_completions, "OpenAI: chat completions",
+        body=ChatCompletionRequest, response=dict, events=str, errors=GENERATE_ERRORS,
+    ),
 ]

@@ -8,10 +8,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
+import psutil
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,10 +51,11 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(*args: str) -> Server:
-    """Start `cllm serve` and wait (bounded) for the line that says it serves."""
+def start_server(*args: str, env: dict[str, str] | None = None) -> Server:
+    """Start `cllm serve` (``env``: extra environment) and wait (bounded) for the line that says it serves."""
     cmd = [sys.executable, "-m", "cllm.cli", "serve", "--port", str(free_port()), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = {k: v for k, v in os.environ.items() if k != "CLLM_API_KEY"}  # no key unless a test gives one
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**base, **(env or {})})
     lines: list[str] = []
     ready = threading.Event()
     url = []
@@ -80,6 +83,51 @@ def start_server(*args: str) -> Server:
         stderr_reader.join(5)
         raise RuntimeError(f"cllm serve did not start: {''.join(errors)}")
     return Server(proc, url[0], lines, errors)
+
+
+def family(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The supervisor and its children (engine, frontend)."""
+    root = psutil.Process(proc.pid)
+    return [root, *root.children(recursive=True)]
+
+
+def child(srv: Server, module: str) -> psutil.Process:
+    (found,) = [p for p in family(srv.proc)[1:] if module in " ".join(p.cmdline())]
+    return found
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def wait_until(check, timeout: float, interval: float = 0.1):
+    """Poll ``check`` until it returns something true (returned), or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {timeout} s: {check}")
+        time.sleep(interval)
+
+
+def health(http: httpx.Client, level: str = "full") -> dict:
+    return http.get("/health", params={"level": level}).json()["data"]
+
+
+def wait_idle(http: httpx.Client, timeout: float = 60.0) -> dict:
+    """Health once nothing is in flight and the engine reports no sequence."""
+    def idle():
+        h = health(http)
+        q = h.get("queue", {})
+        return h if h["healthy"] and q["in_flight"] == q["running"] == q["waiting"] == 0 else None
+
+    return wait_until(idle, timeout)
 
 
 @pytest.fixture(scope="session")

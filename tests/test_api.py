@@ -194,7 +194,11 @@ def test_stream_pieces_are_whole_characters(http):
         ({"prompt": "x", "max_tokens": 0}, "Expected `int` >= 1 - at `$.max_tokens`"),
         ({"prompt": "x", "temperature": -1}, "Expected `float` >= 0.0 - at `$.temperature`"),
         ({"prompt": "x", "top_p": 0}, "Expected `float` > 0.0 - at `$.top_p`"),
+        ({"prompt": "x", "top_p": 1.5}, "Expected `float` <= 1.0 - at `$.top_p`"),
         ({"prompt": "x", "stream": "yes"}, "Expected `bool`, got `str` - at `$.stream`"),
+        ({"prompt": "x", "max_tokens": 2.5}, "Expected `int`, got `float` - at `$.max_tokens`"),
+        ({"prompt": "x", "top_k": 2**31}, "Expected `int` <= 2147483647 - at `$.top_k`"),
+        ({"prompt": "x", "seed": 10**30}, "Expected `int` <= 9223372036854775807 - at `$.seed`"),
         ([1, 2], "Expected `object`, got `array`"),
     ],
 )
@@ -203,6 +207,11 @@ def test_bad_generate_bodies_are_400_naming_the_field(http, body, message):
         r = http.post(path, json=body)
         assert r.status_code == 400
         assert r.json() == {"success": False, "error": "invalid request", "message": message}
+
+
+def test_integral_floats_count_as_integers(http):
+    data = generate(http, prompt="Hello", max_tokens=2.0, top_k=5.0, seed=3.0, temperature=1)
+    assert data["generated_tokens"] == 2 and data["max_tokens"] == 2
 
 
 def test_malformed_json_is_400(http):
@@ -219,7 +228,7 @@ def test_limits_against_the_sequence_context(http):
     r = http.post("/generate", json={"prompt": "hi", "max_tokens": 513})
     assert r.status_code == 400 and "max_tokens 513" in r.json()["message"]
     r = http.post("/generate", json={"prompt": "", "max_tokens": 5})
-    assert r.status_code == 400 and r.json()["message"] == "prompt is empty"
+    assert r.status_code == 400 and r.json()["message"] == "Expected `str` of length >= 1 - at `$.prompt`"
 
 
 def test_unknown_path_and_wrong_method(http):

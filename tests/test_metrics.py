@@ -159,10 +159,10 @@ def test_health_detailed_has_live_engine_figures(http):
     wait_idle(http)
     detailed = http.get("/health", params={"level": "detailed"}).json()["data"]
     engine = detailed["engine"]
-    assert set(engine) == {"kv_used", "kv_total", "kv_usage_ratio", "tokens_per_second_1m", "uptime_seconds", "restarts"}
+    assert set(engine) == {"kv_used", "kv_total", "kv_usage_ratio", "tokens_per_second_1m", "uptime_seconds"}
     assert engine["tokens_per_second_1m"] > 0
     assert 0 < engine["uptime_seconds"] <= detailed["uptime_seconds"]
-    assert engine["restarts"] == 0
+    assert detailed["restarts"] == {"engine": 0, "frontend": 0}
     full = http.get("/health", params={"level": "full"}).json()["data"]
     assert set(full["engine"]) == set(engine) | {"steps", "generated_tokens", "parallel"}
     assert full["model"]["kv_bytes"] > 0 and full["model"]["model_bytes"] > 0
@@ -174,9 +174,9 @@ def test_health_detailed_has_live_engine_figures(http):
 
 def test_engine_ready_after_the_first_counts_as_a_restart():
     m = Metrics()
-    m.engine_ready(now=0.0, restarted=False)
+    m.engine_ready(now=0.0, generation=0)
     m.engine_stats(EngineStats(1, 2, 256, 5, 5, [0.01] * 5, [1] * 5), kv_total=1024, now=1.0)
-    m.engine_ready(now=2.0, restarted=True)
+    m.engine_ready(now=2.0, generation=1)
     text = m.exposition().decode()
     assert "cllm_engine_restarts_total 1.0" in text
     assert "cllm_kv_cache_usage_ratio 0.25" in text

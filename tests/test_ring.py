@@ -139,3 +139,20 @@ def test_two_processes_exchange_100k_records_byte_exact():
         ring.close_fds()
     assert child.returncode == 0, out
     assert out.split() == ["ok", str(count)]
+
+
+def test_blocking_put_gives_up_when_another_fd_is_readable(ring):
+    payload = b"q" * 3000
+    assert ring.try_put(payload)  # too full for another
+    r, w = os.pipe()
+    result = []
+    t = threading.Thread(target=lambda: result.append(ring.put(payload, (r,))))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()  # waiting for room
+    os.write(w, b"!")
+    t.join(5)
+    assert result == [[r]]
+    assert ring.drain() == [payload]  # nothing was appended
+    os.close(r)
+    os.close(w)

@@ -1,0 +1,117 @@
+"""Bad input at the HTTP level: content types, encodings, oversized bodies; the server keeps serving."""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+MAX_BODY = 1 << 20  # the default --max-body-bytes
+
+
+def raw_exchange(url: str, head: bytes, chunks: list[bytes] = (), timeout: float = 20.0) -> tuple[int, dict, bytes, float]:
+    """Send a request by hand, stop sending once the server answers; (status, headers, body, seconds)."""
+    parts = urlsplit(url)
+    t0 = time.monotonic()
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as s:
+        s.sendall(head)
+        for chunk in chunks:
+            if select.select([s], [], [], 0)[0]:
+                break  # answered already: the rest would not be read
+            try:
+                s.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = s.recv(65536)
+            assert more, f"connection closed without an answer: {data!r}"
+            data += more
+        elapsed = time.monotonic() - t0
+        head_bytes, _, body = data.partition(b"\r\n\r\n")
+        lines = head_bytes.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        while len(body) < int(headers.get("content-length", 0)):
+            more = s.recv(65536)
+            if not more:
+                break
+            body += more
+    return int(lines[0].split()[1]), headers, body, elapsed
+
+
+def test_declared_oversized_body_is_413_before_it_is_sent(server):
+    head = (
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000000000\r\n\r\n"
+    )
+    status, headers, body, _ = raw_exchange(server.url, head)  # not a byte of the body is sent
+    assert status == 413 and headers["connection"] == "close"
+    assert b'"error":"request too large"' in body and str(MAX_BODY).encode() in body
+
+
+def test_chunked_oversized_body_is_413_once_the_count_passes_the_limit(server):
+    head = b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    piece = b"x" * 65536
+    chunks = [b"%x\r\n%s\r\n" % (len(piece), piece)] * 64  # 4 MiB offered, 1 MiB allowed
+    status, headers, body, _ = raw_exchange(server.url, head, chunks)
+    assert status == 413 and headers["connection"] == "close"
+    assert b'"error":"request too large"' in body
+
+
+def test_chunked_body_under_the_limit_is_read(server):
+    payload = b'{"text": "Hello world"}'
+    head = b"POST /encode HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    status, _, body, _ = raw_exchange(server.url, head, [b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)])
+    assert status == 200 and b'"length":2' in body
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "application/json", "application/json; charset=UTF-8", "application/x-www-form-urlencoded", "application/merge-patch+json"],
+)
+def test_json_is_read_whatever_type_curl_or_a_client_sends(http, content_type):
+    headers = {"content-type": content_type} if content_type else {}
+    r = http.post("/encode", content=b'{"text": "Hello world"}', headers=headers)
+    assert r.status_code == 200 and r.json()["data"]["length"] == 2
+
+
+def test_curl_style_generate_works(http):
+    r = http.post("/generate", content=b'{"prompt": "Hi", "max_tokens": 2}', headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json()["data"]["generated_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    "content_type,message",
+    [
+        ("text/plain", "not text/plain"),
+        ("multipart/form-data; boundary=x", "not multipart/form-data"),
+        ("application/json; charset=latin-1", "JSON must be UTF-8, not latin-1"),
+    ],
+)
+def test_other_content_types_are_415(http, content_type, message):
+    for path in ("/generate", "/encode"):
+        r = http.post(path, content=b'{"prompt": "x", "text": "x"}', headers={"content-type": content_type})
+        assert r.status_code == 415
+        body = r.json()
+        assert body["success"] is False and body["error"] == "unsupported media type" and message in body["message"]
+
+
+@pytest.mark.parametrize("raw", [b'{"prompt": "caf\xe9"}', b'{"prompt": "\xff\xfe"}', b'{"prompt": "ok", "\xc3": 1}'])
+def test_invalid_utf8_is_400(http, raw):
+    r = http.post("/generate", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json() == {"success": False, "error": "invalid UTF-8", "message": "the body is not valid UTF-8 text"}
+
+
+def test_body_that_is_not_an_object_or_empty(http):
+    for raw, error in ((b'"just a string"', "invalid request"), (b"", "invalid JSON"), (b"null", "invalid request")):
+        r = http.post("/generate", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"] == error
+
+
+def test_still_serving_after_all_that(http):
+    r = http.post("/generate", json={"prompt": "Hello", "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["data"]["generated_tokens"] == 3

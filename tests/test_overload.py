@@ -1,0 +1,67 @@
+"""Overload: a bounded queue (429), a deadline per request (408), limits set on the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import health, start_server, wait_idle, wait_until
+from tests.test_faults import LONG, Load
+
+TIMEOUT = 6.0
+
+
+@pytest.fixture(scope="module")
+def tight():
+    """One slot, one waiting place, a short deadline, short prompts."""
+    srv = start_server(
+        "--parallel", "1", "--ctx-size", "2048", "--max-waiting", "1",
+        "--request-timeout", str(TIMEOUT), "--max-prompt-tokens", "16",
+    )
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_beyond_the_waiting_room_is_429_and_past_the_deadline_408(tight):
+    load = Load(tight.url)
+    with tight.client() as http:
+        wait_idle(http)
+        load.start(stream=False, **LONG, max_tokens=2000)  # runs
+        load.start(stream=False, **LONG, max_tokens=2000)  # waits
+        wait_until(lambda: health(http, "detailed")["queue"]["in_flight"] == 2, 30)
+        r = http.post("/generate", json={"prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        body = r.json()
+        assert body["error"] == "too many requests" and "1 requests are already waiting for one of 1 slots" in body["message"]
+
+        for o in load.join(TIMEOUT + 30):  # the running one and the waiting one both time out
+            assert o["status"] == 408, o
+            assert o["body"] == {"success": False, "error": "request timeout", "message": f"the request took longer than {TIMEOUT:g} s"}
+        wait_idle(http, timeout=10)  # both were aborted: the slot is free again
+        r = http.post("/generate", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0})
+        assert r.status_code == 200 and r.json()["data"]["generated_tokens"] == 2
+
+
+def test_a_stream_past_the_deadline_ends_with_an_error_event(tight):
+    with tight.client() as http:
+        with http.stream("POST", "/generate_stream", json={**LONG, "max_tokens": 2000}) as r:
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        last = events[-1]
+        assert last["done"] is True and last["error"] == "request timeout"
+        assert all("error" not in e for e in events[:-1])
+        wait_idle(http, timeout=10)
+
+
+def test_max_prompt_tokens(tight):
+    with tight.client() as http:
+        prompt = "word " * 20
+        n = http.post("/encode", json={"text": prompt}).json()["data"]["length"]
+        r = http.post("/generate", json={"prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400
+        assert r.json() == {"success": False, "error": "prompt too long", "message": f"the prompt is {n} tokens; this server takes at most 16"}
+        r = http.post("/generate", json={"prompt": "one two three", "max_tokens": 2})
+        assert r.status_code == 200
