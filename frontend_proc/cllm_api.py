@@ -161,6 +161,7 @@ operations = [
         "GET", "/health", health, "liveness; ?level=basic|detailed|full",
         response=Ok[Health], also=(503,), errors=(400,), query=(("level", HEALTH_LEVELS),),
     ),
+    Operation("GET", "/metrics", metrics, "Prometheus metrics", text="text/plain"),
     Operation(
         "POST", "/generate", generate, 'generate text ("stream": true for SSE)',
         body=GenerateRequest, response=Ok[GenerateResult], events=StreamEvent, errors=GENERATE_ERRORS,

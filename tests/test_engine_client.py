@@ -17,8 +17,12 @@ from cllm.protocol import EngineReady, Hello, ModelInfo, SamplingParams, SeqOutp
 from cllm.ring import Ring
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.errors import ApiError
+from frontend_proc.metrics import Metrics
 
-INFO = ModelInfo("m.gguf", "m", "llama", "Q4_1", 100, 2, 2048, 8192, 1024, 8, 512, 2, 0, True)
+INFO = ModelInfo(
+    model_path="m.gguf", model_name="m", model_family="llama", quantization="Q4_1", vocab_size=100, num_layers=2, n_params=135_000_000, model_bytes=90 << 20, n_ctx_train=2048,
+    ctx_size=8192, kv_bytes=1 << 20, seq_ctx=1024, parallel=8, batch_size=512, threads=2, gpu_layers=0, use_mmap=True,
+)
 PROMPT = list(range(1, 300))  # a Submit of about 600 bytes: a few fill the request ring
 
 
@@ -71,7 +75,7 @@ def test_engine_death_while_the_frontend_waits_for_room(rings):
     launch = Launch(config=ServeConfig(request_timeout=0), model_path="m.gguf", requests=requests.spec, outputs=outputs.spec, lifeline=-1)
 
     async def scenario():
-        client = EngineClient(launch)
+        client = EngineClient(launch, Metrics())
         client.start()
         first = FakeEngine(Ring(requests.spec), Ring(outputs.spec), generation=0)
         await until(lambda: first.serve_records() == [] and first.session is not None)
@@ -129,7 +133,7 @@ def test_a_new_frontend_ignores_what_the_engine_said_to_the_old_one(rings):
     launch = Launch(config=ServeConfig(), model_path="m.gguf", requests=requests.spec, outputs=outputs.spec, lifeline=-1, generation=1)
 
     async def scenario():
-        client = EngineClient(launch)
+        client = EngineClient(launch, Metrics())
         client.start()
         await asyncio.sleep(0.1)
         assert client.info is None  # the stale answer was not for this client

@@ -51,11 +51,12 @@ def test_hanging_up_before_a_plain_reply_frees_the_slot(one_slot):
     with one_slot.client() as http:
         before = wait_idle(http)["engine"]["steps"]
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
-            http.post("/generate", json={**LONG, "max_tokens": 1000}, timeout=httpx.Timeout(60, read=1.5))
+            http.post("/generate", json={**LONG, "max_tokens": 1000}, timeout=httpx.Timeout(60, read=1.0))
         r = http.post("/generate", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0}, timeout=120)
         assert r.status_code == 200 and r.json()["data"]["generated_tokens"] == 3
         used = wait_idle(http)["engine"]["steps"] - before
-    assert used < 200, f"{used} steps: the abandoned request kept its slot (it wanted 1000)"
+    # A second of decoding is 100-200 steps here: far fewer than the 1000 it wanted.
+    assert used < 500, f"{used} steps: the abandoned request kept its slot (it wanted 1000)"
 
 
 # ---- processes that die -------------------------------------------------------------

@@ -51,7 +51,7 @@ def _short(case):
 
 
 # Nothing to get wrong (a path parameter is any string).
-OPERATIONS = [("GET", "/"), ("GET", "/model/info"), ("GET", "/openapi.json"), ("GET", "/v1/models"), ("GET", "/v1/models/{model}")]
+OPERATIONS = [("GET", "/"), ("GET", "/metrics"), ("GET", "/model/info"), ("GET", "/openapi.json"), ("GET", "/v1/models"), ("GET", "/v1/models/{model}")]
 WITH_INPUT = [
     ("GET", "/health"), ("POST", "/generate"), ("POST", "/generate_stream"), ("POST", "/encode"),
     ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),

@@ -9,7 +9,10 @@ from cllm.protocol import ModelInfo
 from frontend_proc.errors import ApiError
 from frontend_proc.limits import Limits
 
-INFO = ModelInfo("m.gguf", "m", "llama", "Q4_1", 100, 2, 2048, 1024, 512, 2, 512, 2, 0, True)
+INFO = ModelInfo(
+    model_path="m.gguf", model_name="m", model_family="llama", quantization="Q4_1", vocab_size=100, num_layers=2, n_params=135_000_000, model_bytes=90 << 20, n_ctx_train=2048,
+    ctx_size=1024, kv_bytes=1 << 20, seq_ctx=512, parallel=2, batch_size=512, threads=2, gpu_layers=0, use_mmap=True,
+)
 
 
 def test_defaults_follow_the_sequence_context_and_the_queue():
