@@ -87,13 +87,14 @@ def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
     raise ValueError(f"unknown system {system!r}")
 
 
-def start(system: str, settings: Settings, env: dict[str, str] | None = None) -> Server:
-    """Start a server (with `env` added to its environment) and wait, bounded, until it answers.
+def start(system: str, settings: Settings, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Server:
+    """Start a server (with `env` added to its environment, `args` to its command line) and wait, bounded, until it answers.
 
     Its output goes to perf/cache/logs/<system>.log.
     """
     port = free_port()
     cmd, ready_path = command(system, settings, port)
+    cmd += args
     if not os.path.exists(cmd[0]):
         raise FileNotFoundError(f"{cmd[0]} is missing: `make bench-deps` builds and installs the peers")
     os.makedirs(LOGS, exist_ok=True)

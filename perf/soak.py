@@ -18,15 +18,14 @@ import collections
 import json
 import os
 import random
-import socket
 import time
 
 import httpx
 import psutil
 
 from cllm.model_file import resolve_model
+from perf import servers
 from perf.prompts import make_prompts
-from perf.quick import serve
 
 HANG_UP = 0.1  # share of clients that hang up mid-way
 STREAM = 0.5  # share of streaming requests
@@ -120,22 +119,14 @@ def main() -> None:
     ap.add_argument("--max-waiting", type=int, help="below concurrency - parallel, some requests get 429 (default: the server's)")
     ap.add_argument("--baseline", type=int, default=200, help="requests done when the first RSS figures are taken")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--port", type=int, default=0, help="default: a free one")
     args = ap.parse_args()
 
-    if not args.port:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            args.port = s.getsockname()[1]
     extra = ("--max-waiting", str(args.max_waiting)) if args.max_waiting is not None else ()
-    proc = serve(resolve_model(args.model), args.port, args.parallel, args.threads, *extra)
-    try:
-        children = psutil.Process(proc.pid).children()
+    settings = servers.Settings(resolve_model(args.model), args.threads, args.parallel, seq_ctx=512)
+    with servers.start("cllm", settings, args=extra) as server:
+        children = psutil.Process(server.proc.pid).children()
         procs = {name: next(p for p in children if f"{name}_proc" in " ".join(p.cmdline())) for name in ("engine", "frontend")}
-        result = asyncio.run(soak(f"http://127.0.0.1:{args.port}", make_prompts(args.requests), args.concurrency, procs, args.baseline))
-    finally:
-        proc.terminate()
-        proc.wait(60)
+        result = asyncio.run(soak(server.url, make_prompts(args.requests), args.concurrency, procs, args.baseline))
 
     outcomes = result["outcomes"]
     lost = sum(n for k, n in outcomes.items() if k.startswith("lost"))
