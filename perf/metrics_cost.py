@@ -15,15 +15,12 @@ import re
 import statistics
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
-import psutil
 
 from cllm.model_file import resolve_model
-from perf.http_load import run_load
-from perf.prompts import make_prompts
-from perf.quick import serve
+from perf import http_load, servers
 
 
 class Scraper(threading.Thread):
@@ -48,22 +45,16 @@ class Tally:
     tokens: int = 0
     seconds: float = 0.0
     errors: int = 0
-    frontend_cpu: float = 0.0  # CPU seconds the frontend process used
-    engine_cpu: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds by process role
 
-    def run(self, url: str, args, children: dict[str, psutil.Process]) -> None:
-        cpu = {name: sum(p.cpu_times()[:2]) for name, p in children.items()}
-        run = run_load(url, make_prompts(args.requests), args.concurrency, args.gen_tokens)
-        self.frontend_cpu += sum(children["frontend"].cpu_times()[:2]) - cpu["frontend"]
-        self.engine_cpu += sum(children["engine"].cpu_times()[:2]) - cpu["engine"]
-        self.tokens += run["generated_tokens"]
-        self.seconds += run["seconds"]
-        self.errors += run["errors"]
-
-
-def server_children(proc) -> dict[str, psutil.Process]:
-    children = psutil.Process(proc.pid).children()
-    return {name: next(p for p in children if f"{name}_proc" in " ".join(p.cmdline())) for name in ("frontend", "engine")}
+    def run(self, url: str, args, pid: int) -> None:
+        cell = http_load.run_cell(url, http_load.make_dialect("cllm"), args.concurrency, args.requests, 26, args.gen_tokens,
+                                  False, [pid], progress=False)
+        self.tokens += cell["generated_tokens"]
+        self.seconds += cell["seconds"]
+        self.errors += cell["errors"]
+        for role, seconds in cell["cpu_seconds"].items():
+            self.cpu[role] = self.cpu.get(role, 0.0) + seconds
 
 
 def main() -> None:
@@ -74,38 +65,32 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--gen-tokens", type=int, default=50)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--port", type=int, default=18081)
     args = ap.parse_args()
     model = resolve_model(args.model)
-    url = f"http://127.0.0.1:{args.port}"
 
     plain, scraped = Tally(), Tally()
     scrapes: list[float] = []
-    proc = serve(model, args.port, args.concurrency, args.threads)
-    try:
-        run_load(url, make_prompts(args.concurrency), args.concurrency, 5)  # warm-up
-        children = server_children(proc)
+    settings = servers.Settings(model, args.threads, args.concurrency, seq_ctx=256)
+    with servers.start("cllm", settings) as server:
+        http_load.warm_up(server.url, http_load.make_dialect("cllm"), args.concurrency)
         for i in range(2 * args.rounds):
             if i % 4 in (0, 3):
-                plain.run(url, args, children)
+                plain.run(server.url, args, server.proc.pid)
                 continue
-            scraper = Scraper(url, 1.0)
+            scraper = Scraper(server.url, 1.0)
             scraper.start()
-            scraped.run(url, args, children)
+            scraped.run(server.url, args, server.proc.pid)
             scraper.stopping.set()
             scraper.join(30)
             scrapes += scraper.seconds
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
     name = re.sub(r"\.gguf$", "", os.path.basename(model))
     print(f"{name}: {args.rounds} x 2 runs of {args.requests} requests x {args.gen_tokens} tokens, concurrency {args.concurrency}, {args.threads} threads")
     for label, t in (("no scraping", plain), ("/metrics every 1 s", scraped)):
         print(
             f"  {label:18} : {t.tokens / t.seconds:7.1f} tok/s  ({t.tokens} tokens in {t.seconds:.1f} s, {t.errors} errors;"
-            f" CPU: frontend {t.frontend_cpu / t.seconds * 1e3:.0f} ms/s, engine {t.engine_cpu / t.seconds * 1e3:.0f} ms/s,"
-            f" {t.tokens / t.engine_cpu:.1f} tokens per engine CPU second)"
+            f" CPU: frontend {t.cpu['frontend'] / t.seconds * 1e3:.0f} ms/s, engine {t.cpu['engine'] / t.seconds * 1e3:.0f} ms/s,"
+            f" {t.tokens / t.cpu['engine']:.1f} tokens per engine CPU second)"
         )
     if scrapes:
         print(f"  scrapes            : {len(scrapes)}, median {statistics.median(scrapes) * 1e3:.1f} ms, max {max(scrapes) * 1e3:.1f} ms")
