@@ -50,6 +50,12 @@ class Server:
                 self.proc.wait()
         return self.proc.returncode
 
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
 
 def start_server(*args: str, env: dict[str, str] | None = None) -> Server:
     """Start `cllm serve` (``env``: extra environment) and wait (bounded) for the line that says it serves."""
@@ -133,11 +139,8 @@ def wait_idle(http: httpx.Client, timeout: float = 60.0) -> dict:
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     """The server most tests share: 16 sequences at once, 512 KV cells each."""
-    srv = start_server("--parallel", "16", "--ctx-size", "8192")
-    try:
+    with start_server("--parallel", "16", "--ctx-size", "8192") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="session")

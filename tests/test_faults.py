@@ -25,11 +25,8 @@ def steps(http: httpx.Client) -> int:
 @pytest.fixture(scope="module")
 def one_slot():
     """One sequence at a time: an abandoned request that kept running would hold up the next."""
-    srv = start_server("--parallel", "1", "--ctx-size", "1024")
-    try:
+    with start_server("--parallel", "1", "--ctx-size", "1024") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_hanging_up_mid_stream_frees_the_slot(one_slot):

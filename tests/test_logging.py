@@ -30,11 +30,8 @@ def wait_for_line(lines: list[str], needle: str) -> str:
 
 @pytest.fixture(scope="module")
 def json_server():
-    srv = start_server("--parallel", "2", "--ctx-size", "512", "--log-format", "json")
-    try:
+    with start_server("--parallel", "2", "--ctx-size", "512", "--log-format", "json") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_json_logs_startup_figures_and_one_line_per_request(json_server):

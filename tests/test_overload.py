@@ -15,14 +15,9 @@ TIMEOUT = 6.0
 @pytest.fixture(scope="module")
 def tight():
     """One slot, one waiting place, a short deadline, short prompts."""
-    srv = start_server(
-        "--parallel", "1", "--ctx-size", "2048", "--max-waiting", "1",
-        "--request-timeout", str(TIMEOUT), "--max-prompt-tokens", "16",
-    )
-    try:
+    args = ("--parallel", "1", "--ctx-size", "2048", "--max-waiting", "1", "--request-timeout", str(TIMEOUT), "--max-prompt-tokens", "16")
+    with start_server(*args) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_beyond_the_waiting_room_is_429_and_past_the_deadline_408(tight):

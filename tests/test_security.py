@@ -18,11 +18,8 @@ KEY = "s3cret-key"
 
 @pytest.fixture(scope="module")
 def keyed():
-    srv = start_server("--parallel", "2", "--ctx-size", "1024", env={"CLLM_API_KEY": KEY})
-    try:
+    with start_server("--parallel", "2", "--ctx-size", "1024", env={"CLLM_API_KEY": KEY}) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_every_route_but_health_wants_the_key(keyed):
