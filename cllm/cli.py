@@ -26,6 +26,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--parallel", type=int, help=f"most sequences decoded together; more requests wait their turn (default {d.parallel})")
     p.add_argument("--threads", type=int, help="CPU threads for llama.cpp (default: one per core)")
     p.add_argument("--batch-size", type=int, help=f"token budget of one engine step, prompt chunks included (default {d.batch_size})")
+    p.add_argument(
+        "--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
+        help="prefill every prompt in full instead of reusing the KV cells of earlier prompts that share its start",
+    )
     p.add_argument("--shutdown-timeout", type=float, help=f"seconds in-flight requests get to finish on SIGINT/SIGTERM (default {d.shutdown_timeout:g})")
     p.add_argument("--log-level", metavar="|".join(get_args(LogLevel)), help=f"least severe log records written to stderr; info logs one line per request (default {d.log_level})")
     p.add_argument("--log-format", metavar="|".join(get_args(LogFormat)), help=f"text, or json for log shippers: one object a line (default {d.log_format})")

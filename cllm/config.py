@@ -22,6 +22,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per CPU core
     batch_size: Annotated[int, Meta(ge=1)] = 512
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
+    prefix_cache: bool = True  # reuse the KV cells of earlier prompts that share a prefix
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
     # Requests: what each may ask and how long it may take, how many may wait.

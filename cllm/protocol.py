@@ -103,6 +103,15 @@ class StepOutputs(msgspec.Struct, tag=2, array_like=True, gc=False):
     outputs: list[SeqOutput]
 
 
+class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):
+    """The prefix cache's counts since the engine started, and the cells it holds now."""
+
+    hits: int = 0  # admissions that reused cached KV cells
+    misses: int = 0  # admissions that found nothing to reuse (none while the cache is off)
+    hit_tokens: int = 0  # prompt tokens not prefilled thanks to the cache
+    cells: int = 0  # KV cells held by cache entries
+
+
 class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
     """The engine's figures: sent when it goes idle and at most once a second while busy."""
 
@@ -115,6 +124,7 @@ class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
     # number of sequences (a few dozen numbers a second, never per token).
     step_seconds: list[float] = []
     batch_sizes: list[int] = []
+    prefix_cache: PrefixCacheStats = msgspec.field(default_factory=PrefixCacheStats)
 
 
 FromEngine = EngineReady | StepOutputs | EngineStats

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from cllm.config import ServeConfig
 from cllm.protocol import EngineStats, SeqOutput, Submit
 from engine_proc.model_runner import ModelRunner
 from engine_proc.sampler import GrammarError, Sampler
 from engine_proc.scheduler import Scheduler
-from engine_proc.sequence import Sequence
+from engine_proc.sequence import Chunk, Sequence
 
 
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig):
         self.runner = ModelRunner(model_path, config)
         self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens)
-        self.scheduler = Scheduler(config.parallel, self.runner.token_budget, self.runner.seq_ctx)
+        self.scheduler = Scheduler(
+            config.parallel, self.runner.token_budget, self.runner.seq_ctx, self.runner, config.prefix_cache
+        )
         self.steps = 0
         self.generated_tokens = 0
         # Per-step figures gathered until the next stats(): a float and an int a step.
@@ -29,7 +33,7 @@ class LLMEngine:
             sampler = self.sampler.new(req.sampling, req.prompt)
         except GrammarError:
             return SeqOutput(req.id, finish="error")
-        self.scheduler.add(Sequence(req.id, req.prompt, req.sampling, sampler))
+        self.scheduler.add(Sequence(req.id, np.array(req.prompt, np.int32), req.sampling, sampler))
         return None
 
     def abort(self, ids: list[int]) -> None:
@@ -43,11 +47,24 @@ class LLMEngine:
 
     def step(self) -> list[SeqOutput]:
         t0 = time.perf_counter()
-        chunks, moves = self.scheduler.schedule()
-        for src, dst in moves:
-            self.runner.move_slot(src, dst)
+        step = self.scheduler.schedule()
+        outputs: list[SeqOutput] = []
+        done: list[Sequence] = []
+        if step.decode:
+            self._run(step.decode, outputs, done)
+        for chunk in step.prefill:
+            self._run([chunk], outputs, done)
+        if done:
+            self._release(self.scheduler.remove({s.id for s in done}))
+        self.steps += 1
+        self.generated_tokens += len(outputs)
+        self.step_seconds.append(time.perf_counter() - t0)
+        self.batch_sizes.append(len(step.decode) + len({id(c.seq) for c in step.prefill}))
+        return outputs
+
+    def _run(self, chunks: list[Chunk], outputs: list[SeqOutput], done: list[Sequence]) -> None:
+        """One llama_decode, then a token for each chunk that ends its sequence's known tokens."""
         rows = self.runner.decode(chunks)
-        outputs, done = [], []
         eog_tokens = self.runner.eog_tokens
         for chunk, row in zip(chunks, rows):
             seq = chunk.seq
@@ -70,18 +87,9 @@ class LLMEngine:
                 outputs.append(SeqOutput(seq.id, token, finish, self.sampler.logprobs(row, token, seq.params.logprobs)))
             if finish:
                 done.append(seq)
-        if done:
-            self._release(self.scheduler.remove({s.id for s in done}))
-        self.steps += 1
-        self.generated_tokens += len(outputs)
-        self.step_seconds.append(time.perf_counter() - t0)
-        self.batch_sizes.append(len(chunks))
-        return outputs
 
     def _release(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
-            if seq.slot >= 0:
-                self.runner.free_slot(seq.slot)
             self.sampler.free(seq.sampler)
 
     def stats(self) -> EngineStats:
@@ -96,6 +104,8 @@ class LLMEngine:
             step_seconds=self.step_seconds,
             batch_sizes=self.batch_sizes,
         )
+        if self.scheduler.cache is not None:
+            stats.prefix_cache = self.scheduler.cache.stats()
         self.step_seconds, self.batch_sizes = [], []
         return stats
 

@@ -127,13 +127,22 @@ class ModelRunner:
             raise RuntimeError(f"llama_decode failed with code {rc}")
         return rows
 
-    def free_slot(self, slot: int) -> None:
-        L.llama_memory_seq_rm(self.memory, slot, -1, -1)
+    # The scheduler's KvStreams: one stream per slot.
 
-    def move_slot(self, src: int, dst: int) -> None:
-        """Give the sequence in ``src`` the empty stream ``dst`` (llama.cpp copies it before the next decode)."""
+    def copy(self, src: int, dst: int, keep: int) -> None:
+        """Stream ``dst`` := the first ``keep`` cells of ``src``, at the same indices.
+
+        llama.cpp copies the whole stream's data at the start of the next
+        llama_decode, after the copies asked before this one.
+        """
         L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
-        L.llama_memory_seq_rm(self.memory, src, -1, -1)
+        L.llama_memory_seq_rm(self.memory, dst, keep, -1)
+
+    def trim(self, slot: int, keep: int) -> None:
+        L.llama_memory_seq_rm(self.memory, slot, keep, -1)
+
+    def clear(self, slot: int) -> None:
+        L.llama_memory_seq_rm(self.memory, slot, -1, -1)
 
     def close(self) -> None:
         L.llama_free(self.ctx)

@@ -1,28 +1,64 @@
 """Iteration-level scheduling: every step admits, decodes and retires.
 
-A step's batch holds one token for every decoding sequence, then prompt
-chunks (of running sequences still prefilling, then of newly admitted ones)
-up to the token budget. Sequences leave the moment they finish, and their
-KV slot goes to the next waiting request in the same step.
+A step decodes one token for every decoding sequence in one llama_decode,
+then prompt blocks (of running sequences still prefilling, then of newly
+admitted ones) while they fit the token budget. Sequences leave the moment
+they finish, and their slot goes to the next waiting request in the same step.
 
-Running sequences always sit in slots 0..n-1 and the batch lists them in
-slot order: llama.cpp decodes a run of consecutive seq_ids in one graph, and
-a gap would split the step in two. New requests take the lowest free slots;
-a gap they do not fill is closed by moving the top sequence down into it.
+Prompts are prefilled in blocks of fixed positions [k*B, (k+1)*B) (the last
+one partial), each in a llama_decode of its own. With flash attention a
+token's KV cells depend on the query chunk it was computed in, and
+llama.cpp splits a batch into ubatches by its own rules (a prompt's first
+token would go with the decoding tokens): fixed blocks alone in their
+decode make a prompt token's cells the same bits whatever else runs, which
+is what lets the prefix cache reuse them.
+
+Running sequences always sit in slots 0..n-1 and the decode batch lists them
+in slot order: llama.cpp decodes a run of consecutive seq_ids in one graph,
+and a gap would split the step in two. New requests take the lowest free
+slots; a gap they do not fill is closed by moving the top sequence down into it.
+
+The scheduler keeps the KV streams' books: it asks ``kv`` (the model runner)
+to copy, trim or clear streams, and llama.cpp carries the copies out at the
+start of the next llama_decode, in the order they were asked for.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
 
+import numpy as np
+
+from engine_proc.prefix_cache import Entry, PrefixCache
 from engine_proc.sequence import Chunk, Sequence
+
+# Prefill block, in tokens: small blocks let the cache reuse more of a
+# prompt, large ones prefill a cold prompt faster (see the README's figures).
+PREFILL_BLOCK = 128
+
+
+class KvStreams(Protocol):
+    def copy(self, src: int, dst: int, keep: int) -> None: ...  # dst := the first `keep` cells of src
+    def trim(self, slot: int, keep: int) -> None: ...  # drop the cells from position `keep` on
+    def clear(self, slot: int) -> None: ...
+
+
+@dataclass(slots=True)
+class Step:
+    decode: list[Chunk]  # one token of each decoding sequence, in slot order: one llama_decode
+    prefill: list[Chunk]  # prompt blocks, a llama_decode each, in order
 
 
 class Scheduler:
-    def __init__(self, parallel: int, token_budget: int, seq_ctx: int):
+    def __init__(self, parallel: int, token_budget: int, seq_ctx: int, kv: KvStreams, prefix_cache: bool):
         self.token_budget = token_budget
         self.seq_ctx = seq_ctx
+        self.block = min(PREFILL_BLOCK, token_budget)
+        self.kv = kv
+        self.cache = PrefixCache(self.block) if prefix_cache else None
         self.free_slots = list(range(parallel))  # a heap: the lowest slot first
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -34,7 +70,10 @@ class Scheduler:
         self.waiting.append(seq)
 
     def remove(self, ids: set[int]) -> list[Sequence]:
-        """Take the given sequences out, waiting or running; their slots are free."""
+        """Take the given sequences out, waiting or running; their slots are free.
+
+        A running sequence's complete prompt blocks stay in its stream as a cache entry.
+        """
         gone = [s for s in self.waiting if s.id in ids]
         if gone:
             self.waiting = deque(s for s in self.waiting if s.id not in ids)
@@ -43,46 +82,91 @@ class Scheduler:
             self.running = [s for s in self.running if s.id not in ids]
             for seq in running:
                 heapq.heappush(self.free_slots, seq.slot)
+                blocks = self._blocks(seq)
+                if self.cache is not None and blocks:
+                    self.kv.trim(seq.slot, blocks)
+                    self.cache.keep(seq.slot, seq.prompt[:blocks])
+                else:
+                    self.kv.clear(seq.slot)
         return gone + running
 
-    def schedule(self) -> tuple[list[Chunk], list[tuple[int, int]]]:
-        """This step's chunks in slot order, and the (from, to) slot moves to make first."""
-        budget = self.token_budget
-        chunks = []
+    def schedule(self) -> Step:
+        decode = [Chunk(seq, seq.n_cached, seq.n_cached + 1) for seq in self.running if not seq.prefilling]
+        budget = self.token_budget - len(decode)
+        prefill: list[Chunk] = []
         for seq in self.running:
-            if not seq.prefilling and budget > 0:
-                chunks.append(Chunk(seq, seq.n_cached, seq.n_cached + 1))
-                budget -= 1
-        for seq in self.running:
-            if seq.prefilling and budget > 0:
-                budget -= self._prefill(seq, budget, chunks)
-        while self.waiting and self.free_slots and budget > 0:
+            if seq.prefilling and (budget > 0 or not prefill):
+                budget = self._prefill(seq, budget, prefill)
+        while self.waiting and self.free_slots and (budget > 0 or not prefill):
             seq = self.waiting.popleft()
-            seq.slot = heapq.heappop(self.free_slots)
-            self.running.append(seq)
-            budget -= self._prefill(seq, budget, chunks)
-        moves = self._compact()
-        chunks.sort(key=lambda c: c.seq.slot)
-        return chunks, moves
+            self._admit(seq)
+            budget = self._prefill(seq, budget, prefill)
+        self._compact()
+        decode.sort(key=lambda c: c.seq.slot)
+        return Step(decode, prefill)
 
-    def _compact(self) -> list[tuple[int, int]]:
+    def _prefill(self, seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
+        """Add the sequence's next prompt blocks while they fit ``budget``; what is left of it.
+
+        The step's first block goes in even if it does not fit, so prompts
+        get on however many sequences decode.
+        """
+        start, end = seq.n_cached, len(seq.prompt)
+        while start < end:
+            stop = min(start + self.block, end)  # start is a block boundary
+            if stop - start > budget and chunks:
+                break
+            chunks.append(Chunk(seq, start, stop))
+            budget -= stop - start
+            start = stop
+        return budget
+
+    def _blocks(self, seq: Sequence) -> int:
+        """Prompt tokens in complete blocks whose KV cells are filled: the reusable ones."""
+        return min(seq.n_cached, len(seq.prompt)) // self.block * self.block
+
+    def _admit(self, seq: Sequence) -> None:
+        seq.slot = heapq.heappop(self.free_slots)
+        if self.cache is not None:
+            seq.n_cached = self._reuse_prefix(seq)
+        self.running.append(seq)
+
+    def _reuse_prefix(self, seq: Sequence) -> int:
+        """Fill the new sequence's stream with the longest cached prefix of its prompt; its length."""
+        slot, cache = seq.slot, self.cache
+        held = {s.slot: s.prompt[: self._blocks(s)] for s in self.running}
+        src, reuse = cache.lookup(seq.prompt, held, prefer=slot)
+        resident = cache.entries.pop(slot, None)
+        if resident is not None and not (src == slot and reuse == len(resident.tokens)):
+            self._rehome(slot, resident, held, exclude=src)  # it has cells the new sequence will not keep
+        if src == slot:  # the entry in this very slot: used in place
+            self.kv.trim(slot, reuse)
+        elif src >= 0:
+            self.kv.copy(src, slot, reuse)
+        else:
+            self.kv.clear(slot)
+        return reuse
+
+    def _rehome(self, slot: int, entry: Entry, held: dict[int, np.ndarray], exclude: int) -> None:
+        """Move the entry out of ``slot`` before it is overwritten, or let it go."""
+        dst = self.cache.rehome(entry, [s for s in self.free_slots if s != exclude], held)
+        if dst >= 0:
+            self.kv.copy(slot, dst, len(entry.tokens))
+
+    def _compact(self) -> None:
         n = len(self.running)
-        moves = []
         if not self.free_slots or self.free_slots[0] >= n:
-            return moves  # no gap below the top slot
+            return  # no gap below the top slot
         for seq in sorted(self.running, key=lambda s: s.slot, reverse=True):
             if seq.slot < n:
                 break
             hole = heapq.heappushpop(self.free_slots, seq.slot)
-            moves.append((seq.slot, hole))
+            if self.cache is not None and hole in self.cache.entries:
+                held = {s.slot: s.prompt[: self._blocks(s)] for s in self.running}
+                self._rehome(hole, self.cache.entries.pop(hole), held, exclude=seq.slot)
+            self.kv.copy(seq.slot, hole, seq.n_cached)
+            self.kv.clear(seq.slot)
             seq.slot = hole
-        return moves
-
-    @staticmethod
-    def _prefill(seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
-        n = min(budget, len(seq.prompt) - seq.n_cached)
-        chunks.append(Chunk(seq, seq.n_cached, seq.n_cached + n))
-        return n
 
     def finish_reason(self, seq: Sequence, token: int, is_eog: bool) -> str | None:
         """Record the sampled token; say why the sequence ends, if it does."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cllm.protocol import SamplingParams
 from engine_proc.sampler import SeqSampler
 
@@ -11,7 +13,7 @@ from engine_proc.sampler import SeqSampler
 @dataclass(eq=False, slots=True)
 class Sequence:
     id: int
-    prompt: list[int]
+    prompt: np.ndarray  # int32 token ids
     params: SamplingParams
     sampler: SeqSampler
     slot: int = -1  # its KV stream / llama.cpp seq_id while running

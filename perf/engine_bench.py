@@ -9,7 +9,7 @@ engine.step(), publish the StepOutputs (msgpack-encode, ring write, waking a
 reader that sleeps as the frontend does).
 
 Where a step's time goes is measured by wrapping the methods step() calls
-(scheduler.schedule, runner.move_slot, runner.decode, llama_decode inside it,
+(scheduler.schedule, runner.decode, llama_decode inside it,
 sampler.sample) for this run only: the production step carries no timing
 code. A wrapper costs well under a microsecond per call; steps take
 milliseconds. With --profile the wrappers stay off (they would hide the call
@@ -41,7 +41,7 @@ from perf.prompts import make_prompts
 PARTS = [
     ("admit", "decode Submit records, build sampler chains"),
     ("step", "engine.step(), not split (profiling)"),
-    ("schedule", "pick this step's chunks, move KV slots"),
+    ("schedule", "pick this step's chunks, copy and trim KV streams"),
     ("batch", "fill the llama_batch"),
     ("llama_decode", "the forward pass"),
     ("sampling", "Sampler.sample per sequence (argmax or llama.cpp chain)"),
@@ -70,7 +70,6 @@ def _timing(engine, totals: dict):
 
     runner, sampler, scheduler = engine.runner, engine.sampler, engine.scheduler
     scheduler.schedule = _timed(totals, "schedule", scheduler.schedule)
-    runner.move_slot = _timed(totals, "schedule", runner.move_slot)
     runner.decode = _timed(totals, "decode_call", runner.decode)
     sampler.sample = _timed(totals, "sampling", sampler.sample)
     llama_decode = llama_cpp.llama_decode
@@ -79,7 +78,7 @@ def _timing(engine, totals: dict):
         yield
     finally:
         llama_cpp.llama_decode = llama_decode
-        for obj, name in ((scheduler, "schedule"), (runner, "move_slot"), (runner, "decode"), (sampler, "sample")):
+        for obj, name in ((scheduler, "schedule"), (runner, "decode"), (sampler, "sample")):
             delattr(obj, name)
 
 

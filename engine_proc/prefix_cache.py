@@ -1,0 +1,103 @@
+"""Prefix cache: the KV streams finished sequences leave behind, kept for later prompts.
+
+Every sequence has a KV stream of its own (its slot). When it finishes, its
+stream stays as it is, trimmed to its prompt's complete prefill blocks (see
+the scheduler), and is an entry of the cache until the slot is needed. A
+new request copies the stream whose blocks share the longest prefix with
+its prompt, an entry's or a running sequence's, into its own slot, trims it
+to the shared blocks and prefills only the rest.
+
+Only whole blocks computed by prefill are reused. A block is always
+prefilled at the same positions, in a llama_decode of its own, so its KV
+cells hold the same bits whether it was computed now or for an earlier
+request. A token written while generating (a one-token query) or in a
+partial block would have other bits than the prefill of a later prompt
+gives it, so the next turn of a chat reuses the blocks of the previous
+turn's prompt, not its answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from msgspec.structs import replace
+
+from cllm.protocol import PrefixCacheStats
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+@dataclass(slots=True)
+class Entry:
+    tokens: np.ndarray  # the prompt tokens whose KV cells the stream holds, position by position
+    last_used: int
+
+
+class PrefixCache:
+    def __init__(self, block: int):
+        self.block = block
+        self.entries: dict[int, Entry] = {}  # slot -> what its stream holds
+        self._stats = PrefixCacheStats()
+        self._clock = 0
+
+    def stats(self) -> PrefixCacheStats:
+        return replace(self._stats, cells=sum(len(e.tokens) for e in self.entries.values()))
+
+    def keep(self, slot: int, tokens: np.ndarray) -> None:
+        self._clock += 1
+        self.entries[slot] = Entry(tokens, self._clock)
+
+    def lookup(self, prompt: np.ndarray, running: dict[int, np.ndarray], prefer: int) -> tuple[int, int]:
+        """(slot, tokens) of the longest reusable prefix of ``prompt`` among the
+        entries and the running sequences' blocks (``running``: slot -> tokens);
+        (-1, 0) if there is none. Ties go to ``prefer``, the slot the prompt
+        will run in, where nothing needs copying.
+
+        The prompt's last token is always left to prefill: its logits pick the
+        first new token.
+        """
+        longest = len(prompt) - 1
+        src, reuse = -1, 0
+        for slot, tokens in (*((s, e.tokens) for s, e in self.entries.items()), *running.items()):
+            n = min(common_prefix(prompt, tokens), longest) // self.block * self.block
+            if n > reuse or (n == reuse and slot == prefer):
+                src, reuse = slot, n
+        if reuse == 0:
+            self._stats.misses += 1
+            return -1, 0
+        self._stats.hits += 1
+        self._stats.hit_tokens += reuse
+        if src in self.entries:
+            self._clock += 1
+            self.entries[src].last_used = self._clock
+        return src, reuse
+
+    def rehome(self, entry: Entry, free_slots: list[int], running: dict[int, np.ndarray]) -> int:
+        """A free slot for ``entry``, whose own slot a new sequence takes; -1 drops it.
+
+        It goes to an empty slot of ``free_slots``, else over a less valuable
+        entry. An entry whose cells a running sequence holds too is worth
+        nothing (that sequence will leave them behind); the others are worth
+        their recency.
+        """
+        worth = {s: self._worth(self.entries.get(s), running) for s in free_slots}
+        dst = min(worth, key=worth.get, default=-1)
+        if dst < 0 or worth[dst] >= self._worth(entry, running):
+            return -1
+        self.entries[dst] = entry
+        return dst
+
+    @staticmethod
+    def _worth(entry: Entry | None, running: dict[int, np.ndarray]) -> int:
+        """-2 for no entry, -1 for one whose cells a running sequence holds too, else its recency."""
+        if entry is None:
+            return -2
+        n = len(entry.tokens)
+        if any(len(tokens) >= n and common_prefix(entry.tokens, tokens) == n for tokens in running.values()):
+            return -1
+        return entry.last_used
