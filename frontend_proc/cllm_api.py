@@ -7,7 +7,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.protocol import ModelInfo
+from cllm.protocol import ModelInfo, PrefixCacheStats
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, json_response, ok, sse, sse_response, state
 from frontend_proc.errors import ApiError
@@ -24,6 +24,7 @@ from frontend_proc.schemas import (
     Health,
     Index,
     Ok,
+    PrefixCacheFigures,
     Queue,
     Restarts,
     StreamEvent,
@@ -57,6 +58,8 @@ async def health(request: Request) -> Response:
             data.engine = _engine_figures(st, full=level == "full")
     if level == "full" and healthy:
         data.model = client.info
+        cache = stats.prefix_cache if stats else PrefixCacheStats()
+        data.prefix_cache = PrefixCacheFigures(st.config.prefix_cache, cache.hits, cache.misses, cache.hit_tokens, cache.cells)
     return json_response(Ok(data=data), 200 if healthy else 503)
 
 

@@ -20,7 +20,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from cllm.protocol import EngineStats
+from cllm.protocol import EngineStats, PrefixCacheStats
 
 # No *_created series: they double the output and say nothing a restart counter does not.
 disable_created_metrics()
@@ -60,6 +60,16 @@ class Metrics:
         )
         self.batch = Histogram("cllm_batch_size", "Sequences in one engine step", buckets=BATCH_BUCKETS, registry=r)
         self.kv_usage = Gauge("cllm_kv_cache_usage_ratio", "KV cells held by running sequences / all KV cells", registry=r)
+        self.cache_hit_tokens = Counter(
+            "cllm_prefix_cache_hit_tokens_total", "Prompt tokens whose KV cells came from the prefix cache", registry=r
+        )
+        self.cache_lookups = Counter(
+            "cllm_prefix_cache_lookups_total", "Prefix cache lookups, one per admitted request, by result", ["result"], registry=r
+        )
+        self.cache_cells = Gauge("cllm_prefix_cache_cells", "KV cells held by the prefix cache", registry=r)
+        for result in ("hit", "miss"):
+            self.cache_lookups.labels(result)  # both series exist from the start, at 0
+        self._cache_seen = PrefixCacheStats()  # the engine's counts: the counters move by their differences
         self.restarts = Counter("cllm_engine_restarts_total", "Engines started after the first", registry=r)
         self._restarts_seen = 0
         self.token_rate = TokenRate(TOKEN_RATE_WINDOW)
@@ -70,6 +80,7 @@ class Metrics:
             self.restarts.inc(generation - self._restarts_seen)
             self._restarts_seen = generation
         self.token_rate.restart(now)
+        self._cache_seen = PrefixCacheStats()  # a new engine counts from zero
 
     def engine_stats(self, stats: EngineStats, kv_total: int, now: float) -> None:
         self.running.set(stats.running)
@@ -80,6 +91,12 @@ class Metrics:
         for size in stats.batch_sizes:
             self.batch.observe(size)
         self.token_rate.add(now, stats.generated_tokens)
+        cache, seen = stats.prefix_cache, self._cache_seen
+        self.cache_lookups.labels("hit").inc(cache.hits - seen.hits)
+        self.cache_lookups.labels("miss").inc(cache.misses - seen.misses)
+        self.cache_hit_tokens.inc(cache.hit_tokens - seen.hit_tokens)
+        self.cache_cells.set(cache.cells)
+        self._cache_seen = cache
 
     def request_done(self, route: str, status: int, t_start: float, t_end: float, generations: list) -> None:
         """One HTTP exchange is over, with the Generations it started (usually none or one)."""

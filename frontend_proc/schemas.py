@@ -96,6 +96,14 @@ class EngineFigures(msgspec.Struct, omit_defaults=True):
     parallel: int | None = None
 
 
+class PrefixCacheFigures(msgspec.Struct):
+    enabled: bool  # off with --no-prefix-cache
+    hits: int  # requests that reused cached KV cells
+    misses: int
+    hit_tokens: int  # prompt tokens not prefilled thanks to the cache
+    cells: int  # KV cells the cache holds
+
+
 class Health(msgspec.Struct, omit_defaults=True):
     healthy: bool
     status: Literal["healthy", "starting", "restarting"]
@@ -105,6 +113,7 @@ class Health(msgspec.Struct, omit_defaults=True):
     restarts: Restarts | None = None
     engine: EngineFigures | None = None
     model: ModelInfo | None = None
+    prefix_cache: PrefixCacheFigures | None = None  # level full
 
 
 class GenerateResult(msgspec.Struct):

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from cllm.protocol import EngineStats
+from cllm.protocol import EngineStats, PrefixCacheStats
 from frontend_proc.metrics import Metrics, TokenRate
 from tests.test_api import generate, stream_events
 
@@ -27,6 +27,9 @@ FAMILIES = {
     "cllm_batch_size": "histogram",
     "cllm_kv_cache_usage_ratio": "gauge",
     "cllm_engine_restarts": "counter",
+    "cllm_prefix_cache_hit_tokens": "counter",
+    "cllm_prefix_cache_lookups": "counter",
+    "cllm_prefix_cache_cells": "gauge",
 }
 PER_REQUEST_HISTOGRAMS = ("cllm_time_to_first_token_seconds", "cllm_time_per_output_token_seconds", "cllm_e2e_request_latency_seconds")
 
@@ -182,6 +185,20 @@ def test_engine_ready_after_the_first_counts_as_a_restart():
     assert "cllm_kv_cache_usage_ratio 0.25" in text
     assert "cllm_requests_waiting 2.0" in text
     assert 'cllm_engine_step_seconds_bucket{le="0.01"} 5.0' in text
+
+
+def test_prefix_cache_counters_follow_the_engine_counts_across_a_restart():
+    m = Metrics()
+    m.engine_ready(now=0.0, generation=0)
+    for hits, misses, hit_tokens, cells in ((1, 2, 128, 256), (3, 2, 512, 384)):
+        m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(hits, misses, hit_tokens, cells)), kv_total=1024, now=1.0)
+    m.engine_ready(now=2.0, generation=1)  # the new engine counts from zero
+    m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(1, 1, 128, 128)), kv_total=1024, now=3.0)
+    text = m.exposition().decode()
+    assert 'cllm_prefix_cache_lookups_total{result="hit"} 4.0' in text
+    assert 'cllm_prefix_cache_lookups_total{result="miss"} 3.0' in text
+    assert "cllm_prefix_cache_hit_tokens_total 640.0" in text
+    assert "cllm_prefix_cache_cells 128.0" in text
 
 
 def test_token_rate_over_the_last_minute():
