@@ -6,10 +6,12 @@ calls, nothing allocated per step).
 
 Each running sequence owns one KV stream (``kv_unified`` off); its seq_id is
 its slot. Separate streams keep a sequence's cells at the same indices
-whatever else runs, so attention sums in the same order and batching never
-changes a result (with one unified cache, 5 of 16 greedy outputs changed
-when run together). llama.cpp puts only consecutive seq_ids in one ubatch,
-so the scheduler keeps running sequences in slots 0..n-1.
+whatever else runs (with one unified cache, 5 of 16 greedy outputs changed
+when run together), and let the prefix cache copy a stream whole. With
+flash attention a one-token query's result still depends on the other
+streams in its ubatch, so decoding together can change greedy output;
+prefill is kept exact by the scheduler. llama.cpp puts only consecutive
+seq_ids in one ubatch, so the scheduler keeps running sequences in slots 0..n-1.
 """
 
 from __future__ import annotations

@@ -97,7 +97,9 @@ class Scheduler:
         for seq in self.running:
             if seq.prefilling and (budget > 0 or not prefill):
                 budget = self._prefill(seq, budget, prefill)
-        while self.waiting and self.free_slots and (budget > 0 or not prefill):
+        # A request is admitted when its first block can go in this step: one
+        # that waits a step may find more of its prompt in a running sequence.
+        while self.waiting and self.free_slots and (budget >= self.block or not prefill):
             seq = self.waiting.popleft()
             self._admit(seq)
             budget = self._prefill(seq, budget, prefill)
