@@ -87,10 +87,11 @@ def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
     raise ValueError(f"unknown system {system!r}")
 
 
-def start(system: str, settings: Settings, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Server:
+def start(system: str, settings: Settings, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+          label: str | None = None) -> Server:
     """Start a server (with `env` added to its environment, `args` to its command line) and wait, bounded, until it answers.
 
-    Its output goes to perf/cache/logs/<system>.log.
+    Its output goes to perf/cache/logs/<label or system>.log.
     """
     port = free_port()
     cmd, ready_path = command(system, settings, port)
@@ -98,7 +99,7 @@ def start(system: str, settings: Settings, env: dict[str, str] | None = None, ar
     if not os.path.exists(cmd[0]):
         raise FileNotFoundError(f"{cmd[0]} is missing: `make bench-deps` builds and installs the peers")
     os.makedirs(LOGS, exist_ok=True)
-    log = os.path.join(LOGS, f"{system}.log")
+    log = os.path.join(LOGS, f"{label or system}.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=os.path.dirname(PERF), env={**os.environ, **(env or {})})
