@@ -3,9 +3,10 @@
 Every sequence has a KV stream of its own (its slot). When it finishes, its
 stream stays as it is, trimmed to its prompt's complete prefill blocks (see
 the scheduler), and is an entry of the cache until the slot is needed. A
-new request copies the stream whose blocks share the longest prefix with
-its prompt, an entry's or a running sequence's, into its own slot, trims it
-to the shared blocks and prefills only the rest.
+new request finds the stream whose blocks share the longest prefix with its
+prompt, an entry's or a running sequence's; the scheduler gives it that
+entry's slot, or a copy of that stream, trimmed to the shared blocks, and
+it prefills only the rest.
 
 Only whole blocks computed by prefill are reused. A block is always
 prefilled at the same positions, in a llama_decode of its own, so its KV
@@ -52,21 +53,24 @@ class PrefixCache:
         self._clock += 1
         self.entries[slot] = Entry(tokens, self._clock)
 
-    def lookup(self, prompt: np.ndarray, running: dict[int, np.ndarray], prefer: int) -> tuple[int, int]:
+    def lookup(self, prompt: np.ndarray, running: dict[int, np.ndarray]) -> tuple[int, int]:
         """(slot, tokens) of the longest reusable prefix of ``prompt`` among the
         entries and the running sequences' blocks (``running``: slot -> tokens);
-        (-1, 0) if there is none. Ties go to ``prefer``, the slot the prompt
-        will run in, where nothing needs copying.
+        (-1, 0) if there is none. Ties go to an entry, which can be used in
+        place, the shortest one: the fewest cells to move out of the way.
 
         The prompt's last token is always left to prefill: its logits pick the
         first new token.
         """
         longest = len(prompt) - 1
-        src, reuse = -1, 0
-        for slot, tokens in (*((s, e.tokens) for s, e in self.entries.items()), *running.items()):
+        candidates = [(slot, e.tokens, True) for slot, e in self.entries.items()]
+        candidates += [(slot, tokens, False) for slot, tokens in running.items()]
+        src, best = -1, (0,)
+        for slot, tokens, is_entry in candidates:
             n = min(common_prefix(prompt, tokens), longest) // self.block * self.block
-            if n > reuse or (n == reuse and slot == prefer):
-                src, reuse = slot, n
+            if n and (n, is_entry, -len(tokens)) > best:
+                src, best = slot, (n, is_entry, -len(tokens))
+        reuse = best[0]
         if reuse == 0:
             self._stats.misses += 1
             return -1, 0

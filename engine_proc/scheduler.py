@@ -13,10 +13,12 @@ token would go with the decoding tokens): fixed blocks alone in their
 decode make a prompt token's cells the same bits whatever else runs, which
 is what lets the prefix cache reuse them.
 
-Running sequences always sit in slots 0..n-1 and the decode batch lists them
-in slot order: llama.cpp decodes a run of consecutive seq_ids in one graph,
-and a gap would split the step in two. New requests take the lowest free
-slots; a gap they do not fill is closed by moving the top sequence down into it.
+The decode batch lists the decoding sequences in slot order, and they are
+kept in slots 0..n-1 (n running): llama.cpp decodes a run of consecutive
+seq_ids in one graph, and a gap would split the step in two. New requests
+take the lowest free slot, or the slot of the cache entry they use; a gap
+left below n is closed by moving a decoding sequence from above it down into
+it, once no request waits that could fill it.
 
 The scheduler keeps the KV streams' books: it asks ``kv`` (the model runner)
 to copy, trim or clear streams, and llama.cpp carries the copies out at the
@@ -128,25 +130,39 @@ class Scheduler:
         return min(seq.n_cached, len(seq.prompt)) // self.block * self.block
 
     def _admit(self, seq: Sequence) -> None:
-        seq.slot = heapq.heappop(self.free_slots)
-        if self.cache is not None:
+        if self.cache is None:
+            seq.slot = heapq.heappop(self.free_slots)
+        else:
             seq.n_cached = self._reuse_prefix(seq)
         self.running.append(seq)
 
     def _reuse_prefix(self, seq: Sequence) -> int:
-        """Fill the new sequence's stream with the longest cached prefix of its prompt; its length."""
-        slot, cache = seq.slot, self.cache
+        """Give the new sequence a slot whose stream holds the longest cached prefix of its prompt; its length.
+
+        A cache entry is used in place: the sequence takes the entry's slot,
+        and if that leaves a gap below, _compact closes it once the sequence
+        decodes. Otherwise it takes the lowest free slot, moving the entry
+        there out of the way, and gets a copy of the running sequence's
+        stream that shares its prompt's start, if one does.
+        """
+        cache = self.cache
         held = {s.slot: s.prompt[: self._blocks(s)] for s in self.running}
-        src, reuse = cache.lookup(seq.prompt, held, prefer=slot)
-        resident = cache.entries.pop(slot, None)
-        if resident is not None and not (src == slot and reuse == len(resident.tokens)):
-            self._rehome(slot, resident, held, exclude=src)  # it has cells the new sequence will not keep
-        if src == slot:  # the entry in this very slot: used in place
-            self.kv.trim(slot, reuse)
-        elif src >= 0:
-            self.kv.copy(src, slot, reuse)
+        src, reuse = cache.lookup(seq.prompt, held)
+        if src in cache.entries:
+            self.free_slots.remove(src)
+            heapq.heapify(self.free_slots)
+            seq.slot = src
         else:
-            self.kv.clear(slot)
+            seq.slot = heapq.heappop(self.free_slots)
+        resident = cache.entries.pop(seq.slot, None)
+        if resident is not None and not (src == seq.slot and reuse == len(resident.tokens)):
+            self._rehome(seq.slot, resident, held, exclude=src)  # it has cells the new sequence will not keep
+        if src == seq.slot:
+            self.kv.trim(src, reuse)
+        elif src >= 0:
+            self.kv.copy(src, seq.slot, reuse)
+        else:
+            self.kv.clear(seq.slot)
         return reuse
 
     def _rehome(self, slot: int, entry: Entry, held: dict[int, np.ndarray], exclude: int) -> None:
@@ -156,12 +172,20 @@ class Scheduler:
             self.kv.copy(slot, dst, len(entry.tokens))
 
     def _compact(self) -> None:
+        """Move decoding sequences above slot n-1 down into the free slots below.
+
+        While requests wait, the gaps are theirs to fill (they could not all
+        be admitted this step): moving sequences into them would push out
+        the entries they are about to use.
+        """
         n = len(self.running)
-        if not self.free_slots or self.free_slots[0] >= n:
+        if self.waiting or not self.free_slots or self.free_slots[0] >= n:
             return  # no gap below the top slot
         for seq in sorted(self.running, key=lambda s: s.slot, reverse=True):
-            if seq.slot < n:
+            if seq.slot < n or self.free_slots[0] >= n:
                 break
+            if seq.prefilling:  # not in the decode batch yet: it moves once it decodes
+                continue
             hole = heapq.heappushpop(self.free_slots, seq.slot)
             if self.cache is not None and hole in self.cache.entries:
                 held = {s.slot: s.prompt[: self._blocks(s)] for s in self.running}
