@@ -7,7 +7,7 @@ import os
 import sys
 from typing import get_args
 
-from cllm.config import ConfigError, LogFormat, LogLevel, ServeConfig, load_config
+from cllm.config import ConfigError, FlashAttn, LogFormat, LogLevel, ServeConfig, load_config
 from cllm.model_file import ModelFileError, resolve_model
 
 
@@ -29,6 +29,10 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
         help="prefill every prompt in full instead of reusing the KV cells of earlier prompts that share its start",
+    )
+    p.add_argument(
+        "--flash-attn", choices=get_args(FlashAttn),
+        help=f"llama.cpp's flash attention; off is ~10%% slower here, but then batching never changes greedy output (default {d.flash_attn})",
     )
     p.add_argument("--shutdown-timeout", type=float, help=f"seconds in-flight requests get to finish on SIGINT/SIGTERM (default {d.shutdown_timeout:g})")
     p.add_argument("--log-level", metavar="|".join(get_args(LogLevel)), help=f"least severe log records written to stderr; info logs one line per request (default {d.log_level})")

@@ -11,6 +11,7 @@ from msgspec import Meta
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
+FlashAttn = Literal["auto", "on", "off"]
 
 
 class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
@@ -23,6 +24,9 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     batch_size: Annotated[int, Meta(ge=1)] = 512
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
     prefix_cache: bool = True  # reuse the KV cells of earlier prompts that share a prefix
+    # llama.cpp's flash attention: faster, but then a decode step's logits
+    # depend on the other sequences in the step (see the README, "What is exact").
+    flash_attn: FlashAttn = "auto"
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
     # Requests: what each may ask and how long it may take, how many may wait.

@@ -27,6 +27,12 @@ from cllm.llama_log import silence_llama_logs
 from cllm.protocol import ModelInfo
 from engine_proc.sequence import Chunk
 
+FLASH_ATTN = {
+    "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
 
 class ModelLoadError(RuntimeError):
     pass
@@ -58,6 +64,7 @@ class ModelRunner:
         cparams.n_seq_max = config.parallel
         cparams.n_threads = cparams.n_threads_batch = config.n_threads
         cparams.kv_unified = False
+        cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
         cparams.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:

@@ -47,6 +47,9 @@ def _short(case):
             body["max_completion_tokens"] = min(body["max_completion_tokens"], GEN_TOKENS)
         if "n" in body:
             body["n"] = min(body["n"], 2)
+        # A string of control characters tokenizes to nothing: an empty prompt, a 400 no schema can state.
+        if isinstance(body.get("prompt"), str) and not any(c.isalnum() for c in body["prompt"]):
+            body["prompt"] = "A" + body["prompt"]
     return case
 
 

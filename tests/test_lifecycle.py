@@ -52,7 +52,7 @@ def test_help_explains_every_option():
     for opt in (
         "--host", "--port", "--model", "--ctx-size", "--parallel", "--threads", "--batch-size", "--config",
         "--shutdown-timeout", "--max-prompt-tokens", "--max-body-bytes", "--max-waiting", "--request-timeout", "--api-key",
-        "--no-prefix-cache",
+        "--no-prefix-cache", "--flash-attn", "--log-level", "--log-format",
     ):
         assert opt in out
 

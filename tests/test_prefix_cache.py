@@ -5,7 +5,8 @@ request whose decode runs alone must give the same greedy text on both.
 Requests decoded together may not: with flash attention a decode step's
 logits depend on what else is in the step, cache or no cache. What the cache
 guarantees there is the prompt's KV cells, checked by the first token's
-logprobs, which come from the prompt alone.
+logprobs, which come from the prompt alone; with --flash-attn off, whole
+greedy texts.
 """
 
 from __future__ import annotations
@@ -141,6 +142,22 @@ def test_concurrent_requests_sharing_a_prefix_being_prefilled(pair):
     after = on.cache()
     assert after["misses"] == before["misses"] + 1 and after["hits"] == before["hits"] + len(prompts) - 1
     assert reused(before, after) >= (len(prompts) - 1) * 4 * BLOCK
+
+
+def test_without_flash_attention_concurrent_texts_are_identical_too():
+    """Decode steps then do not depend on what else is in them: batching and the cache change no text."""
+    args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024), "--flash-attn", "off")
+    with start_server(*args) as a, start_server(*args, "--no-prefix-cache") as b, a.client() as x, b.client() as y:
+        on, off = Side(x), Side(y)
+        notes = doc("width", 55)
+        prompts = [notes + f"\nItem {i} tripled is" for i in range(6)]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got_on = list(pool.map(lambda p: on.generate(p, 24), prompts))
+            got_off = list(pool.map(lambda p: off.generate(p, 24), prompts))
+        alone = [off.generate(p, 24) for p in prompts[:2]]
+        assert on.cache()["hits"] == len(prompts) - 1
+    assert got_on == got_off
+    assert got_off[:2] == alone
 
 
 def test_eviction_under_memory_pressure(pair):
