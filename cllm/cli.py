@@ -32,7 +32,7 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument(
         "--flash-attn", choices=get_args(FlashAttn),
-        help=f"llama.cpp's flash attention; off is ~10%% slower here, but then batching never changes greedy output (default {d.flash_attn})",
+        help=f"llama.cpp's flash attention; off is ~10%% slower here, but then the attention of a decode step does not depend on the other requests in it (README: What is exact; default {d.flash_attn})",
     )
     p.add_argument("--shutdown-timeout", type=float, help=f"seconds in-flight requests get to finish on SIGINT/SIGTERM (default {d.shutdown_timeout:g})")
     p.add_argument("--log-level", metavar="|".join(get_args(LogLevel)), help=f"least severe log records written to stderr; info logs one line per request (default {d.log_level})")
