@@ -114,7 +114,8 @@ DIALECTS = ("cllm", "openai", "llama-server")
 # ---- the server's processes and their CPU time --------------------------------
 
 
-def _role(proc: psutil.Process) -> str:
+def role(proc: psutil.Process) -> str:
+    """What a process of a server is: engine, frontend, supervisor, or its name (a peer)."""
     try:
         cmd = " ".join(proc.cmdline())
     except psutil.Error:
@@ -141,8 +142,8 @@ def cpu_seconds(pids: list[int]) -> dict[str, float]:
                 t = proc.cpu_times()
             except psutil.Error:
                 continue
-            role = _role(proc)
-            out[role] = out.get(role, 0.0) + t.user + t.system
+            name = role(proc)
+            out[name] = out.get(name, 0.0) + t.user + t.system
     return out
 
 

@@ -24,7 +24,7 @@ import httpx
 import psutil
 
 from cllm.model_file import resolve_model
-from perf import servers
+from perf import http_load, servers
 from perf.prompts import make_prompts
 
 HANG_UP = 0.1  # share of clients that hang up mid-way
@@ -124,8 +124,7 @@ def main() -> None:
     extra = ("--max-waiting", str(args.max_waiting)) if args.max_waiting is not None else ()
     settings = servers.Settings(resolve_model(args.model), args.threads, args.parallel, seq_ctx=512)
     with servers.start("cllm", settings, args=extra) as server:
-        children = psutil.Process(server.proc.pid).children()
-        procs = {name: next(p for p in children if f"{name}_proc" in " ".join(p.cmdline())) for name in ("engine", "frontend")}
+        procs = {http_load.role(p): p for p in psutil.Process(server.proc.pid).children()}
         result = asyncio.run(soak(server.url, make_prompts(args.requests), args.concurrency, procs, args.baseline))
 
     outcomes = result["outcomes"]
