@@ -33,6 +33,9 @@ import numpy as np
 from cllm.protocol import SamplingParams, TokenLogprobs
 
 PENALTY_LAST_N = 64  # tokens the penalties look back over, prompt included, as llama-server
+# Smaller temperatures are greedy, as in vLLM: they differ from it only on exact ties, and
+# below ~1e-38 logits / temperature overflows float32 into infinities and NaN probabilities.
+MIN_TEMPERATURE = 1e-5
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
 
@@ -73,7 +76,8 @@ class Sampler:
             if not grammar:
                 raise GrammarError("llama.cpp could not parse the grammar")
         penalize = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
-        if params.temperature <= 0 and not (penalize or params.logit_bias or grammar):
+        greedy = params.temperature < MIN_TEMPERATURE
+        if greedy and not (penalize or params.logit_bias or grammar):
             return SeqSampler(None, ban_eog=params.ignore_eos)
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda s: L.llama_sampler_chain_add(chain, s)  # noqa: E731
@@ -84,7 +88,7 @@ class Sampler:
             add(L.llama_sampler_init_logit_bias(self.n_vocab, len(bias), (L.llama_logit_bias * len(bias))(*bias.items())))
         # Top-k goes before the penalties, as llama.h advises: they look every
         # candidate up in their history, ~1 ms a step over the whole vocabulary.
-        if params.top_k > 0 and (penalize or params.temperature > 0):
+        if params.top_k > 0 and (penalize or not greedy):
             add(L.llama_sampler_init_top_k(params.top_k))
         if penalize:
             penalties = L.llama_sampler_init_penalties(
@@ -93,7 +97,7 @@ class Sampler:
             for t in prompt[-PENALTY_LAST_N:]:
                 L.llama_sampler_accept(penalties, t)
             add(penalties)
-        if params.temperature <= 0:
+        if greedy:
             add(L.llama_sampler_init_greedy())
             return SeqSampler(chain, grammar)
         if params.top_p < 1.0:
@@ -133,10 +137,16 @@ class Sampler:
         if grammar is not None:
             L.llama_sampler_apply(grammar, ctypes.byref(cur_p))
             # No token left: llama.cpp would pick one anyway and abort when the grammar rejects it.
-            if not (cur["logit"] > -np.inf).any():
+            allowed = cur["logit"] > -np.inf
+            if not allowed.any():
                 raise GrammarError("the grammar allows no token here")
         L.llama_sampler_apply(chain, ctypes.byref(cur_p))
-        return cur_p.data[cur_p.selected].id  # samplers may repoint data: read through it
+        token = cur_p.data[cur_p.selected].id  # samplers may repoint data: read through it
+        # The chain can still pick a refused token when its probabilities are NaN; accepting
+        # it would make llama.cpp's grammar throw, which aborts the whole process.
+        if grammar is not None and not allowed[token]:
+            raise GrammarError("the sampler picked a token the grammar refuses")
+        return token
 
     def logprobs(self, row: int, token: int, top_n: int) -> TokenLogprobs:
         logits = self._logits(row)

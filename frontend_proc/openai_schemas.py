@@ -21,7 +21,7 @@ import msgspec
 from msgspec import Meta
 
 from cllm.protocol import SamplingParams
-from frontend_proc.schemas import Seed
+from frontend_proc.schemas import RepetitionPenalty, Seed
 
 StopString = Annotated[str, Meta(min_length=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
@@ -63,7 +63,7 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # llama-server's default: a full-vocabulary draw costs ~8x more per token; 0 or -1 disables.
     top_k: Annotated[int, Meta(ge=-1, lt=1 << 31)] = 40  # llama.cpp's int32
     min_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
-    repetition_penalty: Annotated[float, Meta(gt=0)] = 1.0
+    repetition_penalty: RepetitionPenalty = 1.0
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     seed: Seed | None = None

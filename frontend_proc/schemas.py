@@ -16,6 +16,8 @@ from cllm.protocol import ModelInfo, SamplingParams
 
 T = TypeVar("T")
 Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # what msgpack carries to the engine
+# llama.cpp divides or multiplies logits by it in float32: far from 1 it overflows into NaN probabilities.
+RepetitionPenalty = Annotated[float, Meta(ge=0.01, le=100)]
 
 
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -25,7 +27,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     top_p: Annotated[float, Meta(gt=0, le=1)] = 0.9
     top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40  # llama.cpp's int32
     min_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
-    repetition_penalty: Annotated[float, Meta(gt=0)] = 1.0
+    repetition_penalty: RepetitionPenalty = 1.0
     seed: Seed | None = None
     ignore_eos: bool = False
     stream: bool = False

@@ -199,6 +199,8 @@ def test_stream_pieces_are_whole_characters(http):
         ({"prompt": "x", "max_tokens": 2.5}, "Expected `int`, got `float` - at `$.max_tokens`"),
         ({"prompt": "x", "top_k": 2**31}, "Expected `int` <= 2147483647 - at `$.top_k`"),
         ({"prompt": "x", "seed": 10**30}, "Expected `int` <= 9223372036854775807 - at `$.seed`"),
+        ({"prompt": "x", "repetition_penalty": 1e-323}, "Expected `float` >= 0.01 - at `$.repetition_penalty`"),
+        ({"prompt": "x", "repetition_penalty": 1e300}, "Expected `float` <= 100.0 - at `$.repetition_penalty`"),
         ([1, 2], "Expected `object`, got `array`"),
     ],
 )

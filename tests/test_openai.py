@@ -7,6 +7,8 @@ import json
 import openai
 import pytest
 
+from tests.conftest import health
+
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 PERSON_SCHEMA = {
     "type": "object",
@@ -248,6 +250,18 @@ def test_json_object_output_parses(oai):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+def test_vanishing_temperature_is_greedy(oai, http):
+    # Divided by a subnormal float32, logits overflow and every probability is NaN:
+    # such a temperature is taken as 0, grammar or not.
+    restarts = health(http)["restarts"]["engine"]
+    kw = dict(messages=[{"role": "user", "content": "Describe a person."}], max_tokens=20, seed=1)
+    fmt = {"type": "json_object"}
+    assert chat(oai, temperature=1e-40, **kw).choices[0].message.content == chat(oai, temperature=0, **kw).choices[0].message.content
+    tiny = chat(oai, temperature=1e-40, response_format=fmt, **kw).choices[0].message.content
+    assert tiny == chat(oai, temperature=0, response_format=fmt, **kw).choices[0].message.content
+    assert health(http)["restarts"]["engine"] == restarts
+
+
 def test_grammar_dead_end_is_a_bad_request(oai):
     # A pattern no character matches: after the opening quote the grammar allows no token,
     # which the engine can only find out while generating.
@@ -281,6 +295,7 @@ def test_sampling_parameters_are_accepted(oai):
     "kw,param",
     [
         (dict(temperature=5), "temperature"),
+        (dict(extra_body={"repetition_penalty": 1e-323}), "repetition_penalty"),
         (dict(n=0), "n"),
         (dict(top_logprobs=21, logprobs=True), "top_logprobs"),
         (dict(top_logprobs=2), "top_logprobs"),

@@ -79,3 +79,17 @@ def test_grammar_dead_end_ends_only_that_request(engine, tok):
 def test_grammar_with_ignore_eos_is_refused(engine, tok):
     results = run(engine, [Submit(30, tok.encode("Hi"), SamplingParams(grammar='root ::= "a"', ignore_eos=True))])
     assert results[30] == ([], "error")
+
+
+def test_nan_probabilities_never_feed_the_grammar_a_refused_token(engine, tok):
+    # A repetition penalty of 0 in float32 divides logits by zero: every probability is NaN and the
+    # draw lands anywhere. Accepting a refused token makes llama.cpp throw, aborting the engine process.
+    prompt = tok.encode("Answer yes or no: is the sky green? yes no yes")
+    params = SamplingParams(max_tokens=5, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1e-323,
+                            grammar='root ::= ("yes" | "no") "."')
+    good = Submit(41, prompt, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    results = run(engine, [Submit(40, prompt, params), good])
+    tokens, finish = results[40]
+    text = b"".join(map(tok.piece, tokens)).decode()
+    assert finish == "error" or (finish == "stop" and text in ("yes.", "no.")), (text, finish)
+    assert len(results[41][0]) == 5 and results[41][1] == "length"
