@@ -13,7 +13,7 @@ chain first picks from the unconstrained logits and the grammar checks only
 that token; the whole vocabulary is filtered, and the chain asked again,
 only when the grammar refuses it.
 
-Plain greedy (temperature 0, no penalty, no bias but the EOS ban, no
+Plain greedy (temperature ~0, no penalty, no bias but the EOS ban, no
 grammar) needs no chain: its token is the argmax of its logits row, which
 numpy finds without the copy of the whole vocabulary into a candidate
 array that llama_sampler_sample makes (32 rows: 0.1 ms instead of 1.7 ms).
