@@ -2,10 +2,17 @@
 
 The frontend converts and parses the grammar before submitting, so a schema
 llama.cpp cannot enforce is a 400 and never reaches the engine.
+
+The converter writes a count (`maxItems`, `maxLength`, a pattern's `{m,n}`)
+as that many copies of a rule, the optional ones nested in each other, and
+llama.cpp's grammar parser recurses once per level: a count of a million in
+a 40-byte schema would take the frontend's memory, time and C stack. So the
+counts a schema asks for are summed first and refused above MAX_REPEATS.
 """
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import llama_cpp as L
@@ -13,6 +20,10 @@ import msgspec
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from frontend_proc.openai_schemas import JsonObjectFormat, JsonSchemaFormat, ResponseFormat
+
+
+MAX_REPEATS = 2048  # the counts of one schema, all together
+QUANTIFIER = re.compile(r"\{([^}]*)\}")  # {n}, {m,n}, {m,}: read up to the next brace, as the converter does
 
 
 class GrammarError(ValueError):
@@ -24,6 +35,9 @@ def response_format_grammar(fmt: ResponseFormat | None, vocab) -> str | None:
     if type(fmt) is JsonObjectFormat:
         return JSON_GBNF
     if type(fmt) is JsonSchemaFormat:
+        repeats = schema_repeats(fmt.json_schema.schema)
+        if repeats > MAX_REPEATS:
+            raise GrammarError(f"unsupported JSON schema: its lengths and counts add up to {repeats}, more than {MAX_REPEATS}")
         return json_schema_grammar(msgspec.json.encode(fmt.json_schema.schema).decode(), vocab)
     return None
 
@@ -36,6 +50,34 @@ def json_schema_grammar(schema_json: str, vocab) -> str:
         raise GrammarError(f"unsupported JSON schema: {e}") from None
     check(gbnf, vocab)
     return gbnf
+
+
+def schema_repeats(schema) -> int:
+    """How many copies of rules the converter would write for a schema's counts and pattern quantifiers."""
+    total, todo = 0, [schema]
+    while todo:  # iterative: a deeply nested schema must not exhaust Python's recursion
+        node = todo.pop()
+        if isinstance(node, dict):
+            total += max(_count(node.get("minItems")), _count(node.get("maxItems")))
+            total += max(_count(node.get("minLength")), _count(node.get("maxLength")))
+            if isinstance(pattern := node.get("pattern"), str):
+                total += sum(_quantifier(body) for body in QUANTIFIER.findall(pattern))
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return total
+
+
+def _count(value) -> int:
+    return value if type(value) is int and value > 0 else 0
+
+
+def _quantifier(body: str) -> int:
+    """The larger count of a quantifier, read with int() as the converter reads it."""
+    try:
+        return max([0, *(int(n) for n in body.split(",") if n.strip())])
+    except ValueError:  # the converter's int() fails the same way, and the schema is refused
+        return 0
 
 
 def check(gbnf: str, vocab) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import openai
 import pytest
@@ -243,6 +244,22 @@ def test_json_schema_output_validates(oai):
     assert all(isinstance(x, str) for x in person["languages"])
 
 
+def json_schema(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def test_json_schema_counts_up_to_the_limit_are_enforced(oai):
+    # 3 + 4 + 1000 + 1000 of the 2048 allowed; llama.cpp itself refuses a single count much above 1000.
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+                                               "notes": {"type": "string", "maxLength": 1000},
+                                               "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 1000}},
+              "required": ["code"]}
+    r = chat(oai, messages=[{"role": "user", "content": "Give a product code."}], temperature=0, max_tokens=40,
+             response_format=json_schema(schema))
+    assert r.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{4}", json.loads(r.choices[0].message.content)["code"])
+
+
 def test_json_object_output_parses(oai):
     r = chat(oai, messages=[{"role": "user", "content": "Describe a person."}], temperature=0.7, seed=3, max_tokens=150,
              response_format={"type": "json_object"})
@@ -307,6 +324,13 @@ def test_sampling_parameters_are_accepted(oai):
         (dict(logit_bias={"999999": 5}), "logit_bias"),
         (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}), "response_format"),
         (dict(response_format={"type": "json_object"}, extra_body={"ignore_eos": True}), "ignore_eos"),
+        # Counts the converter writes out copy by copy: a few bytes asking for a grammar of gigabytes.
+        (dict(response_format=json_schema({"type": "string", "maxLength": 20000})), "response_format"),  # overflowed the C stack
+        (dict(response_format=json_schema({"type": "array", "maxItems": 10**9})), "response_format"),
+        (dict(response_format=json_schema({"type": "string", "minLength": 10**30})), "response_format"),
+        (dict(response_format=json_schema({"type": "string", "pattern": "^(ab){+999_999_999}$"})), "response_format"),
+        (dict(response_format=json_schema({"type": "array", "items": {"type": "string", "maxLength": 1500}, "maxItems": 1000})),
+         "response_format"),
         (dict(max_tokens=100000), "max_tokens"),
         (dict(messages=[{"role": "user", "content": "word " * 600}]), "messages"),
     ],
