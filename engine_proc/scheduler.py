@@ -129,6 +129,10 @@ class Scheduler:
         """Prompt tokens in complete blocks whose KV cells are filled: the reusable ones."""
         return min(seq.n_cached, len(seq.prompt)) // self.block * self.block
 
+    def _held(self) -> dict[int, np.ndarray]:
+        """Slot -> the reusable prompt blocks each running sequence's stream holds."""
+        return {s.slot: s.prompt[: self._blocks(s)] for s in self.running}
+
     def _admit(self, seq: Sequence) -> None:
         if self.cache is None:
             seq.slot = heapq.heappop(self.free_slots)
@@ -146,7 +150,7 @@ class Scheduler:
         stream that shares its prompt's start, if one does.
         """
         cache = self.cache
-        held = {s.slot: s.prompt[: self._blocks(s)] for s in self.running}
+        held = self._held()
         src, reuse = cache.lookup(seq.prompt, held)
         if src in cache.entries:
             self.free_slots.remove(src)
@@ -188,8 +192,7 @@ class Scheduler:
                 continue
             hole = heapq.heappushpop(self.free_slots, seq.slot)
             if self.cache is not None and hole in self.cache.entries:
-                held = {s.slot: s.prompt[: self._blocks(s)] for s in self.running}
-                self._rehome(hole, self.cache.entries.pop(hole), held, exclude=seq.slot)
+                self._rehome(hole, self.cache.entries.pop(hole), self._held(), exclude=seq.slot)
             self.kv.copy(seq.slot, hole, seq.n_cached)
             self.kv.clear(seq.slot)
             seq.slot = hole
