@@ -31,6 +31,14 @@ def _serve_parser(sub) -> None:
         help="prefill every prompt in full instead of reusing the KV cells of earlier prompts that share its start",
     )
     p.add_argument(
+        "--prefix-cache-exact", action="store_true", default=None,
+        help="reuse only whole 128-token prompt blocks, so that the cache changes no bit of any KV cell (README: What is exact)",
+    )
+    p.add_argument(
+        "--cache-slots", type=int,
+        help="KV streams beyond --parallel that keep finished conversations for the prefix cache, each the size of a sequence's (default: as many as --parallel)",
+    )
+    p.add_argument(
         "--flash-attn", choices=get_args(FlashAttn),
         help=f"llama.cpp's flash attention; off is ~10%% slower here, but then the attention of a decode step does not depend on the other requests in it (README: What is exact; default {d.flash_attn})",
     )

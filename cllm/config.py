@@ -12,6 +12,7 @@ from msgspec import Meta
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 FlashAttn = Literal["auto", "on", "off"]
+MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ)
 
 
 class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
@@ -24,6 +25,12 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     batch_size: Annotated[int, Meta(ge=1)] = 512
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
     prefix_cache: bool = True  # reuse the KV cells of earlier prompts that share a prefix
+    # Reuse only whole prompt blocks, prefilled at fixed positions: with the
+    # cache on, every cell is then the same bits as with it off.
+    prefix_cache_exact: bool = False
+    # KV streams beyond --parallel that keep finished sequences' cells for
+    # the cache (None: as many as --parallel), each as large as a sequence's.
+    cache_slots: Annotated[int, Meta(ge=0, le=255)] | None = None
     # llama.cpp's flash attention: faster, but then a decode step's logits
     # depend on the other sequences in the step (see the README, "What is exact").
     flash_attn: FlashAttn = "auto"
@@ -41,6 +48,14 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     @property
     def n_threads(self) -> int:
         return self.threads or os.cpu_count() or 1
+
+    @property
+    def kv_streams(self) -> int:
+        """KV streams the engine keeps: one per running sequence, and the cache's slots."""
+        if not self.prefix_cache:
+            return self.parallel
+        extra = self.parallel if self.cache_slots is None else self.cache_slots
+        return min(self.parallel + extra, MAX_STREAMS)
 
 
 class ConfigError(ValueError):

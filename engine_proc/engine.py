@@ -19,7 +19,13 @@ class LLMEngine:
         self.runner = ModelRunner(model_path, config)
         self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens)
         self.scheduler = Scheduler(
-            config.parallel, self.runner.token_budget, self.runner.seq_ctx, self.runner, config.prefix_cache
+            config.parallel,
+            config.kv_streams,
+            self.runner.token_budget,
+            self.runner.seq_ctx,
+            self.runner,
+            config.prefix_cache,
+            config.prefix_cache_exact,
         )
         self.steps = 0
         self.generated_tokens = 0

@@ -58,10 +58,14 @@ class ModelRunner:
         self.token_budget = max(config.batch_size, config.parallel)
 
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = config.ctx_size
+        # --ctx-size is shared by the running sequences; the cache's slots get
+        # as much each, and so does the scratch stream the scheduler swaps through.
+        self.scratch = config.kv_streams
+        n_streams = config.kv_streams + 1
+        cparams.n_ctx = config.ctx_size // config.parallel * n_streams
         cparams.n_batch = self.token_budget
         cparams.n_ubatch = min(self.token_budget, 512)
-        cparams.n_seq_max = config.parallel
+        cparams.n_seq_max = n_streams
         cparams.n_threads = cparams.n_threads_batch = config.n_threads
         cparams.kv_unified = False
         cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
@@ -69,7 +73,7 @@ class ModelRunner:
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             L.llama_model_free(self.model)
-            raise ModelLoadError(f"llama.cpp could not create a context of {config.ctx_size} cells for {model_path}")
+            raise ModelLoadError(f"llama.cpp could not create a context of {cparams.n_ctx} cells for {model_path}")
         self.memory = L.llama_get_memory(self.ctx)
         self.seq_ctx = L.llama_n_ctx_seq(self.ctx)
         self.eog_tokens = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
@@ -146,6 +150,12 @@ class ModelRunner:
         """
         L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
         L.llama_memory_seq_rm(self.memory, dst, keep, -1)
+
+    def swap(self, a: int, b: int) -> None:
+        """Trade two streams' cells, through the scratch stream no sequence uses."""
+        for src, dst in ((a, self.scratch), (b, a), (self.scratch, b)):
+            L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+        self.clear(self.scratch)
 
     def trim(self, slot: int, keep: int) -> None:
         L.llama_memory_seq_rm(self.memory, slot, keep, -1)

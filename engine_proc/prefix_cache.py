@@ -1,20 +1,21 @@
 """Prefix cache: the KV streams finished sequences leave behind, kept for later prompts.
 
 Every sequence has a KV stream of its own (its slot). When it finishes, its
-stream stays as it is, trimmed to its prompt's complete prefill blocks (see
-the scheduler), and is an entry of the cache until the slot is needed. A
-new request finds the stream whose blocks share the longest prefix with its
-prompt, an entry's or a running sequence's; the scheduler gives it that
-entry's slot, or a copy of that stream, trimmed to the shared blocks, and
-it prefills only the rest.
+stream stays as it is and is an entry of the cache until the slot is
+needed. A new request finds the stream that shares the longest prefix with
+its prompt, an entry's or a running sequence's; the scheduler gives it that
+entry's slot, or a copy of that stream, trimmed to the shared tokens, and
+it prefills only the rest. A stream holds the cells of its prompt and of
+the tokens generated after it, so the next turn of a chat prefills only
+what is new: the end of the reply's turn and the next message.
 
-Only whole blocks computed by prefill are reused. A block is always
-prefilled at the same positions, in a llama_decode of its own, so its KV
-cells hold the same bits whether it was computed now or for an earlier
-request. A token written while generating (a one-token query) or in a
-partial block would have other bits than the prefill of a later prompt
-gives it, so the next turn of a chat reuses the blocks of the previous
-turn's prompt, not its answer.
+With flash attention a token's KV cells depend on the query chunk it was
+computed in: a reused cell may differ in its last bits from what a fresh
+prefill of the same prompt gives, as in every server that reuses cells.
+In exact mode (``unit`` = the scheduler's prefill block) only whole prompt
+blocks are kept and reused: a block is always prefilled at the same
+positions, in a llama_decode of its own, so its cells hold the same bits
+whether computed now or for an earlier request.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 @dataclass(slots=True)
 class Entry:
-    tokens: np.ndarray  # the prompt tokens whose KV cells the stream holds, position by position
+    tokens: np.ndarray  # the tokens whose KV cells the stream holds, position by position
     last_used: int
 
 
 class PrefixCache:
-    def __init__(self, block: int):
-        self.block = block
+    def __init__(self, unit: int):
+        self.unit = unit  # a reused prefix is a multiple of it
         self.entries: dict[int, Entry] = {}  # slot -> what its stream holds
         self._stats = PrefixCacheStats()
         self._clock = 0
@@ -55,7 +56,7 @@ class PrefixCache:
 
     def lookup(self, prompt: np.ndarray, running: dict[int, np.ndarray]) -> tuple[int, int]:
         """(slot, tokens) of the longest reusable prefix of ``prompt`` among the
-        entries and the running sequences' blocks (``running``: slot -> tokens);
+        entries and the running sequences' reusable tokens (``running``: slot -> tokens);
         (-1, 0) if there is none. Ties go to an entry, which can be used in
         place, the shortest one: the fewest cells to move out of the way.
 
@@ -67,7 +68,7 @@ class PrefixCache:
         candidates += [(slot, tokens, False) for slot, tokens in running.items()]
         src, best = -1, (0,)
         for slot, tokens, is_entry in candidates:
-            n = min(common_prefix(prompt, tokens), longest) // self.block * self.block
+            n = min(common_prefix(prompt, tokens), longest) // self.unit * self.unit
             if n and (n, is_entry, -len(tokens)) > best:
                 src, best = slot, (n, is_entry, -len(tokens))
         reuse = best[0]
@@ -76,25 +77,31 @@ class PrefixCache:
             return -1, 0
         self._stats.hits += 1
         self._stats.hit_tokens += reuse
-        if src in self.entries:
+        entry = self.entries.get(src)
+        if entry is not None and reuse * 2 >= len(entry.tokens):  # a few shared words are no use of it
             self._clock += 1
-            self.entries[src].last_used = self._clock
+            entry.last_used = self._clock
         return src, reuse
 
     def rehome(self, entry: Entry, free_slots: list[int], running: dict[int, np.ndarray]) -> int:
-        """A free slot for ``entry``, whose own slot a new sequence takes; -1 drops it.
+        """A free slot for ``entry``, whose own slot a running sequence takes; -1 drops it.
 
-        It goes to an empty slot of ``free_slots``, else over a less valuable
-        entry. An entry whose cells a running sequence holds too is worth
-        nothing (that sequence will leave them behind); the others are worth
-        their recency.
+        It goes to the free slot worth least (see victim), if that is worth less than itself.
         """
-        worth = {s: self._worth(self.entries.get(s), running) for s in free_slots}
-        dst = min(worth, key=worth.get, default=-1)
-        if dst < 0 or worth[dst] >= self._worth(entry, running):
+        dst = self.victim(free_slots, running)
+        if dst < 0 or self._worth(self.entries.get(dst), running) >= self._worth(entry, running):
             return -1
         self.entries[dst] = entry
         return dst
+
+    def victim(self, free_slots: list[int], running: dict[int, np.ndarray]) -> int:
+        """The free slot whose loss costs the cache least, the lowest of equals; -1 if there is none.
+
+        An empty slot costs nothing; an entry whose cells a running sequence
+        holds too costs next to nothing (that sequence will leave them
+        behind); the others cost their recency.
+        """
+        return min(free_slots, key=lambda s: (self._worth(self.entries.get(s), running), s), default=-1)
 
     @staticmethod
     def _worth(entry: Entry | None, running: dict[int, np.ndarray]) -> int:

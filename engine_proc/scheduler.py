@@ -1,17 +1,20 @@
 """Iteration-level scheduling: every step admits, decodes and retires.
 
 A step decodes one token for every decoding sequence in one llama_decode,
-then prompt blocks (of running sequences still prefilling, then of newly
-admitted ones) while they fit the token budget. Sequences leave the moment
-they finish, and their slot goes to the next waiting request in the same step.
+then prompt chunks (of running sequences still prefilling, then of newly
+admitted ones) while they fit the token budget, each in a llama_decode of
+its own. Sequences leave the moment they finish, and their slot goes to the
+next waiting request in the same step.
 
-Prompts are prefilled in blocks of fixed positions [k*B, (k+1)*B) (the last
-one partial), each in a llama_decode of its own. With flash attention a
-token's KV cells depend on the query chunk it was computed in, and
-llama.cpp splits a batch into ubatches by its own rules (a prompt's first
-token would go with the decoding tokens): fixed blocks alone in their
-decode make a prompt token's cells the same bits whatever else runs, which
-is what lets the prefix cache reuse them.
+A prompt chunk is as long as the budget allows, from wherever the cached
+prefix ends. In exact mode, and with the cache off, prompts are instead
+prefilled in blocks of fixed positions [k*B, (k+1)*B) (the last one partial): with flash attention a
+token's KV cells depend on the query chunk it was computed in, and fixed
+blocks alone in their decode give a prompt token's cells the same bits
+whatever else runs, so reusing them changes nothing (see prefix_cache).
+
+There are more KV streams (slots) than sequences may run: the ones no
+sequence holds keep finished sequences' cells for the cache.
 
 The decode batch lists the decoding sequences in slot order, and they are
 kept in slots 0..n-1 (n running): llama.cpp decodes a run of consecutive
@@ -37,13 +40,15 @@ import numpy as np
 from engine_proc.prefix_cache import Entry, PrefixCache
 from engine_proc.sequence import Chunk, Sequence
 
-# Prefill block, in tokens: small blocks let the cache reuse more of a
-# prompt, large ones prefill a cold prompt faster (see the README's figures).
+# Prefill block of exact mode, in tokens: small blocks let the cache reuse
+# more of a prompt, large ones prefill a cold prompt faster. Outside exact
+# mode, also the least a step prefills however many sequences decode.
 PREFILL_BLOCK = 128
 
 
 class KvStreams(Protocol):
     def copy(self, src: int, dst: int, keep: int) -> None: ...  # dst := the first `keep` cells of src
+    def swap(self, a: int, b: int) -> None: ...  # trade the two streams' cells
     def trim(self, slot: int, keep: int) -> None: ...  # drop the cells from position `keep` on
     def clear(self, slot: int) -> None: ...
 
@@ -55,13 +60,19 @@ class Step:
 
 
 class Scheduler:
-    def __init__(self, parallel: int, token_budget: int, seq_ctx: int, kv: KvStreams, prefix_cache: bool):
+    def __init__(
+        self, parallel: int, slots: int, token_budget: int, seq_ctx: int, kv: KvStreams, prefix_cache: bool, exact: bool
+    ):
+        self.parallel = parallel
         self.token_budget = token_budget
         self.seq_ctx = seq_ctx
         self.block = min(PREFILL_BLOCK, token_budget)
+        # Fixed prefill blocks without the cache too: a server with it off is
+        # what exact mode must match bit for bit.
+        self.exact = exact or not prefix_cache
         self.kv = kv
-        self.cache = PrefixCache(self.block) if prefix_cache else None
-        self.free_slots = list(range(parallel))  # a heap: the lowest slot first
+        self.cache = PrefixCache(self.block if exact else 1) if prefix_cache else None
+        self.free_slots = list(range(slots))  # a heap: the lowest slot first
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -74,7 +85,7 @@ class Scheduler:
     def remove(self, ids: set[int]) -> list[Sequence]:
         """Take the given sequences out, waiting or running; their slots are free.
 
-        A running sequence's complete prompt blocks stay in its stream as a cache entry.
+        A running sequence's reusable cells stay in its stream as a cache entry.
         """
         gone = [s for s in self.waiting if s.id in ids]
         if gone:
@@ -84,10 +95,10 @@ class Scheduler:
             self.running = [s for s in self.running if s.id not in ids]
             for seq in running:
                 heapq.heappush(self.free_slots, seq.slot)
-                blocks = self._blocks(seq)
-                if self.cache is not None and blocks:
-                    self.kv.trim(seq.slot, blocks)
-                    self.cache.keep(seq.slot, seq.prompt[:blocks])
+                keep = self._reusable(seq)
+                if self.cache is not None and keep:
+                    self.kv.trim(seq.slot, keep)
+                    self.cache.keep(seq.slot, seq.known(keep))
                 else:
                     self.kv.clear(seq.slot)
         return gone + running
@@ -101,7 +112,7 @@ class Scheduler:
                 budget = self._prefill(seq, budget, prefill)
         # A request is admitted when its first block can go in this step: one
         # that waits a step may find more of its prompt in a running sequence.
-        while self.waiting and self.free_slots and (budget >= self.block or not prefill):
+        while self.waiting and len(self.running) < self.parallel and (budget >= self.block or not prefill):
             seq = self.waiting.popleft()
             self._admit(seq)
             budget = self._prefill(seq, budget, prefill)
@@ -110,14 +121,15 @@ class Scheduler:
         return Step(decode, prefill)
 
     def _prefill(self, seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
-        """Add the sequence's next prompt blocks while they fit ``budget``; what is left of it.
+        """Add the sequence's next prompt chunks while they fit ``budget``; what is left of it.
 
-        The step's first block goes in even if it does not fit, so prompts
-        get on however many sequences decode.
+        The step's first chunk goes in even if it does not fit, a block of
+        it at least, so prompts get on however many sequences decode.
         """
         start, end = seq.n_cached, len(seq.prompt)
         while start < end:
-            stop = min(start + self.block, end)  # start is a block boundary
+            # In exact mode start is a block boundary.
+            stop = min(start + (self.block if self.exact else max(budget, self.block)), end)
             if stop - start > budget and chunks:
                 break
             chunks.append(Chunk(seq, start, stop))
@@ -125,13 +137,19 @@ class Scheduler:
             start = stop
         return budget
 
-    def _blocks(self, seq: Sequence) -> int:
-        """Prompt tokens in complete blocks whose KV cells are filled: the reusable ones."""
-        return min(seq.n_cached, len(seq.prompt)) // self.block * self.block
+    def _reusable(self, seq: Sequence) -> int:
+        """How many of the sequence's first tokens have KV cells a later prompt may reuse.
+
+        All that are filled, generated tokens included; in exact mode only
+        the prompt's complete blocks, the cells computed as a prefill computes them.
+        """
+        if self.exact:
+            return min(seq.n_cached, len(seq.prompt)) // self.block * self.block
+        return seq.n_cached
 
     def _held(self) -> dict[int, np.ndarray]:
-        """Slot -> the reusable prompt blocks each running sequence's stream holds."""
-        return {s.slot: s.prompt[: self._blocks(s)] for s in self.running}
+        """Slot -> the reusable tokens each running sequence's stream holds."""
+        return {s.slot: s.known(self._reusable(s)) for s in self.running}
 
     def _admit(self, seq: Sequence) -> None:
         if self.cache is None:
@@ -141,33 +159,45 @@ class Scheduler:
         self.running.append(seq)
 
     def _reuse_prefix(self, seq: Sequence) -> int:
-        """Give the new sequence a slot whose stream holds the longest cached prefix of its prompt; its length.
+        """Give the new sequence the lowest free slot and the longest cached prefix of its prompt; its length.
 
-        A cache entry is used in place: the sequence takes the entry's slot,
-        and if that leaves a gap below, _compact closes it once the sequence
-        decodes. Otherwise it takes the lowest free slot, moving the entry
-        there out of the way, and gets a copy of the running sequence's
-        stream that shares its prompt's start, if one does.
+        An entry the prompt extends (a chat's previous turn), or nearly (its
+        cells past the shared prefix are at most an eighth of it), becomes
+        the sequence's: it trades slots with whatever the lowest free slot
+        holds, so no entry is lost. Otherwise the sequence gets a copy of the
+        shared prefix, and an entry that shares only its start with the
+        prompt (a system prompt, say) keeps the rest for its own conversation.
         """
         cache = self.cache
         held = self._held()
         src, reuse = cache.lookup(seq.prompt, held)
-        if src in cache.entries:
-            self.free_slots.remove(src)
-            heapq.heapify(self.free_slots)
-            seq.slot = src
-        else:
-            seq.slot = heapq.heappop(self.free_slots)
-        resident = cache.entries.pop(seq.slot, None)
-        if resident is not None and not (src == seq.slot and reuse == len(resident.tokens)):
-            self._rehome(seq.slot, resident, held, exclude=src)  # it has cells the new sequence will not keep
-        if src == seq.slot:
-            self.kv.trim(src, reuse)
+        slot = seq.slot = heapq.heappop(self.free_slots)
+        entry = cache.entries.get(src)
+        if entry is not None and (len(entry.tokens) - reuse) * 8 <= reuse:
+            if src != slot:
+                self._swap(src, slot)
+            del cache.entries[slot]
+            self.kv.trim(slot, reuse)
+            return reuse
+        resident = cache.entries.pop(slot, None)
+        if resident is not None:  # it has cells the new sequence will not keep
+            self._rehome(slot, resident, held, exclude=src)
+        if src == slot:
+            self.kv.trim(slot, reuse)
         elif src >= 0:
-            self.kv.copy(src, seq.slot, reuse)
+            self.kv.copy(src, slot, reuse)
         else:
-            self.kv.clear(seq.slot)
+            self.kv.clear(slot)
         return reuse
+
+    def _swap(self, a: int, b: int) -> None:
+        """Trade two streams' cells, and their cache entries."""
+        self.kv.swap(a, b)
+        ea, eb = self.cache.entries.pop(a, None), self.cache.entries.pop(b, None)
+        if ea is not None:
+            self.cache.entries[b] = ea
+        if eb is not None:
+            self.cache.entries[a] = eb
 
     def _rehome(self, slot: int, entry: Entry, held: dict[int, np.ndarray], exclude: int) -> None:
         """Move the entry out of ``slot`` before it is overwritten, or let it go."""
@@ -178,9 +208,9 @@ class Scheduler:
     def _compact(self) -> None:
         """Move decoding sequences above slot n-1 down into the free slots below.
 
-        While requests wait, the gaps are theirs to fill (they could not all
-        be admitted this step): moving sequences into them would push out
-        the entries they are about to use.
+        A cache entry in the way trades places with the sequence. While
+        requests wait, the gaps are theirs to fill (they could not all be
+        admitted this step).
         """
         n = len(self.running)
         if self.waiting or not self.free_slots or self.free_slots[0] >= n:
@@ -192,9 +222,10 @@ class Scheduler:
                 continue
             hole = heapq.heappushpop(self.free_slots, seq.slot)
             if self.cache is not None and hole in self.cache.entries:
-                self._rehome(hole, self.cache.entries.pop(hole), self._held(), exclude=seq.slot)
-            self.kv.copy(seq.slot, hole, seq.n_cached)
-            self.kv.clear(seq.slot)
+                self._swap(hole, seq.slot)
+            else:
+                self.kv.copy(seq.slot, hole, seq.n_cached)
+                self.kv.clear(seq.slot)
             seq.slot = hole
 
     def finish_reason(self, seq: Sequence, token: int, is_eog: bool) -> str | None:

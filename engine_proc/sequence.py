@@ -24,6 +24,12 @@ class Sequence:
     def prefilling(self) -> bool:
         return self.n_cached < len(self.prompt)
 
+    def known(self, n: int) -> np.ndarray:
+        """Its first ``n`` known tokens: the prompt's, then the output's."""
+        if n <= len(self.prompt):
+            return self.prompt[:n]
+        return np.concatenate((self.prompt, np.array(self.output[: n - len(self.prompt)], np.int32)))
+
 
 @dataclass(slots=True)
 class Chunk:

@@ -1,194 +1,131 @@
-"""Prefix cache: the same results with it as without it, and it is really used.
+"""The prefix cache's default mode: any cached prefix is reused, generated tokens included.
 
-Two servers alike but for --no-prefix-cache answer the same requests. A
-request whose decode runs alone must give the same greedy text on both.
-Requests decoded together may not: with flash attention a decode step's
-logits depend on what else is in the step, cache or no cache. What the cache
-guarantees there is the prompt's KV cells, checked by the first token's
-logprobs, which come from the prompt alone; with --flash-attn off, whole
-greedy texts.
+A request reuses the KV cells of the longest prefix it shares with a cached
+stream, up to the first token that differs, so a conversation's next turn
+prefills only what is new. Prompts are sent as token ids where the test
+counts exactly how many tokens are shared.
+
+With flash attention a reused cell may differ in its last bits from a fresh
+prefill (a token's cells depend on the query chunk that computed them), so
+the servers here run with --flash-attn off, where they do not: there the
+cache must change no bit of what the model answers, which catches a cell
+reused at the wrong place. tests/test_prefix_cache_exact.py holds the mode
+that is exact with flash attention on.
 """
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-
-import httpx
 import pytest
 
 from tests.conftest import start_server
-from tests.test_metrics import scrape, value, wait_idle
+from tests.test_prefix_cache_exact import Side, doc, reused
 
-BLOCK = 128  # the scheduler's prefill block: only whole blocks are reused
-SLOTS = 4
-
-
-def doc(topic: str, facts: int = 40) -> str:
-    """About 12 tokens a fact, its own from its first token."""
-    return f"Notes on {topic}. " + " ".join(f"Fact {i}: the {topic} of item {i} is {i * 7 % 13}." for i in range(facts))
+PARALLEL = 2
+CACHE_SLOTS = 2  # 4 streams in all
+SEQ_CTX = 1024
 
 
-@dataclass
-class Side:
-    """One server of the pair, and the tokens its engine has made for this module.
-
-    Every request here decodes exactly max_tokens (ignore_eos), so the cache
-    figures are read once the engine has reported them all: it sends its
-    figures when it goes idle, just after the last reply.
-    """
-
-    http: httpx.Client
-    tokens: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def post(self, path: str, body: dict) -> dict:
-        r = self.http.post(path, json={**body, "temperature": 0, "ignore_eos": True})
-        assert r.status_code == 200, r.text
-        with self.lock:
-            self.tokens += body["max_tokens"]
-        return r.json()
-
-    def generate(self, prompt: str, max_tokens: int = 12) -> str:
-        return self.post("/generate", {"prompt": prompt, "max_tokens": max_tokens})["data"]["text"]
-
-    def first_token(self, prompt: str) -> dict:
-        """The first token's logprobs, its five likeliest alternatives included."""
-        lp = self.post("/v1/completions", {"prompt": prompt, "max_tokens": 1, "logprobs": 5})["choices"][0]["logprobs"]
-        return {"token_logprobs": lp["token_logprobs"], "top_logprobs": lp["top_logprobs"]}
-
-    def n_tokens(self, text: str) -> int:
-        return self.http.post("/encode", json={"text": text}).json()["data"]["length"]
-
-    def cache(self) -> dict:
-        return wait_idle(self.http, self.tokens)["prefix_cache"]
+def args(cache_slots: int = CACHE_SLOTS) -> tuple[str, ...]:
+    return ("--parallel", str(PARALLEL), "--ctx-size", str(PARALLEL * SEQ_CTX), "--cache-slots", str(cache_slots),
+            "--flash-attn", "off")
 
 
 @pytest.fixture(scope="module")
 def pair():
-    """(cache on, cache off): SLOTS sequences of 1024 cells each."""
-    args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024))
-    with start_server(*args) as on, start_server(*args, "--no-prefix-cache") as off, on.client() as a, off.client() as b:
+    """(cache on, cache off)."""
+    with start_server(*args()) as on, start_server(*args(0), "--no-prefix-cache") as off, on.client() as a, off.client() as b:
         yield Side(a), Side(b)
 
 
-def same(pair, prompt: str, max_tokens: int = 12) -> str:
-    on, off = pair
-    text = on.generate(prompt, max_tokens)
-    assert text == off.generate(prompt, max_tokens)
-    return text
+def tokens(side: Side, text: str) -> list[int]:
+    return side.http.post("/encode", json={"text": text}).json()["data"]["tokens"]
 
 
-def reused(before: dict, after: dict) -> int:
-    return after["hit_tokens"] - before["hit_tokens"]
+def complete(side: Side, prompt: list[int], max_tokens: int = 8) -> str:
+    """The greedy text that follows ``prompt``."""
+    return side.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens})["choices"][0]["text"]
 
 
-def test_shared_prefix_reuses_whole_blocks(pair):
+def test_a_repeated_prompt_prefills_only_its_last_token(pair):
     on, _ = pair
-    notes = doc("colour")
-    first, second = notes + "\nQuestion: what is item 5?\nAnswer:", notes + "\nQuestion: and item 11?\nAnswer:"
-    same(pair, first)
+    prompt = tokens(on, doc("repeat", 20))
+    complete(on, prompt)
     before = on.cache()
-    same(pair, second)
-    after = on.cache()
-    shared = on.n_tokens(notes)  # at least: the questions share a few more tokens
-    assert after["hits"] == before["hits"] + 1
-    assert shared // BLOCK * BLOCK <= reused(before, after) < on.n_tokens(second)
-    assert reused(before, after) % BLOCK == 0
+    complete(on, prompt)
+    assert reused(before, on.cache()) == len(prompt) - 1
 
 
-def test_partial_match_and_a_prefix_of_a_cached_prompt(pair):
-    on, _ = pair
-    notes = doc("weight")
-    same(pair, notes + " That is all.")
-    before = on.cache()
-    same(pair, notes[: len(notes) // 2] + " and then something else entirely.")  # shares half of it
-    middle = on.cache()
-    same(pair, notes[: len(notes) // 3])  # a prefix of the cached prompt
-    after = on.cache()
-    assert reused(before, middle) >= BLOCK and reused(middle, after) >= BLOCK
-    # The longer entry survived the shorter prompts: it is reused whole again.
-    same(pair, notes + " That is all, again.")
-    assert reused(after, on.cache()) >= on.n_tokens(notes) // BLOCK * BLOCK
-
-
-def test_multi_turn_chat_reuses_the_conversation_so_far(pair):
+def test_a_prompt_that_diverges_mid_block_reuses_up_to_the_divergence(pair):
     on, off = pair
-    messages = [{"role": "system", "content": "You answer briefly. " + doc("price", 30)}]
+    prompt = tokens(on, doc("divergence", 25))
+    complete(on, prompt)
+    cut = 200  # not a multiple of anything the engine uses
+    other = prompt[:cut] + tokens(on, " Something else entirely, about boats and rivers.")
+    before = on.cache()
+    first_on = on.first_token(other)
+    assert reused(before, on.cache()) == cut
+    assert first_on == off.first_token(other)
+
+
+def test_generated_tokens_are_reused_as_generation_left_them(pair):
+    """A prompt that continues an earlier request's output reuses the cells decoding wrote.
+
+    Those cells come from one-token steps, not a prefill, so the check is
+    against the earlier request itself: greedy, going on from its first 12
+    tokens gives the rest of its own 24.
+    """
+    on, _ = pair
+    prompt = tokens(on, doc("continuation", 15))
+    text = complete(on, prompt, 24)
+    generated = tokens(on, text)
+    head = prompt + generated[:12]
+    before = on.cache()
+    rest = complete(on, head, 12)
+    assert reused(before, on.cache()) == len(head) - 1  # so the 12 ids are those it generated
+    assert tokens(on, text) == generated and text.endswith(rest) and rest
+
+
+def test_a_conversation_reuses_its_previous_turn_reply_included(pair):
+    on, _ = pair
+    messages = [{"role": "system", "content": "You answer briefly. " + doc("price", 20)}]
+    usage = None
     for question in ("What is the price of item 3?", "And of item 4?", "And of item 9?"):
         messages.append({"role": "user", "content": question})
         before = on.cache()
-        replies = [side.post("/v1/chat/completions", {"messages": messages, "max_tokens": 16}) for side in (on, off)]
-        answer, answer_off = (r["choices"][0]["message"]["content"] for r in replies)
-        assert answer == answer_off
-        messages.append({"role": "assistant", "content": answer})
-    # The last turn reused the previous turn's prompt: the system prompt's whole blocks at least.
-    assert BLOCK * 3 <= reused(before, on.cache()) < replies[0]["usage"]["prompt_tokens"]
+        reply = on.post("/v1/chat/completions", {"messages": messages, "max_tokens": 16})
+        if usage is not None:
+            # Everything the previous turn held, its reply included, less what the template changes at its end.
+            assert reused(before, on.cache()) >= usage["prompt_tokens"] + usage["completion_tokens"] - 4
+        usage = reply["usage"]
+        messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
 
 
-def test_concurrent_requests_sharing_a_prefix_being_prefilled(pair):
-    on, off = pair
-    # ~880 tokens: the first request prefills for two steps, and the one
-    # step's budget (512 tokens) it takes first lets no other in; the others
-    # copy its blocks while it is still prefilling, or once it is done.
-    notes = doc("height", 55)
-    prompts = [notes + f"\nItem {i} doubled is" for i in range(6)]
+def test_conversations_outnumbering_the_running_slots_keep_their_cells():
+    """PARALLEL + CACHE_SLOTS conversations, one turn each in turn: every second turn finds its first."""
+    with start_server(*args()) as server, server.client() as http:
+        side = Side(http)
+        n = PARALLEL + CACHE_SLOTS
+        prompts = [tokens(side, doc(f"customer {i}", 12)) for i in range(n)]
+        for prompt in prompts:
+            complete(side, prompt)
+        before = side.cache()
+        for prompt in prompts:
+            complete(side, prompt + tokens(side, " Next question."))
+        after = side.cache()
+        assert after["hits"] - before["hits"] == n
+        assert reused(before, after) >= sum(len(p) for p in prompts)
+
+
+def test_eviction_under_pressure_drops_the_least_recent(pair):
+    on, _ = pair
+    streams = PARALLEL + CACHE_SLOTS
+    prompts = [tokens(on, doc(f"subject {i}", 12)) for i in range(streams + 2)]
+    for prompt in prompts:  # each leaves an entry; the oldest go
+        complete(on, prompt, 4)
     before = on.cache()
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        got_on = list(pool.map(on.first_token, prompts))
-        got_off = list(pool.map(off.first_token, prompts))
-    assert got_on == got_off
-    after = on.cache()
-    assert after["misses"] == before["misses"] + 1 and after["hits"] == before["hits"] + len(prompts) - 1
-    assert reused(before, after) >= (len(prompts) - 1) * 4 * BLOCK
-
-
-def test_without_flash_attention_concurrent_texts_are_identical_too():
-    """Decode steps then do not depend on what else is in them: batching and the cache change no text."""
-    args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024), "--flash-attn", "off")
-    with start_server(*args) as a, start_server(*args, "--no-prefix-cache") as b, a.client() as x, b.client() as y:
-        on, off = Side(x), Side(y)
-        notes = doc("width", 55)
-        prompts = [notes + f"\nItem {i} tripled is" for i in range(6)]
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            got_on = list(pool.map(lambda p: on.generate(p, 24), prompts))
-            got_off = list(pool.map(lambda p: off.generate(p, 24), prompts))
-        alone = [off.generate(p, 24) for p in prompts[:2]]
-        assert on.cache()["hits"] == len(prompts) - 1
-    assert got_on == got_off
-    assert got_off[:2] == alone
-
-
-def test_eviction_under_memory_pressure(pair):
-    on, off = pair
-    topics = [f"subject {i}" for i in range(SLOTS + 2)]
-    for topic in topics:  # each leaves an entry; the oldest are evicted
-        same(pair, doc(topic, 25), 4)
-    before = on.cache()
-    assert 0 < before["cells"] <= SLOTS * 1024
-    same(pair, doc(topics[-1], 25) + " More.", 4)  # the most recent is still there
+    assert 0 < before["cells"] <= streams * SEQ_CTX
+    complete(on, prompts[-1] + tokens(on, " More."), 4)  # the most recent is still there
     middle = on.cache()
-    assert middle["hits"] == before["hits"] + 1
-    same(pair, doc(topics[0], 25) + " More.", 4)  # the least recent is gone
-    assert on.cache()["misses"] == middle["misses"] + 1
-    # As many new requests as slots: every entry is displaced or dropped.
-    prompts = [doc(f"other {i}", 25) for i in range(SLOTS)]
-    with ThreadPoolExecutor(SLOTS) as pool:
-        assert list(pool.map(on.first_token, prompts)) == list(pool.map(off.first_token, prompts))
-
-
-def test_health_and_metrics_report_the_cache(pair):
-    on, off = pair
-    on.generate(doc("depth") + " One.")
-    before, scraped = on.cache(), scrape(on.http)
-    on.generate(doc("depth") + " Two.")
-    after = on.cache()
-    assert set(after) == {"enabled", "hits", "misses", "hit_tokens", "cells"}
-    assert after["enabled"] is True and after["hits"] == before["hits"] + 1 and after["cells"] > 0
-    assert off.cache()["enabled"] is False
-    assert off.cache()["hits"] == off.cache()["misses"] == 0
-    samples = scrape(on.http)
-    assert value(samples, "cllm_prefix_cache_lookups_total", result="hit") - value(scraped, "cllm_prefix_cache_lookups_total", result="hit") == 1
-    assert value(samples, "cllm_prefix_cache_hit_tokens_total") - value(scraped, "cllm_prefix_cache_hit_tokens_total") == reused(before, after)
-    assert value(samples, "cllm_prefix_cache_cells") == after["cells"]
+    assert middle["hits"] == before["hits"] + 1 and reused(before, middle) >= len(prompts[-1])
+    complete(on, prompts[0] + tokens(on, " More."), 4)  # the least recent is gone:
+    assert reused(middle, on.cache()) < 10  # only the words every prompt here starts with

@@ -1,0 +1,197 @@
+"""The prefix cache's exact mode: the same results with it as without it, and it is really used.
+
+Two servers alike but for --no-prefix-cache answer the same requests; the
+one with the cache runs it in exact mode (--prefix-cache-exact), where only
+whole prompt blocks are reused, and no cache slots beyond --parallel. A
+request whose decode runs alone must give the same greedy text on both.
+Requests decoded together may not: with flash attention a decode step's
+logits depend on what else is in the step, cache or no cache. What the cache
+guarantees there is the prompt's KV cells, checked by the first token's
+logprobs, which come from the prompt alone; with --flash-attn off, whole
+greedy texts.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from tests.conftest import start_server
+from tests.test_metrics import scrape, value, wait_idle
+
+BLOCK = 128  # the scheduler's prefill block: only whole blocks are reused
+SLOTS = 4
+EXACT = ("--prefix-cache-exact", "--cache-slots", "0")
+
+
+def doc(topic: str, facts: int = 40) -> str:
+    """About 12 tokens a fact, its own from its first token."""
+    return f"Notes on {topic}. " + " ".join(f"Fact {i}: the {topic} of item {i} is {i * 7 % 13}." for i in range(facts))
+
+
+@dataclass
+class Side:
+    """One server of the pair, and the tokens its engine has made for this module.
+
+    Every request here decodes exactly max_tokens (ignore_eos), so the cache
+    figures are read once the engine has reported them all: it sends its
+    figures when it goes idle, just after the last reply.
+    """
+
+    http: httpx.Client
+    tokens: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def post(self, path: str, body: dict) -> dict:
+        r = self.http.post(path, json={**body, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        with self.lock:
+            self.tokens += body["max_tokens"]
+        return r.json()
+
+    def generate(self, prompt: str, max_tokens: int = 12) -> str:
+        return self.post("/generate", {"prompt": prompt, "max_tokens": max_tokens})["data"]["text"]
+
+    def first_token(self, prompt: str) -> dict:
+        """The first token's logprobs, its five likeliest alternatives included."""
+        lp = self.post("/v1/completions", {"prompt": prompt, "max_tokens": 1, "logprobs": 5})["choices"][0]["logprobs"]
+        return {"token_logprobs": lp["token_logprobs"], "top_logprobs": lp["top_logprobs"]}
+
+    def n_tokens(self, text: str) -> int:
+        return self.http.post("/encode", json={"text": text}).json()["data"]["length"]
+
+    def cache(self) -> dict:
+        return wait_idle(self.http, self.tokens)["prefix_cache"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """(cache on, cache off): SLOTS sequences of 1024 cells each."""
+    args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024))
+    with start_server(*args, *EXACT) as on, start_server(*args, "--no-prefix-cache") as off, on.client() as a, off.client() as b:
+        yield Side(a), Side(b)
+
+
+def same(pair, prompt: str, max_tokens: int = 12) -> str:
+    on, off = pair
+    text = on.generate(prompt, max_tokens)
+    assert text == off.generate(prompt, max_tokens)
+    return text
+
+
+def reused(before: dict, after: dict) -> int:
+    return after["hit_tokens"] - before["hit_tokens"]
+
+
+def test_shared_prefix_reuses_whole_blocks(pair):
+    on, _ = pair
+    notes = doc("colour")
+    first, second = notes + "\nQuestion: what is item 5?\nAnswer:", notes + "\nQuestion: and item 11?\nAnswer:"
+    same(pair, first)
+    before = on.cache()
+    same(pair, second)
+    after = on.cache()
+    shared = on.n_tokens(notes)  # at least: the questions share a few more tokens
+    assert after["hits"] == before["hits"] + 1
+    assert shared // BLOCK * BLOCK <= reused(before, after) < on.n_tokens(second)
+    assert reused(before, after) % BLOCK == 0
+
+
+def test_partial_match_and_a_prefix_of_a_cached_prompt(pair):
+    on, _ = pair
+    notes = doc("weight")
+    same(pair, notes + " That is all.")
+    before = on.cache()
+    same(pair, notes[: len(notes) // 2] + " and then something else entirely.")  # shares half of it
+    middle = on.cache()
+    same(pair, notes[: len(notes) // 3])  # a prefix of the cached prompt
+    after = on.cache()
+    assert reused(before, middle) >= BLOCK and reused(middle, after) >= BLOCK
+    # The longer entry survived the shorter prompts: it is reused whole again.
+    same(pair, notes + " That is all, again.")
+    assert reused(after, on.cache()) >= on.n_tokens(notes) // BLOCK * BLOCK
+
+
+def test_multi_turn_chat_reuses_the_conversation_so_far(pair):
+    on, off = pair
+    messages = [{"role": "system", "content": "You answer briefly. " + doc("price", 30)}]
+    for question in ("What is the price of item 3?", "And of item 4?", "And of item 9?"):
+        messages.append({"role": "user", "content": question})
+        before = on.cache()
+        replies = [side.post("/v1/chat/completions", {"messages": messages, "max_tokens": 16}) for side in (on, off)]
+        answer, answer_off = (r["choices"][0]["message"]["content"] for r in replies)
+        assert answer == answer_off
+        messages.append({"role": "assistant", "content": answer})
+    # The last turn reused the previous turn's prompt: the system prompt's whole blocks at least.
+    assert BLOCK * 3 <= reused(before, on.cache()) < replies[0]["usage"]["prompt_tokens"]
+
+
+def test_concurrent_requests_sharing_a_prefix_being_prefilled(pair):
+    on, off = pair
+    # ~880 tokens: the first request prefills for two steps, and the one
+    # step's budget (512 tokens) it takes first lets no other in; the others
+    # copy its blocks while it is still prefilling, or once it is done.
+    notes = doc("height", 55)
+    prompts = [notes + f"\nItem {i} doubled is" for i in range(6)]
+    before = on.cache()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got_on = list(pool.map(on.first_token, prompts))
+        got_off = list(pool.map(off.first_token, prompts))
+    assert got_on == got_off
+    after = on.cache()
+    assert after["misses"] == before["misses"] + 1 and after["hits"] == before["hits"] + len(prompts) - 1
+    assert reused(before, after) >= (len(prompts) - 1) * 4 * BLOCK
+
+
+def test_without_flash_attention_concurrent_texts_are_identical_too():
+    """Decode steps then do not depend on what else is in them: batching and the cache change no text."""
+    args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024), "--flash-attn", "off")
+    with start_server(*args, *EXACT) as a, start_server(*args, "--no-prefix-cache") as b, a.client() as x, b.client() as y:
+        on, off = Side(x), Side(y)
+        notes = doc("width", 55)
+        prompts = [notes + f"\nItem {i} tripled is" for i in range(6)]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got_on = list(pool.map(lambda p: on.generate(p, 24), prompts))
+            got_off = list(pool.map(lambda p: off.generate(p, 24), prompts))
+        alone = [off.generate(p, 24) for p in prompts[:2]]
+        assert on.cache()["hits"] == len(prompts) - 1
+    assert got_on == got_off
+    assert got_off[:2] == alone
+
+
+def test_eviction_under_memory_pressure(pair):
+    on, off = pair
+    topics = [f"subject {i}" for i in range(SLOTS + 2)]
+    for topic in topics:  # each leaves an entry; the oldest are evicted
+        same(pair, doc(topic, 25), 4)
+    before = on.cache()
+    assert 0 < before["cells"] <= SLOTS * 1024
+    same(pair, doc(topics[-1], 25) + " More.", 4)  # the most recent is still there
+    middle = on.cache()
+    assert middle["hits"] == before["hits"] + 1
+    same(pair, doc(topics[0], 25) + " More.", 4)  # the least recent is gone
+    assert on.cache()["misses"] == middle["misses"] + 1
+    # As many new requests as slots: every entry is displaced or dropped.
+    prompts = [doc(f"other {i}", 25) for i in range(SLOTS)]
+    with ThreadPoolExecutor(SLOTS) as pool:
+        assert list(pool.map(on.first_token, prompts)) == list(pool.map(off.first_token, prompts))
+
+
+def test_health_and_metrics_report_the_cache(pair):
+    on, off = pair
+    on.generate(doc("depth") + " One.")
+    before, scraped = on.cache(), scrape(on.http)
+    on.generate(doc("depth") + " Two.")
+    after = on.cache()
+    assert set(after) == {"enabled", "hits", "misses", "hit_tokens", "cells"}
+    assert after["enabled"] is True and after["hits"] == before["hits"] + 1 and after["cells"] > 0
+    assert off.cache()["enabled"] is False
+    assert off.cache()["hits"] == off.cache()["misses"] == 0
+    samples = scrape(on.http)
+    assert value(samples, "cllm_prefix_cache_lookups_total", result="hit") - value(scraped, "cllm_prefix_cache_lookups_total", result="hit") == 1
+    assert value(samples, "cllm_prefix_cache_hit_tokens_total") - value(scraped, "cllm_prefix_cache_hit_tokens_total") == reused(before, after)
+    assert value(samples, "cllm_prefix_cache_cells") == after["cells"]
