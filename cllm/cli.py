@@ -7,8 +7,9 @@ import os
 import sys
 from typing import get_args
 
-from cllm.config import ConfigError, FlashAttn, LogFormat, LogLevel, ServeConfig, load_config
-from cllm.model_file import ModelFileError, resolve_model
+from cllm.config import CacheType, ConfigError, FlashAttn, LogFormat, LogLevel, ServeConfig, load_config
+from cllm.model_file import ModelFileError
+from cllm.registry import build_registry, is_pool
 
 
 def _serve_parser(sub) -> None:
@@ -42,6 +43,19 @@ def _serve_parser(sub) -> None:
         "--flash-attn", choices=get_args(FlashAttn),
         help=f"llama.cpp's flash attention; off is ~10%% slower here, but then the attention of a decode step does not depend on the other requests in it (README: What is exact; default {d.flash_attn})",
     )
+    p.add_argument("--n-gpu-layers", type=int, help="layers offloaded to the GPU (default: all when llama.cpp has a GPU backend, else 0)")
+    for kv in ("k", "v"):
+        p.add_argument(
+            f"--cache-type-{kv}", choices=get_args(CacheType),
+            help=f"KV cache type of {kv.upper()}; q8_0 and q4_0 hold more sequences in the same memory"
+            + (" (needs flash attention)" if kv == "v" else "") + " (default f16)",
+        )
+    p.add_argument("--models-dir", metavar="DIR", help="serve every *.gguf in DIR too, by its file name without .gguf (README: Several models)")
+    p.add_argument("--default-model", metavar="ID", help="the model of requests that name none (default: --model, else the registry's first)")
+    p.add_argument("--models-max", type=int, help="most models loaded at once; the least recently used idle one is unloaded to make room (default: no bound)")
+    p.add_argument("--replicas", type=int, help="engine processes per model; they share the cores unless --threads is set (default 1)")
+    p.add_argument("--keep-alive", type=float, help="seconds a model may stay idle before it is unloaded (default 0: never)")
+    p.add_argument("--load-timeout", type=float, help=f"seconds a request waits for its model to load before 503 (default {d.load_timeout:g})")
     p.add_argument("--shutdown-timeout", type=float, help=f"seconds in-flight requests get to finish on SIGINT/SIGTERM (default {d.shutdown_timeout:g})")
     p.add_argument("--log-level", metavar="|".join(get_args(LogLevel)), help=f"least severe log records written to stderr; info logs one line per request (default {d.log_level})")
     p.add_argument("--log-format", metavar="|".join(get_args(LogFormat)), help=f"text, or json for log shippers: one object a line (default {d.log_format})")
@@ -86,13 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
         try:
             config = load_config(args.config, overrides)
-            model_path = resolve_model(config.model)
+            models = build_registry(config)
         except (ConfigError, ModelFileError) as e:
             print(f"cllm: {e}", file=sys.stderr)
             return 2
         from cllm.supervisor import Supervisor
 
-        return Supervisor(config, model_path).run()
+        return Supervisor(config, models, pool=is_pool(config)).run()
     return 2
 
 

@@ -13,6 +13,26 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 FlashAttn = Literal["auto", "on", "off"]
 MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ)
+CacheType = Literal["f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
+
+
+class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
+    """One model of the `models:` list; unset engine settings take the top-level ones."""
+
+    id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=128)]
+    path: str
+    aliases: list[str] = []
+    ctx_size: Annotated[int, Meta(ge=64)] | None = None
+    parallel: Annotated[int, Meta(ge=1, le=256)] | None = None
+    threads: Annotated[int, Meta(ge=0)] | None = None
+    batch_size: Annotated[int, Meta(ge=1)] | None = None
+    flash_attn: FlashAttn | None = None
+    prefix_cache: bool | None = None
+    n_gpu_layers: Annotated[int, Meta(ge=0)] | None = None
+    cache_type_k: CacheType | None = None
+    cache_type_v: CacheType | None = None
+    replicas: Annotated[int, Meta(ge=1, le=64)] | None = None
+    keep_alive: Annotated[float, Meta(ge=0)] | None = None
 
 
 class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
@@ -34,6 +54,18 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     # llama.cpp's flash attention: faster, but then a decode step's logits
     # depend on the other sequences in the step (see the README, "What is exact").
     flash_attn: FlashAttn = "auto"
+    # Layers offloaded to the GPU; None: all of them when llama.cpp has a GPU backend, else 0.
+    n_gpu_layers: Annotated[int, Meta(ge=0)] | None = None
+    cache_type_k: CacheType = "f16"
+    cache_type_v: CacheType = "f16"  # quantized V needs flash attention (llama.cpp's rule)
+    # Several models (see cllm/registry.py): a directory of GGUF files and/or a list.
+    models_dir: str | None = None
+    models: list[ModelEntry] = []
+    default_model: str | None = None  # an id; default: --model, else the first of the registry
+    models_max: Annotated[int, Meta(ge=0)] = 0  # models loaded at once; 0: no bound
+    replicas: Annotated[int, Meta(ge=1, le=64)] = 1  # engines per model
+    keep_alive: Annotated[float, Meta(ge=0)] = 0.0  # seconds idle before a model is unloaded; 0: never
+    load_timeout: Annotated[float, Meta(gt=0)] = 120.0  # a request waits this long for its model to load
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
     # Requests: what each may ask and how long it may take, how many may wait.
@@ -80,6 +112,13 @@ def load_config(path: str | None, overrides: dict) -> ServeConfig:
         config = msgspec.convert(values, ServeConfig)
     except msgspec.ValidationError as e:
         raise ConfigError(f"invalid setting: {e}") from None
-    if config.ctx_size < config.parallel * 16:
-        raise ConfigError(f"--ctx-size {config.ctx_size} leaves under 16 KV cells for each of --parallel {config.parallel} sequences")
+    check_engine(config, "")
     return config
+
+
+def check_engine(config: ServeConfig, where: str) -> None:
+    """Settings llama.cpp would refuse, said before any engine starts (``where``: which model)."""
+    if config.ctx_size < config.parallel * 16:
+        raise ConfigError(f"{where}ctx-size {config.ctx_size} leaves under 16 KV cells for each of {config.parallel} parallel sequences")
+    if config.cache_type_v != "f16" and config.flash_attn == "off":
+        raise ConfigError(f"{where}cache-type-v {config.cache_type_v} needs flash attention (llama.cpp quantizes V only with it)")

@@ -8,27 +8,53 @@ import sys
 import msgspec
 
 from cllm.config import ServeConfig
+from cllm.registry import ModelSpec
 from cllm.ring import RingSpec
 
 REQUEST_RING_BYTES = 8 << 20  # holds hundreds of long prompts
 OUTPUT_RING_BYTES = 4 << 20  # holds thousands of steps
+EXIT_LOAD_FAILED = 3  # an engine that could not load its model: starting it again would not help
+
+
+class EngineRings(msgspec.Struct, frozen=True):
+    """One engine's pair of rings; they outlive the engine, which restarts on them."""
+
+    requests: RingSpec  # frontend -> engine
+    outputs: RingSpec  # engine -> frontend
+
+    def fds(self) -> tuple[int, ...]:
+        return (*self.requests.fds(), *self.outputs.fds())
+
+
+class ModelSlot(msgspec.Struct, kw_only=True):
+    """What the frontend knows of one model: its settings and the rings of each replica."""
+
+    spec: ModelSpec
+    rings: list[EngineRings]
+    loaded: bool = False  # its engines run (or start) as the frontend starts
 
 
 class Launch(msgspec.Struct, kw_only=True):
     config: ServeConfig  # without the API key, which goes in the frontend's environment
-    model_path: str
-    requests: RingSpec  # frontend -> engine
-    outputs: RingSpec  # engine -> frontend
+    # An engine's: its model and rings (replica `replica` of model `model_id`).
+    model_path: str = ""
+    rings: EngineRings | None = None
+    model_id: str = ""
+    replica: int = 0
+    # The frontend's: every model, the default first.
+    models: list[ModelSlot] = []
     # Read end of a pipe only the supervisor writes: EOF means it is gone. The
     # frontend's also carries notices (EngineExited, one JSON line each).
     lifeline: int
     generation: int = 0  # times this child was started before
     listen: int = -1  # the frontend's listening socket, held by the supervisor
     ready: int = -1  # the frontend writes a line here once it serves
+    control: int = -1  # the frontend asks for models to be loaded and unloaded here (JSON lines)
 
     def fds(self) -> tuple[int, ...]:
-        fds = (*self.requests.fds(), *self.outputs.fds(), self.lifeline)
-        return fds + tuple(fd for fd in (self.listen, self.ready) if fd >= 0)
+        rings = [self.rings] if self.rings is not None else [r for m in self.models for r in m.rings]
+        fds = tuple(fd for r in rings for fd in r.fds()) + (self.lifeline,)
+        return fds + tuple(fd for fd in (self.listen, self.ready, self.control) if fd >= 0)
 
     def argv(self, module: str) -> list[str]:
         return [sys.executable, "-m", module, msgspec.json.encode(self).decode()]

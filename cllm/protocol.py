@@ -70,8 +70,10 @@ class ModelInfo(msgspec.Struct, gc=False):
     parallel: int
     batch_size: int
     threads: int = msgspec.field(name="num_threads")
-    gpu_layers: int
+    gpu_layers: int  # layers offloaded to the GPU
     use_mmap: bool
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
 
 
 class EngineReady(msgspec.Struct, tag=1, array_like=True, gc=False):
@@ -134,6 +136,28 @@ FromEngine = EngineReady | StepOutputs | EngineStats
 
 
 class EngineExited(msgspec.Struct):
-    """The engine of this generation died; the supervisor is starting the next."""
+    """The engine of this generation died (or was stopped); restarting: the supervisor starts the next."""
 
     generation: int
+    model: str = ""
+    replica: int = 0
+    restarting: bool = True
+    reason: str = ""  # why it is not restarted: unloaded, could not load its model, crash loop
+
+
+# ---- frontend -> supervisor (one JSON line each, on the frontend's control pipe)
+
+
+class LoadModel(msgspec.Struct, tag="load"):
+    """Start every replica of a registry model; the frontend has said Hello on their rings."""
+
+    model: str
+
+
+class UnloadModel(msgspec.Struct, tag="unload"):
+    """Stop a model's engines; the frontend gets EngineExited(restarting=False) for each."""
+
+    model: str
+
+
+Control = LoadModel | UnloadModel

@@ -1,20 +1,26 @@
-"""`cllm serve`: hold the port and the rings, run engine and frontend, restart either if it dies.
+"""`cllm serve`: hold the port and the rings, run the engines and the frontend, restart any that dies.
 
-The supervisor sleeps in select() on three things: a signal, a child exiting
-(SIGCHLD) and the frontend's "serving" note. Children run in their own session,
-so a terminal's Ctrl-C reaches only the supervisor, which then drains them in
-order: the frontend first (stop accepting, finish or cancel in-flight requests
-within --shutdown-timeout), then the engine. If the supervisor itself is
-killed, the lifeline pipes it alone writes close, and both children exit on
-their own. The rings are anonymous memory, so nothing is left in /dev/shm
-whatever way the processes end.
+The supervisor sleeps in select() on a signal, a child exiting (SIGCHLD), the
+frontend's "serving" note and its control pipe. It runs one engine process per
+loaded model replica, each on its own pair of rings, created for every model
+of the registry at start-up (so the frontend holds them all from its launch);
+the default model's engines start with the server, the others when the
+frontend asks (LoadModel) and stop when it says (UnloadModel). Children run in
+their own session, so a terminal's Ctrl-C reaches only the supervisor, which
+then drains them in order: the frontend first (stop accepting, finish or
+cancel in-flight requests within --shutdown-timeout), then the engines. If the
+supervisor itself is killed, the lifeline pipes it alone writes close, and
+every child exits on its own. The rings are anonymous memory, so nothing is
+left in /dev/shm whatever way the processes end.
 
 A child that dies while serving is started again on the same rings:
-- the engine: the frontend is told (a line on its lifeline), fails what it has
-  in flight with 503 and says Hello to the new engine;
-- the frontend: the new one says Hello, and the engine drops the sequences of
-  the old one. It serves the listening socket the supervisor holds, so
-  connections made in between wait in the backlog.
+- an engine: the frontend is told (a line on its lifeline), fails what that
+  engine had in flight with 503 and says Hello to the new one; other engines
+  never notice. One that could not load its model, or dies too often, is given
+  up: its model is unloaded (with a single model, `cllm serve` exits 1).
+- the frontend: the new one says Hello to every running engine, and each drops
+  the sequences of the old one. It serves the listening socket the supervisor
+  holds, so connections made in between wait in the backlog.
 Neither ring is ever reset: records written before a Hello are skipped, and
 each side clears its own wait flag when it attaches.
 """
@@ -29,13 +35,15 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 import msgspec
 
 from cllm.config import ServeConfig
-from cllm.launch import OUTPUT_RING_BYTES, REQUEST_RING_BYTES, Launch, close_quietly
+from cllm.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly
 from cllm.log import setup_logging
-from cllm.protocol import EngineExited
+from cllm.protocol import Control, EngineExited, LoadModel
+from cllm.registry import ModelSpec
 from cllm.ring import Ring
 
 ENGINE_EXIT_GRACE = 5.0
@@ -45,17 +53,41 @@ RESTART_WINDOW = 60.0
 log = logging.getLogger("cllm.supervisor")
 
 
+@dataclass
+class Child:
+    """One process slot (the frontend, or one replica of one model) and its history."""
+
+    name: str  # "frontend", or "engine <model>#<replica>"
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+    restarted_at: list[float] = field(default_factory=list)
+    stop_by: float | None = None  # asked to stop (unloaded): killed if still alive then
+
+    def may_restart(self) -> bool:
+        now = time.monotonic()
+        self.restarted_at = [t for t in self.restarted_at if now - t < RESTART_WINDOW] + [now]
+        return len(self.restarted_at) <= MAX_RESTARTS
+
+
+@dataclass
+class Engine(Child):
+    spec: ModelSpec | None = None
+    replica: int = 0
+    rings: tuple[Ring, Ring] | None = None  # requests, outputs
+
+
 class Supervisor:
-    def __init__(self, config: ServeConfig, model_path: str):
+    def __init__(self, config: ServeConfig, models: list[ModelSpec], pool: bool = False):
         self.config = config
-        self.model_path = model_path
+        self.models = models  # the default first
+        self.pool = pool  # a registry: a model that fails is unloaded instead of ending the server
         self.stopping = False
         self.serving = False
         self.sel = selectors.DefaultSelector()
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.starts = {"engine": 0, "frontend": 0}
-        self.restarted_at: dict[str, list[float]] = {"engine": [], "frontend": []}
-        self.frontend_fds: tuple[int, int] = (-1, -1)  # its lifeline's write end, its ready note's read end
+        self.frontend = Child("frontend")
+        self.engines: dict[tuple[str, int], Engine] = {}
+        self.frontend_fds: tuple[int, ...] = ()  # its lifeline's write end, its ready and control read ends
+        self._control_buf = b""
 
     def run(self) -> int:
         host, port = self.config.host, self.config.port
@@ -65,8 +97,10 @@ class Supervisor:
             print(f"cllm: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
             return 2
         setup_logging(self.config.log_level, self.config.log_format)
-        self.requests = Ring.create(REQUEST_RING_BYTES)
-        self.outputs = Ring.create(OUTPUT_RING_BYTES)
+        for spec in self.models:
+            for r in range(spec.replicas):
+                rings = (Ring.create(REQUEST_RING_BYTES), Ring.create(OUTPUT_RING_BYTES))
+                self.engines[spec.id, r] = Engine(f"engine {spec.id}#{r}", spec=spec, replica=r, rings=rings)
         self.engine_lifeline = os.pipe()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
@@ -76,8 +110,8 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select()
         self.sel.register(wake_r, selectors.EVENT_READ)
         try:
-            self._start("engine")
-            self._start("frontend")
+            self._load(self.models[0].id)
+            self._start_frontend()
             return self._watch(wake_r)
         finally:
             self._stop()
@@ -85,77 +119,157 @@ class Supervisor:
             self._close_frontend_fds()
             for fd in (*self.engine_lifeline, wake_r, wake_w):
                 close_quietly(fd)
-            for ring in (self.requests, self.outputs):
-                ring.close()
-                ring.close_fds()
+            for engine in self.engines.values():
+                for ring in engine.rings:
+                    ring.close()
+                    ring.close_fds()
 
-    def _start(self, name: str) -> None:
+    def _env(self) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k != "CLLM_API_KEY"}
+
+    def _start_engine(self, engine: Engine) -> None:
+        requests, outputs = engine.rings
+        launch = Launch(
+            config=engine.spec.config,
+            model_path=engine.spec.path,
+            rings=EngineRings(requests.spec, outputs.spec),
+            model_id=engine.spec.id,
+            replica=engine.replica,
+            lifeline=self.engine_lifeline[0],
+            generation=engine.starts,
+        )
+        engine.proc = subprocess.Popen(launch.argv("engine_proc"), pass_fds=launch.fds(), env=self._env(), start_new_session=True)
+        engine.starts += 1
+        engine.stop_by = None
+
+    def _start_frontend(self) -> None:
+        self._close_frontend_fds()
+        lifeline_r, lifeline_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        control_r, control_w = os.pipe()
+        os.set_blocking(lifeline_w, False)  # a notice never blocks the supervisor
+        self.frontend_fds = (lifeline_w, ready_r, control_r)
+        self._control_buf = b""
+        self.sel.register(ready_r, selectors.EVENT_READ)
+        self.sel.register(control_r, selectors.EVENT_READ)
+        slots = [
+            ModelSlot(
+                spec=spec,
+                rings=[EngineRings(*(ring.spec for ring in self.engines[spec.id, r].rings)) for r in range(spec.replicas)],
+                loaded=self._running(spec.id),
+            )
+            for spec in self.models
+        ]
         launch = Launch(
             config=msgspec.structs.replace(self.config, api_key=None),
-            model_path=self.model_path,
-            requests=self.requests.spec,
-            outputs=self.outputs.spec,
-            lifeline=self.engine_lifeline[0],
-            generation=self.starts[name],
+            models=slots,
+            lifeline=lifeline_r,
+            listen=self.listener.fileno(),
+            ready=ready_w,
+            control=control_w,
+            generation=self.frontend.starts,
         )
-        env = {k: v for k, v in os.environ.items() if k != "CLLM_API_KEY"}
-        child_ends: tuple[int, ...] = ()
-        if name == "frontend":
-            self._close_frontend_fds()
-            lifeline_r, lifeline_w = os.pipe()
-            ready_r, ready_w = os.pipe()
-            os.set_blocking(lifeline_w, False)  # a notice never blocks the supervisor
-            self.frontend_fds = (lifeline_w, ready_r)
-            self.sel.register(ready_r, selectors.EVENT_READ)
-            launch.lifeline, launch.listen, launch.ready = lifeline_r, self.listener.fileno(), ready_w
-            child_ends = (lifeline_r, ready_w)
-            if self.config.api_key is not None:
-                env["CLLM_API_KEY"] = self.config.api_key
+        env = self._env()
+        if self.config.api_key is not None:
+            env["CLLM_API_KEY"] = self.config.api_key
         try:
-            self.procs[name] = subprocess.Popen(
-                launch.argv(f"{name}_proc"), pass_fds=launch.fds(), env=env, start_new_session=True
-            )
+            self.frontend.proc = subprocess.Popen(launch.argv("frontend_proc"), pass_fds=launch.fds(), env=env, start_new_session=True)
         finally:
-            for fd in child_ends:
+            for fd in (lifeline_r, ready_w, control_w):
                 os.close(fd)
-        self.starts[name] += 1
+        self.frontend.starts += 1
+
+    def _running(self, model: str) -> bool:
+        return any(e.proc is not None and e.stop_by is None for (m, _), e in self.engines.items() if m == model)
+
+    def _load(self, model: str) -> None:
+        for (m, _), engine in self.engines.items():
+            if m == model and engine.proc is None:
+                log.info("starting %s", engine.name)
+                self._start_engine(engine)
+
+    def _unload(self, model: str) -> None:
+        for (m, _), engine in self.engines.items():
+            if m == model and engine.proc is not None and engine.stop_by is None:
+                engine.proc.terminate()
+                engine.stop_by = time.monotonic() + ENGINE_EXIT_GRACE
 
     def _on_stop_signal(self, signum, frame) -> None:
         self.stopping = True
 
     def _watch(self, wake_r: int) -> int:
         while not self.stopping:
-            for name, proc in list(self.procs.items()):
-                if proc.poll() is None:
-                    continue
-                how = _exit_status(proc.returncode)
-                if not self.serving:
-                    log.error("the %s process exited during start-up (%s)", name, how)
+            proc = self.frontend.proc
+            if proc.poll() is not None:
+                if not self._restart(self.frontend, proc.returncode):
                     return 1
-                if not self._may_restart(name):
-                    log.error("the %s process died (%s) after %d restarts in %g s; giving up", name, how, MAX_RESTARTS, RESTART_WINDOW)
+                self._start_frontend()
+            for engine in self.engines.values():
+                if engine.proc is not None and engine.proc.poll() is not None and not self._engine_exited(engine):
                     return 1
-                log.error("the %s process died (%s); starting it again", name, how)
-                if name == "engine":
-                    self._notify_frontend(EngineExited(self.starts["engine"] - 1))
-                self._start(name)
-            for key, _ in self.sel.select():
-                data = os.read(key.fd, 64)
+            stopping = [e.stop_by for e in self.engines.values() if e.stop_by is not None]
+            timeout = max(0.0, min(stopping) - time.monotonic()) if stopping else None
+            for key, _ in self.sel.select(timeout):
+                data = os.read(key.fd, 4096)
                 if key.fd == wake_r:
                     continue
                 if not data:  # that frontend has served its note, or died
                     self.sel.unregister(key.fd)
+                elif key.fd == self.frontend_fds[2]:
+                    self._on_control(data)
                 elif not self.serving:
                     self.serving = True
                     port = self.listener.getsockname()[1]
-                    print(f"cllm: serving {os.path.basename(self.model_path)} at http://{self.config.host}:{port}", flush=True)
+                    print(f"cllm: serving {os.path.basename(self.models[0].path)} at http://{self.config.host}:{port}", flush=True)
+            for engine in self.engines.values():
+                if engine.stop_by is not None and time.monotonic() >= engine.stop_by and engine.proc.poll() is None:
+                    engine.proc.kill()
         return 0
 
-    def _may_restart(self, name: str) -> bool:
-        now = time.monotonic()
-        recent = [t for t in self.restarted_at[name] if now - t < RESTART_WINDOW] + [now]
-        self.restarted_at[name] = recent
-        return len(recent) <= MAX_RESTARTS
+    def _restart(self, child: Child, code: int) -> bool:
+        """Whether a child that died may start again; says why not."""
+        how = _exit_status(code)
+        if not self.serving:
+            log.error("the %s process exited during start-up (%s)", child.name, how)
+            return False
+        if not child.may_restart():
+            log.error("the %s process died (%s) after %d restarts in %g s; giving up", child.name, how, MAX_RESTARTS, RESTART_WINDOW)
+            return False
+        log.error("the %s process died (%s); starting it again", child.name, how)
+        return True
+
+    def _engine_exited(self, engine: Engine) -> bool:
+        """Restart an engine that died, or give its model up; False: the server must end."""
+        code, generation = engine.proc.returncode, engine.starts - 1
+        engine.proc = None
+        if engine.stop_by is not None:  # unloaded
+            engine.stop_by = None
+            log.info("stopped %s", engine.name)
+            self._notify_frontend(EngineExited(generation, engine.spec.id, engine.replica, False, "unloaded"))
+            return True
+        if code == EXIT_LOAD_FAILED and self.serving:
+            log.error("the %s process could not load %s; not starting it again", engine.name, engine.spec.path)
+            reason = "its engine could not load the model file"
+        elif self._restart(engine, code):
+            self._notify_frontend(EngineExited(generation, engine.spec.id, engine.replica))
+            self._start_engine(engine)
+            return True
+        else:
+            reason = "its engine kept failing"
+        if not self.pool:
+            return False
+        self._notify_frontend(EngineExited(generation, engine.spec.id, engine.replica, False, reason))
+        self._unload(engine.spec.id)  # a model serves with all its replicas or not at all
+        return True
+
+    def _on_control(self, data: bytes) -> None:
+        *lines, self._control_buf = (self._control_buf + data).split(b"\n")
+        for line in lines:
+            msg = _control.decode(line)
+            if type(msg) is LoadModel:
+                self._load(msg.model)
+            else:
+                self._unload(msg.model)
 
     def _notify_frontend(self, notice: EngineExited) -> None:
         try:
@@ -165,25 +279,32 @@ class Supervisor:
 
     def _close_frontend_fds(self) -> None:
         for fd in self.frontend_fds:
-            if fd >= 0:
-                if fd in self.sel.get_map():
-                    self.sel.unregister(fd)
-                close_quietly(fd)
-        self.frontend_fds = (-1, -1)
+            if fd in self.sel.get_map():
+                self.sel.unregister(fd)
+            close_quietly(fd)
+        self.frontend_fds = ()
 
     def _stop(self) -> None:
-        """Stop listening, then the frontend (it drains in-flight requests), then the engine."""
+        """Stop listening, then the frontend (it drains in-flight requests), then the engines."""
         self.listener.close()
-        for name, grace in (("frontend", self.config.shutdown_timeout + 5), ("engine", ENGINE_EXIT_GRACE)):
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
+        self._terminate([self.frontend.proc], self.config.shutdown_timeout + 5)
+        self._terminate([e.proc for e in self.engines.values()], ENGINE_EXIT_GRACE)
+
+    @staticmethod
+    def _terminate(procs: list[subprocess.Popen | None], grace: float) -> None:
+        live = [p for p in procs if p is not None and p.poll() is None]
+        for proc in live:
             proc.terminate()
+        deadline = time.monotonic() + grace
+        for proc in live:
             try:
-                proc.wait(grace)
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+_control = msgspec.json.Decoder(Control)
 
 
 def _exit_status(code: int) -> str:

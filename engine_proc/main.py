@@ -11,7 +11,7 @@ import time
 
 import msgspec
 
-from cllm.launch import from_argv
+from cllm.launch import EXIT_LOAD_FAILED, from_argv
 from cllm.log import setup_logging
 from cllm.protocol import EngineReady, Hello, ModelInfo, StepOutputs, Submit, ToEngine
 from cllm.ring import Ring
@@ -31,7 +31,7 @@ class _Stop(Exception):
 def main() -> int:
     launch = from_argv()
     setup_logging(launch.config.log_level, launch.config.log_format)
-    requests, outputs = Ring(launch.requests), Ring(launch.outputs)
+    requests, outputs = Ring(launch.rings.requests), Ring(launch.rings.outputs)
     # An engine that died before us may have left its wait flags up.
     requests.end_wait()
     outputs.end_space_wait()
@@ -62,8 +62,8 @@ def main() -> int:
         engine = LLMEngine(launch.model_path, launch.config)
     except ModelLoadError as e:
         log.error("%s", e)
-        return 1
-    _log_start(engine.runner.info)
+        return EXIT_LOAD_FAILED
+    _log_start(engine.runner.info, f"{launch.model_id}#{launch.replica}")
 
     session = None  # records before the first Hello were meant for a dead engine
     stats_due = 0.0
@@ -108,14 +108,15 @@ def main() -> int:
     return 0
 
 
-def _log_start(info: ModelInfo) -> None:
+def _log_start(info: ModelInfo, name: str) -> None:
     log.info(
-        "model %s: %s %s, %.0fM parameters, %.1f MiB",
-        info.model_path, info.model_family, info.quantization, info.n_params / 1e6, info.model_bytes / MIB,
+        "engine %s, model %s: %s %s, %.0fM parameters, %.1f MiB",
+        name, info.model_path, info.model_family, info.quantization, info.n_params / 1e6, info.model_bytes / MIB,
     )
     log.info(
-        "KV cache: %d cells (%d sequences of %d), %.1f MiB reserved; %d threads, %d-token steps",
-        info.ctx_size, info.parallel, info.seq_ctx, info.kv_bytes / MIB, info.threads, info.batch_size,
+        "KV cache: %d cells (%d sequences of %d), %.1f MiB reserved (K %s, V %s); %d threads, %d-token steps, %d GPU layers",
+        info.ctx_size, info.parallel, info.seq_ctx, info.kv_bytes / MIB, info.cache_type_k, info.cache_type_v,
+        info.threads, info.batch_size, info.gpu_layers,
     )
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from cllm.config import ServeConfig
 from cllm.llama_log import silence_llama_logs
+from cllm.model_meta import gpu_layers, kv_cache_bytes, meta as _meta
 from cllm.protocol import ModelInfo
 from engine_proc.sequence import Chunk
 
@@ -34,14 +35,11 @@ FLASH_ATTN = {
 }
 
 
+CACHE_TYPES = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
+
+
 class ModelLoadError(RuntimeError):
     pass
-
-
-def _meta(model, key: str) -> str:
-    buf = ctypes.create_string_buffer(256)
-    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-    return buf.value.decode(errors="replace") if n >= 0 else ""
 
 
 class ModelRunner:
@@ -49,6 +47,7 @@ class ModelRunner:
         silence_llama_logs()
         L.llama_backend_init()
         mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = gpu_layers(config)
         self.model = L.llama_model_load_from_file(model_path.encode(), mparams)
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load {model_path}")
@@ -69,6 +68,7 @@ class ModelRunner:
         cparams.n_threads = cparams.n_threads_batch = config.n_threads
         cparams.kv_unified = False
         cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
+        cparams.type_k, cparams.type_v = CACHE_TYPES[config.cache_type_k], CACHE_TYPES[config.cache_type_v]
         cparams.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -106,13 +106,15 @@ class ModelRunner:
             model_bytes=L.llama_model_size(self.model),
             n_ctx_train=L.llama_model_n_ctx_train(self.model),
             ctx_size=L.llama_n_ctx(self.ctx),
-            kv_bytes=_kv_cache_bytes(self.model, L.llama_n_ctx(self.ctx)),
+            kv_bytes=kv_cache_bytes(self.model, L.llama_n_ctx(self.ctx), config.cache_type_k, config.cache_type_v),
             seq_ctx=self.seq_ctx,
             parallel=config.parallel,
             batch_size=self.token_budget,
             threads=config.n_threads,
-            gpu_layers=mparams.n_gpu_layers,
+            gpu_layers=min(mparams.n_gpu_layers, L.llama_model_n_layer(self.model)),
             use_mmap=mparams.load_mode in (L.LLAMA_LOAD_MODE_AUTO, L.LLAMA_LOAD_MODE_MMAP, L.LLAMA_LOAD_MODE_MMAP_MLOCK),
+            cache_type_k=config.cache_type_k,
+            cache_type_v=config.cache_type_v,
         )
 
     def decode(self, chunks: list[Chunk]) -> list[int]:
@@ -166,15 +168,6 @@ class ModelRunner:
     def close(self) -> None:
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
-
-
-def _kv_cache_bytes(model, cells: int) -> int:
-    """K and V of every layer for every cell, in f16 (llama.cpp's default cache type)."""
-    arch = _meta(model, "general.architecture")
-    n_head = L.llama_model_n_head(model) or 1
-    head_k = int(_meta(model, f"{arch}.attention.key_length") or L.llama_model_n_embd(model) // n_head)
-    head_v = int(_meta(model, f"{arch}.attention.value_length") or head_k)
-    return L.llama_model_n_layer(model) * cells * L.llama_model_n_head_kv(model) * (head_k + head_v) * 2
 
 
 def _quantization(model) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -30,6 +30,9 @@ from frontend_proc.observe import ObserveMiddleware
 from frontend_proc.openapi import Operation, document
 from frontend_proc.tokenizer import Tokenizer
 
+if TYPE_CHECKING:  # model_pool builds AppStates
+    from frontend_proc.model_pool import ModelPool
+
 T = TypeVar("T")
 _json = msgspec.json.Encoder()
 
@@ -47,6 +50,8 @@ class AppState:
     metrics: Metrics
     operations: list[Operation]  # every route, and what the OpenAPI document says of it
     api_key: str | None = None
+    pool: ModelPool | None = None  # every model; this state is one model's (the default's, for routes that name none)
+    model_id: str = ""  # the registry id of this state's model
     generation: int = 0  # times the frontend was restarted
     started_at: float = field(default_factory=time.monotonic)
     openapi: bytes = b""  # the document, built on first request
@@ -129,6 +134,11 @@ def _check_content_type(value: str) -> None:
 
 def state(request: Request) -> AppState:
     return request.app.state.cllm
+
+
+async def model_state(request: Request, model: str | None) -> AppState:
+    """The state of the model a request names (None: the default), loaded; 404 for an unknown name."""
+    return await request.app.state.cllm.pool.state_for(model)
 
 
 async def _openapi(request: Request) -> Response:

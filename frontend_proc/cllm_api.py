@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from cllm.protocol import ModelInfo, PrefixCacheStats
 from frontend_proc import generation
-from frontend_proc.app import AppState, decode_body, json_response, ok, sse, sse_response, state
+from frontend_proc.app import AppState, decode_body, json_response, model_state, ok, sse, sse_response, state
 from frontend_proc.errors import ApiError
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.openapi import Operation
@@ -67,7 +67,8 @@ def _request_id(choice: Choice) -> str:
     return f"cllm-{choice.stream.id}"
 
 
-async def _start(st: AppState, body: GenerateRequest, stream: bool) -> Generation:
+async def _start(request: Request, body: GenerateRequest, stream: bool) -> Generation:
+    st = await model_state(request, body.model)
     return await generation.start(st, [st.tokenizer.encode(body.prompt)], body.sampling(), stream=stream)
 
 
@@ -80,7 +81,7 @@ def _engine_figures(st: AppState, full: bool) -> EngineFigures:
         kv_used=kv_used,
         kv_total=info.ctx_size,
         kv_usage_ratio=round(kv_used / info.ctx_size, 4),
-        tokens_per_second_1m=round(st.metrics.token_rate.rate(now), 2),
+        tokens_per_second_1m=round(st.metrics.token_rate(now), 2),
         uptime_seconds=round(now - client.ready_at, 3),
     )
     if full:
@@ -99,8 +100,7 @@ async def generate(request: Request) -> Response:
     body = await decode_body(request, GenerateRequest)
     if body.stream:
         return await _stream(request, body)
-    st = state(request)
-    gen = await _start(st, body, stream=False)
+    gen = await _start(request, body, stream=False)
     try:
         [text] = await gen.texts(request)
     finally:
@@ -126,7 +126,7 @@ async def generate_stream(request: Request) -> Response:
 
 
 async def _stream(request: Request, body: GenerateRequest) -> Response:
-    gen = await _start(state(request), body, stream=True)
+    gen = await _start(request, body, stream=True)
     choice = gen.choices[0]
     rid = _request_id(choice)
 

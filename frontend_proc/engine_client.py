@@ -11,6 +11,11 @@ was meant for a frontend that died. When the supervisor reports the engine
 died, the client fails every request in flight with 503, writes nothing more
 for that session, and says Hello again, to the engine the supervisor starts.
 
+An engine may also be stopped for good (its model unloaded, or given up):
+then its requests fail with 503 and the client stays silent until it is
+loaded again (``hello``). The supervisor tells the client once the process is
+gone, so the next engine never reads a Hello meant for the last one.
+
 Requests are bounded here, where the engine's size is known: at most
 ``parallel + --max-waiting`` in flight (else 429), each cancelled with 408
 past ``--request-timeout``.
@@ -25,7 +30,8 @@ import time
 
 import msgspec
 
-from cllm.launch import Launch
+from cllm.config import ServeConfig
+from cllm.launch import EngineRings
 from cllm.protocol import (
     Abort,
     EngineReady,
@@ -44,6 +50,7 @@ from frontend_proc.limits import Limits
 from frontend_proc.metrics import Metrics
 
 RETRY_AFTER = {"Retry-After": "1"}
+_ids = itertools.count(1)  # request ids, unique across the engines of every model
 
 
 def not_ready() -> ApiError:
@@ -54,12 +61,13 @@ class RequestStream:
     """Tokens of one request as they arrive from the engine."""
 
     __slots__ = (
-        "id", "prompt_tokens", "tokens", "logprobs", "finish", "error", "t_submit", "t_first", "t_done", "timer",
+        "id", "owner", "prompt_tokens", "tokens", "logprobs", "finish", "error", "t_submit", "t_first", "t_done", "timer",
         "_tail", "_event", "_per_step",
     )
 
-    def __init__(self, rid: int, prompt_tokens: int, per_step: bool):
+    def __init__(self, rid: int, owner: "EngineClient", prompt_tokens: int, per_step: bool):
         self.id = rid
+        self.owner = owner  # the engine client that runs it (of one replica)
         self.prompt_tokens = prompt_tokens
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprobs] = []  # one per token, when the request asked for them
@@ -122,35 +130,45 @@ class RequestStream:
 
 
 class EngineClient:
-    def __init__(self, launch: Launch, metrics: Metrics):
+    def __init__(self, config: ServeConfig, rings: EngineRings, metrics: Metrics, model: str = "", replica: int = 0):
         self.metrics = metrics
-        self._config = launch.config
-        self._requests = Ring(launch.requests)
-        self._outputs = Ring(launch.outputs)
+        self.model, self.replica = model, replica
+        self._config = config
+        self._requests = Ring(rings.requests)
+        self._outputs = Ring(rings.outputs)
         self._encode = msgspec.msgpack.Encoder().encode
         self._decode = msgspec.msgpack.Decoder(FromEngine).decode
-        self._ids = itertools.count(1)
         self._streams: dict[int, RequestStream] = {}
         self._submit_lock = asyncio.Lock()
         self._room: asyncio.Future | None = None  # set while a record waits for ring space
         self._aborts: list[int] = []
         self._session = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.ready: asyncio.Future[ModelInfo] | None = None  # the first answer to a Hello
+        self.ready: asyncio.Future[ModelInfo] | None = None  # the first answer to the last hello()
         self.info: ModelInfo | None = None  # None while no engine has answered our Hello
         self.limits: Limits | None = None
         self.generation = 0  # of the engine that answered: how often it was restarted
         self.stats: EngineStats | None = None
         self.ready_at: float | None = None  # when the current engine answered
         self._max_in_flight = 0
+        self.running = False  # an engine runs (or starts) for us: False once the supervisor says it stopped for good
 
-    def start(self) -> None:
+    def start(self, running: bool = True) -> None:
+        """Attach to the rings; ``running``: an engine runs or starts on them, so say Hello."""
         self._loop = asyncio.get_running_loop()
-        self.ready = self._loop.create_future()
         self._requests.end_space_wait()  # a frontend that died before us may have left it up
         self._loop.add_reader(self._outputs.data_fd, self._on_outputs)
-        self._hello()
+        if running:
+            self.hello()
         self._on_outputs()
+
+    def hello(self) -> asyncio.Future[ModelInfo]:
+        """Start a session with the engine about to run; the future is its answer."""
+        self.running = True
+        self.ready = self._loop.create_future()
+        self.ready.add_done_callback(_retrieved)
+        self._hello()
+        return self.ready
 
     def stop(self) -> None:
         if self._loop is not None:
@@ -170,7 +188,7 @@ class EngineClient:
                 f"{self._config.max_waiting} requests are already waiting for one of {self.info.parallel} slots",
                 RETRY_AFTER,
             )
-        stream = RequestStream(next(self._ids), len(prompt), per_step)
+        stream = RequestStream(next(_ids), self, len(prompt), per_step)
         self._streams[stream.id] = stream
         if self._config.request_timeout:
             stream.timer = self._loop.call_later(self._config.request_timeout, self._time_out, stream)
@@ -231,19 +249,29 @@ class EngineClient:
         self._session = int.from_bytes(os.urandom(8), "little") >> 1
         self._loop.create_task(self._put(self._encode(Hello(self._session))))
 
-    def engine_exited(self, generation: int) -> None:
-        """The supervisor reports the engine of ``generation`` died and starts the next."""
+    def engine_exited(self, generation: int, restarting: bool = True, reason: str = "") -> None:
+        """The supervisor reports the engine of ``generation`` died (and starts the next, if restarting)."""
         self._on_outputs()  # first, whatever it published before it died
-        if self.info is not None and self.generation > generation:
+        if restarting and self.info is not None and self.generation > generation:
             return  # a later engine already answered our Hello: nothing of ours was lost
+        why = "it is restarting" if restarting else f"the model was stopped: {reason}"
+        self._fail_all(ApiError(503, "engine failed", f"the engine stopped while serving this request; {why}", RETRY_AFTER))
+        if restarting:
+            self._hello()
+            return
+        self.running = False
+        if not self.ready.done():
+            self.ready.set_exception(ApiError(503, "model unavailable", f"the model could not start: {reason}", RETRY_AFTER))
+
+    def _fail_all(self, error: ApiError) -> None:
         self.info = self.stats = None
         self._aborts.clear()
         streams, self._streams = self._streams, {}
         for stream in streams.values():
-            stream._fail(ApiError(503, "engine failed", "the engine stopped while serving this request; it is restarting", RETRY_AFTER))
+            stream._fail(error)
         if self._room is not None and not self._room.done():
             self._room.set_result(None)  # a record waiting for room: it is stale now
-        self._hello()
+        self._session += 1  # what still waits to be written belongs to no session now
 
     def _on_outputs(self) -> None:
         ring = self._outputs
@@ -261,7 +289,7 @@ class EngineClient:
                                 del streams[out.id]
                 elif type(msg) is EngineStats:
                     self.stats = msg
-                    self.metrics.engine_stats(msg, self.info.ctx_size, time.monotonic())
+                    self.metrics.engine_stats(msg, self.info.ctx_size, time.monotonic(), self.model, self.replica)
                 elif type(msg) is EngineReady and msg.session == self._session:
                     self._on_ready(msg)
             if ring.arm_wait():
@@ -272,6 +300,12 @@ class EngineClient:
         self.limits = Limits.of(self._config, msg.info)
         self._max_in_flight = msg.info.parallel + self._config.max_waiting
         self.ready_at = time.monotonic()
-        self.metrics.engine_ready(self.ready_at, msg.generation)
+        self.metrics.engine_ready(self.ready_at, msg.generation, self.model, self.replica)
         if not self.ready.done():
             self.ready.set_result(msg.info)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """A failed load is answered to whoever waited; no one waiting is no error to log."""
+    if not future.cancelled():
+        future.exception()

@@ -17,10 +17,12 @@ import uvicorn
 from cllm.launch import from_argv
 from cllm.log import setup_logging
 from cllm.protocol import EngineExited
-from frontend_proc import cllm_api, openai_api
+from cllm.registry import is_pool
+from frontend_proc import cllm_api, models_api, openai_api
 from frontend_proc.app import AppState, build_app
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.metrics import Metrics
+from frontend_proc.model_pool import ModelPool
 from frontend_proc.tokenizer import Tokenizer
 
 log = logging.getLogger("cllm.frontend")
@@ -47,28 +49,36 @@ def main() -> int:
     config = launch.config
     setup_logging(config.log_level, config.log_format)
     metrics = Metrics()
-    client = EngineClient(launch, metrics)
-    tokenizer = Tokenizer(launch.model_path)
+    clients = [
+        [EngineClient(slot.spec.config, rings, metrics, slot.spec.id, r) for r, rings in enumerate(slot.rings)] for slot in launch.models
+    ]
+    default = launch.models[0].spec
+    tokenizer = Tokenizer(default.path)
     app_state = AppState(
         config=config,
-        client=client,
+        client=clients[0][0],
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template(),
-        operations=cllm_api.operations + openai_api.operations,
+        operations=cllm_api.operations + openai_api.operations + models_api.operations,
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,
+        model_id=default.id,
         generation=launch.generation,
     )
+    pool = app_state.pool = ModelPool(launch.models, app_state, clients, launch.control, multi=is_pool(config))
+    if len(clients[0]) > 1:
+        app_state.client = pool.default.client
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         loop = asyncio.get_running_loop()
-        client.start()
-        loop.add_reader(launch.lifeline, _on_lifeline, launch.lifeline, client)
-        await client.ready
+        pool.start()
+        loop.add_reader(launch.lifeline, _on_lifeline, launch.lifeline, pool)
+        if pool.default.loading is not None:
+            await pool.default.loading
         yield
         loop.remove_reader(launch.lifeline)
-        client.stop()
+        pool.stop()
 
     server = _Server(
         uvicorn.Config(
@@ -92,16 +102,16 @@ def main() -> int:
 _notice = msgspec.json.Decoder(EngineExited)
 
 
-def _on_lifeline(fd: int, client: EngineClient) -> None:
+def _on_lifeline(fd: int, pool: ModelPool) -> None:
     """The supervisor writes notices here; EOF means it died."""
     data = os.read(fd, 4096)
     for line in data.splitlines():
-        client.engine_exited(_notice.decode(line).generation)
+        pool.engine_exited(_notice.decode(line))
     if data:
         return
     asyncio.get_running_loop().remove_reader(fd)
-    if not client.ready.done():
-        client.ready.set_exception(SystemExit("cllm frontend: the supervisor is gone"))
+    if pool.default.loading is not None:
+        pool.default.loading.cancel()
     os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
 
 

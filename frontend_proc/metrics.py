@@ -4,6 +4,7 @@ Everything here moves once per finished request or once per EngineStats
 message (at most one a second while the engine is busy), never per token.
 A scrape or a /health only reads it: the engine never notices either.
 The families live in their own registry, not prometheus_client's global one.
+The engine's figures are labelled with its model and replica.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 
 TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+LOAD_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+ENGINE = ["model", "replica"]
 
 
 class Metrics:
@@ -42,8 +45,8 @@ class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
         self.requests = Counter("cllm_requests_total", "HTTP responses, by route and status", ["route", "status"], registry=r)
-        self.running = Gauge("cllm_requests_running", "Sequences the engine is decoding", registry=r)
-        self.waiting = Gauge("cllm_requests_waiting", "Requests waiting for a free engine slot", registry=r)
+        self.running = Gauge("cllm_requests_running", "Sequences the engine is decoding", ENGINE, registry=r)
+        self.waiting = Gauge("cllm_requests_waiting", "Requests waiting for a free engine slot", ENGINE, registry=r)
         self.prompt_tokens = Counter("cllm_prompt_tokens_total", "Prompt tokens of requests that reached the engine", registry=r)
         self.generation_tokens = Counter("cllm_generation_tokens_total", "Tokens generated for requests, as their usage says", registry=r)
         self.ttft = Histogram(
@@ -56,47 +59,73 @@ class Metrics:
             "cllm_e2e_request_latency_seconds", "From a request's arrival to the end of its response", buckets=E2E_BUCKETS, registry=r
         )
         self.step = Histogram(
-            "cllm_engine_step_seconds", "Engine steps: schedule, one llama_decode, sample", buckets=STEP_BUCKETS, registry=r
+            "cllm_engine_step_seconds", "Engine steps: schedule, one llama_decode, sample", ENGINE, buckets=STEP_BUCKETS, registry=r
         )
-        self.batch = Histogram("cllm_batch_size", "Sequences in one engine step", buckets=BATCH_BUCKETS, registry=r)
-        self.kv_usage = Gauge("cllm_kv_cache_usage_ratio", "KV cells held by running sequences / all KV cells", registry=r)
+        self.batch = Histogram("cllm_batch_size", "Sequences in one engine step", ENGINE, buckets=BATCH_BUCKETS, registry=r)
+        self.kv_usage = Gauge("cllm_kv_cache_usage_ratio", "KV cells held by running sequences / all KV cells", ENGINE, registry=r)
         self.cache_hit_tokens = Counter(
-            "cllm_prefix_cache_hit_tokens_total", "Prompt tokens whose KV cells came from the prefix cache", registry=r
+            "cllm_prefix_cache_hit_tokens_total", "Prompt tokens whose KV cells came from the prefix cache", ENGINE, registry=r
         )
         self.cache_lookups = Counter(
-            "cllm_prefix_cache_lookups_total", "Prefix cache lookups, one per admitted request, by result", ["result"], registry=r
+            "cllm_prefix_cache_lookups_total", "Prefix cache lookups, one per admitted request, by result", [*ENGINE, "result"], registry=r
         )
-        self.cache_cells = Gauge("cllm_prefix_cache_cells", "KV cells held by the prefix cache", registry=r)
-        for result in ("hit", "miss"):
-            self.cache_lookups.labels(result)  # both series exist from the start, at 0
-        self._cache_seen = PrefixCacheStats()  # the engine's counts: the counters move by their differences
-        self.restarts = Counter("cllm_engine_restarts_total", "Engines started after the first", registry=r)
-        self._restarts_seen = 0
-        self.token_rate = TokenRate(TOKEN_RATE_WINDOW)
+        self.cache_cells = Gauge("cllm_prefix_cache_cells", "KV cells held by the prefix cache", ENGINE, registry=r)
+        self.restarts = Counter("cllm_engine_restarts_total", "Engines started after the first", ENGINE, registry=r)
+        self.loads = Counter("cllm_model_loads_total", "Models loaded, by result (ok, failed)", ["model", "result"], registry=r)
+        self.load_seconds = Histogram(
+            "cllm_model_load_seconds", "From asking for a model's engines to all of them serving", ["model"], buckets=LOAD_BUCKETS, registry=r
+        )
+        self.unloads = Counter("cllm_model_unloads_total", "Models unloaded, by reason", ["model", "reason"], registry=r)
+        self._engines: dict[tuple[str, str], _EngineSeen] = {}
+        self.token_rates: dict[tuple[str, str], TokenRate] = {}
 
-    def engine_ready(self, now: float, generation: int) -> None:
-        """An engine answered; ``generation`` counts the engines started before it."""
-        if generation > self._restarts_seen:
-            self.restarts.inc(generation - self._restarts_seen)
-            self._restarts_seen = generation
-        self.token_rate.restart(now)
-        self._cache_seen = PrefixCacheStats()  # a new engine counts from zero
+    def engine_ready(self, now: float, generation: int, model: str = "", replica: int = 0) -> None:
+        """An engine answered; ``generation`` counts the engines of its slot started before it."""
+        key = (model, str(replica))
+        seen = self._engines.get(key)
+        if seen is None:
+            seen = self._engines[key] = _EngineSeen()
+            for result in ("hit", "miss"):
+                self.cache_lookups.labels(*key, result)  # both series exist from the start, at 0
+            self.restarts.labels(*key)
+        if generation > seen.restarts:
+            self.restarts.labels(*key).inc(generation - seen.restarts)
+            seen.restarts = generation
+        self.token_rates.setdefault(key, TokenRate(TOKEN_RATE_WINDOW)).restart(now)
+        seen.cache = PrefixCacheStats()  # a new engine counts from zero
 
-    def engine_stats(self, stats: EngineStats, kv_total: int, now: float) -> None:
-        self.running.set(stats.running)
-        self.waiting.set(stats.waiting)
-        self.kv_usage.set(stats.kv_used / kv_total)
+    def engine_stats(self, stats: EngineStats, kv_total: int, now: float, model: str = "", replica: int = 0) -> None:
+        key = (model, str(replica))
+        self.running.labels(*key).set(stats.running)
+        self.waiting.labels(*key).set(stats.waiting)
+        self.kv_usage.labels(*key).set(stats.kv_used / kv_total)
+        step, batch = self.step.labels(*key), self.batch.labels(*key)
         for seconds in stats.step_seconds:
-            self.step.observe(seconds)
+            step.observe(seconds)
         for size in stats.batch_sizes:
-            self.batch.observe(size)
-        self.token_rate.add(now, stats.generated_tokens)
-        cache, seen = stats.prefix_cache, self._cache_seen
-        self.cache_lookups.labels("hit").inc(cache.hits - seen.hits)
-        self.cache_lookups.labels("miss").inc(cache.misses - seen.misses)
-        self.cache_hit_tokens.inc(cache.hit_tokens - seen.hit_tokens)
-        self.cache_cells.set(cache.cells)
-        self._cache_seen = cache
+            batch.observe(size)
+        self.token_rates[key].add(now, stats.generated_tokens)
+        seen = self._engines[key]
+        cache, last = stats.prefix_cache, seen.cache
+        self.cache_lookups.labels(*key, "hit").inc(cache.hits - last.hits)
+        self.cache_lookups.labels(*key, "miss").inc(cache.misses - last.misses)
+        self.cache_hit_tokens.labels(*key).inc(cache.hit_tokens - last.hit_tokens)
+        self.cache_cells.labels(*key).set(cache.cells)
+        seen.cache = cache
+
+    def engine_gone(self, model: str, replica: int) -> None:
+        """A model was unloaded: its engine's gauges go (its counters stay, as counters do)."""
+        key = (model, str(replica))
+        for gauge in (self.running, self.waiting, self.kv_usage, self.cache_cells):
+            try:
+                gauge.remove(*key)
+            except KeyError:
+                pass
+        self.token_rates.pop(key, None)
+
+    def token_rate(self, now: float) -> float:
+        """Tokens per second over the last minute, all engines together."""
+        return sum(rate.rate(now) for rate in self.token_rates.values())
 
     def request_done(self, route: str, status: int, t_start: float, t_end: float, generations: list) -> None:
         """One HTTP exchange is over, with the Generations it started (usually none or one)."""
@@ -115,6 +144,16 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineSeen:
+    """An engine slot's running counts as last reported: the counters move by their differences."""
+
+    __slots__ = ("restarts", "cache")
+
+    def __init__(self):
+        self.restarts = 0
+        self.cache = PrefixCacheStats()
 
 
 class TokenRate:

@@ -8,21 +8,20 @@ with `data: [DONE]`). Errors take OpenAI's shape (see app.error_body).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.protocol import ModelInfo
 from frontend_proc import generation
-from frontend_proc.app import AppState, decode_body, sse, sse_response, state
+from frontend_proc.app import AppState, decode_body, model_state, sse, sse_response, state
 from frontend_proc.chat_template import ChatTemplateError
 from frontend_proc.cllm_api import GENERATE_ERRORS
 from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
+from frontend_proc.models_api import card
 from frontend_proc.openapi import Operation
 from frontend_proc.openai_schemas import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
@@ -30,25 +29,22 @@ DONE = b"data: [DONE]\n\n"
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-def model_id(info: ModelInfo) -> str:
-    return os.path.basename(info.model_path).removesuffix(".gguf")
-
-
-def _model_card(info: ModelInfo) -> dict:
-    return {"id": model_id(info), "object": "model", "created": int(os.path.getmtime(info.model_path)), "owned_by": "cllm"}
-
-
 async def list_models(request: Request) -> Response:
-    info = generation.engine_info(state(request))
-    return json_response({"object": "list", "data": [_model_card(info)]})
+    st = state(request)
+    if not st.pool.multi:
+        generation.engine_info(st)
+    return json_response({"object": "list", "data": [card(m, st.pool.multi) for m in st.pool.models]})
 
 
 async def retrieve_model(request: Request) -> Response:
-    info = generation.engine_info(state(request))
+    st = state(request)
     name = request.path_params["model"]
-    if name != model_id(info):
+    model = st.pool.by_name.get(name)
+    if model is None:
         raise ApiError(404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found")
-    return json_response(_model_card(info))
+    if not st.pool.multi:
+        generation.engine_info(st)
+    return json_response(card(model, st.pool.multi))
 
 
 def _invalid(message: str, param: str) -> ApiError:
@@ -138,8 +134,8 @@ async def _respond_whole(request: Request, gen: Generation, head: dict, whole: C
     return json_response({**head, "choices": choices, "usage": _usage(gen)})
 
 
-def _head(gen: Generation, prefix: str, obj: str, info: ModelInfo) -> dict:
-    return {"id": f"{prefix}-{gen.choices[0].stream.id}", "object": obj, "created": int(time.time()), "model": model_id(info)}
+def _head(gen: Generation, prefix: str, obj: str, st: AppState) -> dict:
+    return {"id": f"{prefix}-{gen.choices[0].stream.id}", "object": obj, "created": int(time.time()), "model": st.model_id}
 
 
 # ---- /v1/completions ---------------------------------------------------------
@@ -184,8 +180,8 @@ def _completion_logprobs(st: AppState, choice: Choice, start: int, end: int, off
 
 
 async def completions(request: Request) -> Response:
-    st = state(request)
     body = await decode_body(request, CompletionRequest)
+    st = await model_state(request, body.model)
     if body.echo:
         raise _invalid("echo is not supported", "echo")
     if body.suffix:
@@ -194,7 +190,7 @@ async def completions(request: Request) -> Response:
         raise _invalid("best_of must equal n (every choice generated is returned)", "best_of")
     prompts = _completion_prompts(st, body.prompt)
     gen = await _start(st, body, prompts, body.max_tokens or COMPLETION_MAX_TOKENS, body.logprobs, "prompt")
-    head = _head(gen, "cmpl", "text_completion", st.client.info)
+    head = _head(gen, "cmpl", "text_completion", st)
     want_logprobs = body.logprobs is not None
     text_len = [0] * len(gen.choices)
 
@@ -233,8 +229,8 @@ def _chat_logprobs(st: AppState, choice: Choice, start: int, end: int) -> dict:
 
 
 async def chat_completions(request: Request) -> Response:
-    st = state(request)
     body = await decode_body(request, ChatCompletionRequest)
+    st = await model_state(request, body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise _invalid("top_logprobs needs logprobs: true", "top_logprobs")
     info = generation.engine_info(st)
@@ -245,7 +241,7 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = body.max_completion_tokens or body.max_tokens or info.seq_ctx  # default: what the sequence holds
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     gen = await _start(st, body, [st.tokenizer.encode(text)], max_tokens, logprobs, "messages")
-    head = _head(gen, "chatcmpl", "chat.completion.chunk" if body.stream else "chat.completion", info)
+    head = _head(gen, "chatcmpl", "chat.completion.chunk" if body.stream else "chat.completion", st)
 
     def lp(choice: Choice, start: int, end: int) -> dict | None:
         return _chat_logprobs(st, choice, start, end) if body.logprobs and end > start else None
@@ -271,7 +267,7 @@ async def chat_completions(request: Request) -> Response:
 
 # The response bodies are OpenAI's objects, built in place: the document calls them objects.
 operations = [
-    Operation("GET", "/v1/models", list_models, "OpenAI: the served model", response=dict, errors=(503,)),
+    Operation("GET", "/v1/models", list_models, "OpenAI: the models, with their status when there are several", response=dict, errors=(503,)),
     Operation("GET", "/v1/models/{model:path}", retrieve_model, "OpenAI: one model", response=dict, errors=(404, 503)),
     Operation(
         "POST", "/v1/completions", completions, "OpenAI: text completions",

@@ -56,7 +56,7 @@ ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The parameters both endpoints share."""
 
-    model: str | None = None  # any name is answered by the one served model
+    model: str | None = None  # None: the default model; a single model answers to any name
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Meta(ge=0, le=1)] = 1.0

@@ -31,6 +31,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     seed: Seed | None = None
     ignore_eos: bool = False
     stream: bool = False
+    model: str | None = None  # a registry id or alias; None: the default model
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(

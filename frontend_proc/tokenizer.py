@@ -16,17 +16,17 @@ class Tokenizer:
         silence_llama_logs()
         params = L.llama_model_default_params()
         params.vocab_only = True
-        self._model = L.llama_model_load_from_file(model_path.encode(), params)
-        if not self._model:
+        self.model = L.llama_model_load_from_file(model_path.encode(), params)
+        if not self.model:
             raise RuntimeError(f"llama.cpp could not load the vocabulary of {model_path}")
-        self.vocab = L.llama_model_get_vocab(self._model)
+        self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def chat_template(self) -> ChatTemplate:
         """The file's `tokenizer.chat_template` (or a plain fallback), with its BOS and EOS."""
-        source = L.llama_model_chat_template(self._model, None)
+        source = L.llama_model_chat_template(self.model, None)
         return ChatTemplate(
             source.decode(errors="replace") if source else None,
             bos_token=self._text(L.llama_vocab_bos(self.vocab)),
