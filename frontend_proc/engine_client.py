@@ -27,6 +27,7 @@ import asyncio
 import itertools
 import os
 import time
+from collections.abc import Iterator
 
 import msgspec
 
@@ -50,7 +51,6 @@ from frontend_proc.limits import Limits
 from frontend_proc.metrics import Metrics
 
 RETRY_AFTER = {"Retry-After": "1"}
-_ids = itertools.count(1)  # request ids, unique across the engines of every model
 
 
 def not_ready() -> ApiError:
@@ -130,8 +130,11 @@ class RequestStream:
 
 
 class EngineClient:
-    def __init__(self, config: ServeConfig, rings: EngineRings, metrics: Metrics, model: str = "", replica: int = 0):
+    def __init__(
+        self, config: ServeConfig, rings: EngineRings, metrics: Metrics, model: str = "", replica: int = 0, ids: Iterator[int] | None = None
+    ):
         self.metrics = metrics
+        self._ids = ids or itertools.count(1)  # request ids: shared by the clients of one frontend, unique in all
         self.model, self.replica = model, replica
         self._config = config
         self._requests = Ring(rings.requests)
@@ -188,7 +191,7 @@ class EngineClient:
                 f"{self._config.max_waiting} requests are already waiting for one of {self.info.parallel} slots",
                 RETRY_AFTER,
             )
-        stream = RequestStream(next(_ids), self, len(prompt), per_step)
+        stream = RequestStream(next(self._ids), self, len(prompt), per_step)
         self._streams[stream.id] = stream
         if self._config.request_timeout:
             stream.timer = self._loop.call_later(self._config.request_timeout, self._time_out, stream)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import itertools
 import logging
 import os
 import signal
@@ -49,8 +50,10 @@ def main() -> int:
     config = launch.config
     setup_logging(config.log_level, config.log_format)
     metrics = Metrics()
+    ids = itertools.count(1)
     clients = [
-        [EngineClient(slot.spec.config, rings, metrics, slot.spec.id, r) for r, rings in enumerate(slot.rings)] for slot in launch.models
+        [EngineClient(slot.spec.config, rings, metrics, slot.spec.id, r, ids) for r, rings in enumerate(slot.rings)]
+        for slot in launch.models
     ]
     default = launch.models[0].spec
     tokenizer = Tokenizer(default.path)

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from cllm.config import ServeConfig
-from cllm.launch import Launch
+from cllm.launch import EngineRings
 from cllm.protocol import EngineReady, Hello, ModelInfo, SamplingParams, SeqOutput, StepOutputs, Submit, ToEngine
 from cllm.ring import Ring
 from frontend_proc.engine_client import EngineClient
@@ -72,10 +72,8 @@ def rings():
 
 def test_engine_death_while_the_frontend_waits_for_room(rings):
     requests, outputs = rings
-    launch = Launch(config=ServeConfig(request_timeout=0), model_path="m.gguf", requests=requests.spec, outputs=outputs.spec, lifeline=-1)
-
     async def scenario():
-        client = EngineClient(launch, Metrics())
+        client = EngineClient(ServeConfig(request_timeout=0), EngineRings(requests.spec, outputs.spec), Metrics())
         client.start()
         first = FakeEngine(Ring(requests.spec), Ring(outputs.spec), generation=0)
         await until(lambda: first.serve_records() == [] and first.session is not None)
@@ -130,10 +128,8 @@ def test_a_new_frontend_ignores_what_the_engine_said_to_the_old_one(rings):
     # What a frontend that died left unread: an answer to its Hello, outputs for its request 1.
     assert outputs.try_put(encode(EngineReady(INFO, 12345, 0)))
     assert outputs.try_put(encode(StepOutputs([SeqOutput(1, 42, "length")])))
-    launch = Launch(config=ServeConfig(), model_path="m.gguf", requests=requests.spec, outputs=outputs.spec, lifeline=-1, generation=1)
-
     async def scenario():
-        client = EngineClient(launch, Metrics())
+        client = EngineClient(ServeConfig(), EngineRings(requests.spec, outputs.spec), Metrics())
         client.start()
         await asyncio.sleep(0.1)
         assert client.info is None  # the stale answer was not for this client

@@ -30,6 +30,9 @@ FAMILIES = {
     "cllm_prefix_cache_hit_tokens": "counter",
     "cllm_prefix_cache_lookups": "counter",
     "cllm_prefix_cache_cells": "gauge",
+    "cllm_model_loads": "counter",
+    "cllm_model_load_seconds": "histogram",
+    "cllm_model_unloads": "counter",
 }
 PER_REQUEST_HISTOGRAMS = ("cllm_time_to_first_token_seconds", "cllm_time_per_output_token_seconds", "cllm_e2e_request_latency_seconds")
 
@@ -48,7 +51,9 @@ def scrape(http) -> dict[str, dict[tuple, float]]:
 
 
 def value(samples: dict, name: str, **labels) -> float:
-    return samples.get(name, {}).get(tuple(sorted(labels.items())), 0.0)
+    """The sum of the samples that carry these labels (an engine figure: over every engine)."""
+    want = set(labels.items())
+    return sum(v for key, v in samples.get(name, {}).items() if want <= set(key))
 
 
 def wait_idle(http, generated_tokens: int = 0) -> dict:
@@ -181,10 +186,11 @@ def test_engine_ready_after_the_first_counts_as_a_restart():
     m.engine_stats(EngineStats(1, 2, 256, 5, 5, [0.01] * 5, [1] * 5), kv_total=1024, now=1.0)
     m.engine_ready(now=2.0, generation=1)
     text = m.exposition().decode()
-    assert "cllm_engine_restarts_total 1.0" in text
-    assert "cllm_kv_cache_usage_ratio 0.25" in text
-    assert "cllm_requests_waiting 2.0" in text
-    assert 'cllm_engine_step_seconds_bucket{le="0.01"} 5.0' in text
+    engine = 'model="",replica="0"'
+    assert f"cllm_engine_restarts_total{{{engine}}} 1.0" in text
+    assert f"cllm_kv_cache_usage_ratio{{{engine}}} 0.25" in text
+    assert f"cllm_requests_waiting{{{engine}}} 2.0" in text
+    assert f'cllm_engine_step_seconds_bucket{{le="0.01",{engine}}} 5.0' in text
 
 
 def test_prefix_cache_counters_follow_the_engine_counts_across_a_restart():
@@ -195,10 +201,11 @@ def test_prefix_cache_counters_follow_the_engine_counts_across_a_restart():
     m.engine_ready(now=2.0, generation=1)  # the new engine counts from zero
     m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(1, 1, 128, 128)), kv_total=1024, now=3.0)
     text = m.exposition().decode()
-    assert 'cllm_prefix_cache_lookups_total{result="hit"} 4.0' in text
-    assert 'cllm_prefix_cache_lookups_total{result="miss"} 3.0' in text
-    assert "cllm_prefix_cache_hit_tokens_total 640.0" in text
-    assert "cllm_prefix_cache_cells 128.0" in text
+    engine = 'model="",replica="0"'
+    assert f'cllm_prefix_cache_lookups_total{{{engine},result="hit"}} 4.0' in text
+    assert f'cllm_prefix_cache_lookups_total{{{engine},result="miss"}} 3.0' in text
+    assert f"cllm_prefix_cache_hit_tokens_total{{{engine}}} 640.0" in text
+    assert f"cllm_prefix_cache_cells{{{engine}}} 128.0" in text
 
 
 def test_token_rate_over_the_last_minute():
