@@ -89,6 +89,11 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
         extra = self.parallel if self.cache_slots is None else self.cache_slots
         return min(self.parallel + extra, MAX_STREAMS)
 
+    @property
+    def kv_cells(self) -> int:
+        """KV cells the engine allocates: a sequence's share for every stream and one scratch stream."""
+        return self.ctx_size // self.parallel * (self.kv_streams + 1)
+
 
 class ConfigError(ValueError):
     pass
@@ -118,7 +123,8 @@ def load_config(path: str | None, overrides: dict) -> ServeConfig:
 
 def check_engine(config: ServeConfig, where: str) -> None:
     """Settings llama.cpp would refuse, said before any engine starts (``where``: which model)."""
+    opt = "" if where else "--"
     if config.ctx_size < config.parallel * 16:
-        raise ConfigError(f"{where}ctx-size {config.ctx_size} leaves under 16 KV cells for each of {config.parallel} parallel sequences")
+        raise ConfigError(f"{where}{opt}ctx-size {config.ctx_size} leaves under 16 KV cells for each of {opt}parallel {config.parallel} sequences")
     if config.cache_type_v != "f16" and config.flash_attn == "off":
         raise ConfigError(f"{where}cache-type-v {config.cache_type_v} needs flash attention (llama.cpp quantizes V only with it)")

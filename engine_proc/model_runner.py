@@ -61,7 +61,7 @@ class ModelRunner:
         # as much each, and so does the scratch stream the scheduler swaps through.
         self.scratch = config.kv_streams
         n_streams = config.kv_streams + 1
-        cparams.n_ctx = config.ctx_size // config.parallel * n_streams
+        cparams.n_ctx = config.kv_cells
         cparams.n_batch = self.token_budget
         cparams.n_ubatch = min(self.token_budget, 512)
         cparams.n_seq_max = n_streams

@@ -182,13 +182,13 @@ class ModelPool:
     def _check_memory(self, model: Model) -> None:
         """Refuse a load that would not fit the memory left: the file plus every replica's KV cache."""
         config = model.spec.config
-        kv = kv_cache_bytes(model.state.tokenizer.model, config.ctx_size, config.cache_type_k, config.cache_type_v)
+        kv = kv_cache_bytes(model.state.tokenizer.model, config.kv_cells, config.cache_type_k, config.cache_type_v)
         need = os.path.getsize(model.spec.path) + kv * len(model.clients)
         available = psutil.virtual_memory().available
         if need > available:
             raise ApiError(
                 503, "insufficient memory",
-                f"the model `{model.id}` needs {need / MIB:.0f} MiB (file and KV cache of {config.ctx_size} cells"
+                f"the model `{model.id}` needs {need / MIB:.0f} MiB (file and KV cache of {config.kv_cells} cells"
                 f" x {len(model.clients)} replicas) but {available / MIB:.0f} MiB are available",
             )
 
