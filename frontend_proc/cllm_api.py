@@ -19,6 +19,7 @@ from frontend_proc.schemas import (
     EncodeResult,
     Endpoint,
     EngineFigures,
+    EngineStatus,
     GenerateRequest,
     GenerateResult,
     Health,
@@ -43,10 +44,11 @@ async def health(request: Request) -> Response:
     if level not in HEALTH_LEVELS:
         raise ApiError(400, "invalid request", f"level must be basic, detailed or full, not {level!r}")
     client = st.client
-    healthy = client.info is not None
+    live = [c for m in st.pool.models if m.status == "loaded" for c in m.clients] if st.pool.multi else [client]
+    healthy = all(c.info is not None for c in live)
     data = Health(
         healthy=healthy,
-        status="healthy" if healthy else "restarting" if client.ready.done() else "starting",
+        status="healthy" if healthy else "restarting" if any(c.ready.done() for c in live) else "starting",
         components=Components(frontend=True, tokenizer=True, engine=healthy),
     )
     stats = client.stats
@@ -54,13 +56,29 @@ async def health(request: Request) -> Response:
         data.queue = Queue(client.in_flight, stats.running if stats else 0, stats.waiting if stats else 0)
         data.uptime_seconds = round(time.monotonic() - st.started_at, 3)
         data.restarts = Restarts(engine=client.generation, frontend=st.generation)
-        if healthy:
+        data.engines = _engines(st)
+        if client.info is not None:
             data.engine = _engine_figures(st, full=level == "full")
-    if level == "full" and healthy:
+    if level == "full" and client.info is not None:
         data.model = client.info
         cache = stats.prefix_cache if stats else PrefixCacheStats()
         data.prefix_cache = PrefixCacheFigures(st.config.prefix_cache, cache.hits, cache.misses, cache.hit_tokens, cache.cells)
     return json_response(Ok(data=data), 200 if healthy else 503)
+
+
+def _engines(st: AppState) -> list[EngineStatus]:
+    engines = []
+    for model in st.pool.models:
+        for c in model.clients:
+            if not c.running:
+                continue
+            stats = c.stats
+            status = "serving" if c.info is not None else "starting" if not c.ready.done() else "restarting"
+            engines.append(EngineStatus(
+                model.id, c.replica, status, stats.running if stats else 0, stats.waiting if stats else 0,
+                stats.kv_used if stats else 0, c.info.ctx_size if c.info else 0, c.generation,
+            ))
+    return engines
 
 
 def _request_id(choice: Choice) -> str:

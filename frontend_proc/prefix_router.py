@@ -43,7 +43,9 @@ class PrefixMemory:
 
     def add(self, hashes: list[int]) -> None:
         blocks = self._blocks
-        for h in hashes:
+        # Deepest first, so a block is always more recent than those after it: eviction
+        # trims prompts from their ends, and a remembered block's prefix is remembered.
+        for h in reversed(hashes):
             blocks[h] = None
             blocks.move_to_end(h)
         while len(blocks) > self.max_blocks:
@@ -52,7 +54,7 @@ class PrefixMemory:
     def longest(self, hashes: list[int]) -> int:
         """How many leading blocks of the prompt this replica was sent."""
         blocks = self._blocks
-        lo, hi = 0, len(hashes)  # prefixes nest: if block i is known, so (likely) are those before it
+        lo, hi = 0, len(hashes)  # prefixes nest (see add): if block i is known, so are those before it
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if hashes[mid - 1] in blocks:

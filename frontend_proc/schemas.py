@@ -107,6 +107,19 @@ class PrefixCacheFigures(msgspec.Struct):
     cells: int  # KV cells the cache holds
 
 
+class EngineStatus(msgspec.Struct):
+    """One engine process of a loaded model, as of its last EngineStats."""
+
+    model: str
+    replica: int
+    status: Literal["serving", "starting", "restarting"]
+    running: int
+    waiting: int
+    kv_used: int
+    kv_total: int
+    restarts: int
+
+
 class Health(msgspec.Struct, omit_defaults=True):
     healthy: bool
     status: Literal["healthy", "starting", "restarting"]
@@ -117,6 +130,7 @@ class Health(msgspec.Struct, omit_defaults=True):
     engine: EngineFigures | None = None
     model: ModelInfo | None = None
     prefix_cache: PrefixCacheFigures | None = None  # level full
+    engines: list[EngineStatus] | None = None  # level detailed and full: every engine of every loaded model
 
 
 class GenerateResult(msgspec.Struct):

@@ -104,6 +104,10 @@ def test_load_on_demand_with_a_q8_0_cache(pool, http, oai):
     assert reply.model == "b" and "Paris" in reply.choices[0].text
     assert status(http)["b"] == "loaded" and len(engines(pool, "b")) == 2
     assert '"cache-type-k":"q8_0"' in " ".join(engines(pool, "b")[0].cmdline())
+    h = http.get("/health", params={"level": "detailed"}).json()["data"]
+    assert h["healthy"] and [(e["model"], e["replica"], e["status"]) for e in h["engines"]] == [
+        ("a", 0, "serving"), ("b", 0, "serving"), ("b", 1, "serving")
+    ]
 
 
 def test_replicas_route_shared_prefixes_together_and_spread_the_rest(http, oai):
