@@ -7,7 +7,7 @@ import os
 import sys
 from typing import get_args
 
-from cllm.config import CacheType, ConfigError, FlashAttn, LogFormat, LogLevel, ServeConfig, load_config
+from cllm.config import CacheType, ConfigError, FlashAttn, LogFormat, LogLevel, ReplicaRouting, ServeConfig, load_config
 from cllm.model_file import ModelFileError
 from cllm.registry import build_registry, is_pool
 
@@ -54,6 +54,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--default-model", metavar="ID", help="the model of requests that name none (default: --model, else the registry's first)")
     p.add_argument("--models-max", type=int, help="most models loaded at once; the least recently used idle one is unloaded to make room (default: no bound)")
     p.add_argument("--replicas", type=int, help="engine processes per model; they share the cores unless --threads is set (default 1)")
+    p.add_argument(
+        "--replica-routing", choices=get_args(ReplicaRouting),
+        help="prefix: to the replica that likely caches the prompt's start, unless much busier; round-robin: to measure against (default prefix)",
+    )
     p.add_argument("--keep-alive", type=float, help="seconds a model may stay idle before it is unloaded (default 0: never)")
     p.add_argument("--load-timeout", type=float, help=f"seconds a request waits for its model to load before 503 (default {d.load_timeout:g})")
     p.add_argument("--shutdown-timeout", type=float, help=f"seconds in-flight requests get to finish on SIGINT/SIGTERM (default {d.shutdown_timeout:g})")

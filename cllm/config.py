@@ -14,6 +14,7 @@ LogFormat = Literal["text", "json"]
 FlashAttn = Literal["auto", "on", "off"]
 MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ)
 CacheType = Literal["f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
+ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 
 
 class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
@@ -64,6 +65,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     default_model: str | None = None  # an id; default: --model, else the first of the registry
     models_max: Annotated[int, Meta(ge=0)] = 0  # models loaded at once; 0: no bound
     replicas: Annotated[int, Meta(ge=1, le=64)] = 1  # engines per model
+    replica_routing: ReplicaRouting = "prefix"
     keep_alive: Annotated[float, Meta(ge=0)] = 0.0  # seconds idle before a model is unloaded; 0: never
     load_timeout: Annotated[float, Meta(gt=0)] = 120.0  # a request waits this long for its model to load
     log_level: LogLevel = "info"

@@ -263,7 +263,7 @@ class EngineClient:
             self._hello()
             return
         self.running = False
-        if not self.ready.done():
+        if self.ready is not None and not self.ready.done():
             self.ready.set_exception(ApiError(503, "model unavailable", f"the model could not start: {reason}", RETRY_AFTER))
 
     def _fail_all(self, error: ApiError) -> None:

@@ -51,6 +51,7 @@ class Model:
         self.status = "unloaded"  # loading, loaded, unloading, failed
         self.error = ""  # why the last load failed
         self.last_used = time.monotonic()
+        self.unloading_since = 0.0
         self.loading: asyncio.Task | None = None
         self.stopped = asyncio.Event()  # every engine process is gone
         self.stopped.set()
@@ -213,6 +214,7 @@ class ModelPool:
 
     def _request_unload(self, model: Model, reason: str) -> None:
         model.status = "unloading"
+        model.unloading_since = time.monotonic()
         self._send(UnloadModel(model.id))
         self.metrics.unloads.labels(model.id, reason).inc()
         log.info("unloading model %s (%s)", model.id, reason, extra={"fields": {"model": model.id, "reason": reason}})
@@ -238,7 +240,9 @@ class ModelPool:
         model.stopped.set()
         for client in model.clients:
             self.metrics.engine_gone(model.id, client.replica)
-        log.info("model %s stopped", model.id, extra={"fields": {"model": model.id, "reason": notice.reason}})
+        seconds = round(time.monotonic() - model.unloading_since, 3) if model.unloading_since else None
+        log.info("model %s stopped", model.id, extra={"fields": {"model": model.id, "reason": notice.reason, "seconds": seconds}})
+        model.unloading_since = 0.0
 
     async def _expire(self) -> None:
         """Unload models idle past their keep-alive; a model serving a request is never idle."""

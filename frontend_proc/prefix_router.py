@@ -68,14 +68,18 @@ class PrefixMemory:
 
 
 class PrefixRouter:
-    def __init__(self, replicas: int, max_blocks: int, slack: int):
+    def __init__(self, replicas: int, max_blocks: int, slack: int, affinity: bool = True):
         self.memories = [PrefixMemory(max_blocks) for _ in range(replicas)]
         self.slack = slack  # how many more requests in flight the cached replica may have
+        self.affinity = affinity  # False: plain round robin, to measure the rule against
         self._next = 0  # round robin among equally loaded replicas
 
     def choose(self, hashes: list[int], loads: Sequence[int], usable: Sequence[bool]) -> int:
         """The replica for a prompt (its block_hashes), given each replica's requests in flight."""
         candidates = [i for i, ok in enumerate(usable) if ok]
+        if not self.affinity:
+            loads = [0] * len(loads)
+            hashes = []
         least = min(loads[i] for i in candidates)
         n = len(loads)
         start = self._next

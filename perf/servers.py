@@ -95,7 +95,12 @@ def start(system: str, settings: Settings, env: dict[str, str] | None = None, ar
     """
     port = free_port()
     cmd, ready_path = command(system, settings, port)
-    cmd += args
+    return launch(system, [*cmd, *args], port, ready_path, env, label)
+
+
+def launch(system: str, cmd: list[str], port: int, ready_path: str, env: dict[str, str] | None = None,
+           label: str | None = None) -> Server:
+    """Run a server's command line (listening on `port`) and wait, bounded, until `ready_path` answers 200."""
     if not os.path.exists(cmd[0]):
         raise FileNotFoundError(f"{cmd[0]} is missing: `make bench-deps` builds and installs the peers")
     os.makedirs(LOGS, exist_ok=True)

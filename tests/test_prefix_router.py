@@ -50,3 +50,9 @@ def test_a_restarted_replica_is_forgotten():
     router.sent(0, block_hashes(prompt(1)))
     router.forget(0)
     assert router.memories[0].longest(block_hashes(prompt(1))) == 0
+
+
+def test_round_robin_ignores_prefixes_and_load():
+    router = PrefixRouter(2, max_blocks=100, slack=2, affinity=False)
+    router.sent(1, block_hashes(prompt(1)))
+    assert [router.choose(block_hashes(prompt(1)), [5, 0], [True, True]) for _ in range(4)] == [0, 1, 0, 1]
