@@ -22,6 +22,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     ignore_eos: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     grammar: str | None = None  # GBNF (start symbol "root") the output must match
+    # Lazy grammar: None applies it from the first token; else regexes over the text generated so far,
+    # and the grammar applies from the first match on (from its first capturing group), as llama-server's
+    # tool calls under tool_choice auto.
+    grammar_triggers: list[str] | None = None
     logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the n likeliest
 
 

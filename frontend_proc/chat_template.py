@@ -57,14 +57,26 @@ class ChatTemplate:
             self.source = FALLBACK_TEMPLATE
         self.bos_token, self.eos_token = bos_token, eos_token
         self._strip_bos = strip_bos and bool(bos_token)
+        self.renders_tools = self._renders_tools()
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def _renders_tools(self) -> bool:
+        """Whether the template writes out the tools it is given (as llama.cpp finds out: by trying)."""
+        probe = {"type": "function", "function": {"name": "cllm_probe_tool", "parameters": {"type": "object"}}}
+        try:
+            return "cllm_probe_tool" in self.render([{"role": "user", "content": "hi"}], tools=[probe])
+        except ChatTemplateError:
+            return False
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """The prompt text; `tools` (OpenAI's shape) is passed only when given, as transformers does."""
+        extra = {"tools": tools} if tools else {}
         try:
             text = self.template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(str(e)) from None

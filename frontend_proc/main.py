@@ -17,7 +17,7 @@ import uvicorn
 from cllm.launch import from_argv
 from cllm.log import setup_logging
 from cllm.protocol import EngineExited
-from frontend_proc import cllm_api, openai_api
+from frontend_proc import cllm_api, llama_server_api, openai_api
 from frontend_proc.app import AppState, build_app
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.metrics import Metrics
@@ -54,7 +54,7 @@ def main() -> int:
         client=client,
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template(),
-        operations=cllm_api.operations + openai_api.operations,
+        operations=cllm_api.operations + openai_api.operations + llama_server_api.operations,
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,
         generation=launch.generation,

@@ -37,15 +37,26 @@ class Tokenizer:
     def _text(self, token: int) -> str:
         return L.llama_vocab_get_text(self.vocab, token).decode(errors="replace") if token >= 0 else ""
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of text; special tokens written out (<|im_end|>) are parsed, as llama-server does."""
         data = text.encode()
         size = len(data) + 8
         while True:
             buf = (L.llama_token * size)()
-            n = L.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, True)
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, parse_special)
             if n >= 0:
                 return buf[:n]
+            size = -n
+
+    def decode(self, tokens: list[int]) -> bytes:
+        """The bytes of tokens, control tokens written out (as llama-server's /detokenize)."""
+        ids = (L.llama_token * len(tokens))(*tokens)
+        size = 8 * len(tokens) + 8
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = L.llama_detokenize(self.vocab, ids, len(tokens), buf, size, False, True)
+            if n >= 0:
+                return buf.raw[:n]
             size = -n
 
     def piece(self, token: int) -> bytes:
