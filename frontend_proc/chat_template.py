@@ -57,13 +57,15 @@ class ChatTemplate:
             self.source = FALLBACK_TEMPLATE
         self.bos_token, self.eos_token = bos_token, eos_token
         self._strip_bos = strip_bos and bool(bos_token)
-        self.renders_tools = self._renders_tools()
+        # What the template does with tools, found out as llama.cpp does: by trying.
+        tool = {"type": "function", "function": {"name": "cllm_probe_tool", "parameters": {"type": "object"}}}
+        self.renders_tools = self._renders("cllm_probe_tool", [{"role": "user", "content": "hi"}], [tool])
+        result = {"role": "tool", "content": "cllm_probe_result", "tool_call_id": "call_0"}
+        self.renders_tool_role = self._renders("cllm_probe_result", [{"role": "user", "content": "hi"}, result])
 
-    def _renders_tools(self) -> bool:
-        """Whether the template writes out the tools it is given (as llama.cpp finds out: by trying)."""
-        probe = {"type": "function", "function": {"name": "cllm_probe_tool", "parameters": {"type": "object"}}}
+    def _renders(self, probe: str, messages: list[dict], tools: list[dict] | None = None) -> bool:
         try:
-            return "cllm_probe_tool" in self.render([{"role": "user", "content": "hi"}], tools=[probe])
+            return probe in self.render(messages, tools=tools)
         except ChatTemplateError:
             return False
 

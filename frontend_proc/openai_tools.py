@@ -47,7 +47,7 @@ def chat_prompt(body: ChatCompletionRequest, template: ChatTemplate, tool_plan: 
     except MessageError as e:
         raise _invalid(str(e), e.param) from None
     if not tool_plan.format.native:
-        messages = generic_messages(messages, tool_plan.system_text)
+        messages = generic_messages(messages, tool_plan.system_text, template.renders_tool_role)
     try:
         return template.render(messages, tools=tool_plan.template_tools)
     except ChatTemplateError as e:

@@ -127,7 +127,7 @@ class _CallScanner:
         """The arguments' JSON text once done: a string value is the JSON text itself, as some models write it."""
         if self.args_start < 0:
             return "{}"
-        raw = self.buf[self.args_start : self.args_end]
+        raw = self.buf[self.args_start : self.args_end if self.args_end >= 0 else len(self.buf)]
         return json.loads(raw.strip()) if raw.startswith('"') else raw
 
 
@@ -165,6 +165,8 @@ class ToolCallParser:
         elif self._scanner is not None:
             self._end_call(out)
         self._scanner = None
+        if self._in_calls and self.fmt.closer.startswith(self._pending.strip()):
+            self._pending = ""  # whitespace after the last call, or its closer cut short
         if self._pending:
             out.append(self._pending)
             self._pending = ""
@@ -204,8 +206,7 @@ class ToolCallParser:
         """After an opener or a call: the next call, the closer, or the end of the calls."""
         text = self._pending.lstrip()
         if not text:
-            self._pending = ""
-            return False
+            return False  # whitespace between calls is dropped, before text it is kept
         fmt = self.fmt
         if fmt.array:
             if text[0] in "[,":
@@ -223,14 +224,12 @@ class ToolCallParser:
                 self._start_calls(fmt.opener, text[len(fmt.opener) :])
                 return True
             if fmt.closer.startswith(text) or fmt.opener.startswith(text):
-                self._pending = text
                 return False
         elif text[0] in ";{":  # Llama 3.x: further calls
             self._pending = text[1:] if text[0] == ";" else text
             self._scanner = _CallScanner(fmt.args_key)
             return True
         self._in_calls = False
-        self._pending = text
         return True
 
     def _scan(self, out: list) -> bool:

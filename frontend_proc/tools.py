@@ -176,13 +176,16 @@ def generic_system_text(tools: list[Tool], choice: str) -> str:
         rule = f"You must call the tool `{choice}`."
     return (
         f"You can call these tools:\n{listing}\n{rule} To call a tool, write exactly:\n"
-        '<tool_call>{"name": "<tool name>", "arguments": {<the arguments, as JSON>}}</tool_call>\n'
-        "The result comes back in <tool_response></tool_response>."
+        '<tool_call>{"name": "<tool name>", "arguments": {<the arguments, as JSON>}}</tool_call>'
     )
 
 
-def generic_messages(messages: list[dict], system_text: str | None) -> list[dict]:
-    """Messages for a template without tool support: calls and results as text, the tools in the system turn."""
+def generic_messages(messages: list[dict], system_text: str | None, tool_role: bool) -> list[dict]:
+    """Messages for a template without tool support: calls as text, the tools in the system turn.
+
+    A result stays a `tool` message if the template renders that role (ChatML
+    templates write any role), else it becomes a user turn in <tool_response>.
+    """
     out = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -192,7 +195,7 @@ def generic_messages(messages: list[dict], system_text: str | None) -> list[dict
             )
             text = (m.get("content") or "") + ("\n" if m.get("content") else "") + calls
             out.append({"role": "assistant", "content": text})
-        elif m["role"] == "tool":
+        elif m["role"] == "tool" and not tool_role:
             out.append({"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"})
         else:
             out.append(m)
