@@ -24,7 +24,7 @@ from frontend_proc.generation import Choice, Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.openapi import Operation
 from frontend_proc.openai_schemas import ChatCompletionRequest, CompletionRequest, OpenAIRequest
-from frontend_proc.openai_tools import ChatOutput, chat_plan, chat_prompt
+from frontend_proc.openai_tools import ChatOutput, chat_plan, chat_prompt, shown_tokens
 from frontend_proc.tools import ToolPlan
 
 DONE = b"data: [DONE]\n\n"
@@ -89,6 +89,7 @@ async def _start(
         stops=body.stops,
         stream=body.stream,
         prompt_param=prompt_param,
+        shown=shown_tokens(tool_plan, st.tokenizer) if tool_plan is not None else frozenset(),
     )
 
 

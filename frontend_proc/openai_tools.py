@@ -13,6 +13,7 @@ import json
 from frontend_proc.chat_template import ChatTemplate, ChatTemplateError
 from frontend_proc.errors import ApiError
 from frontend_proc.openai_schemas import ChatCompletionRequest, MessageError
+from frontend_proc.tokenizer import Tokenizer
 from frontend_proc.tool_parser import ToolCallParser
 from frontend_proc.tools import Tool, ToolError, ToolFormat, ToolPlan, generic_messages, plan
 
@@ -52,6 +53,13 @@ def chat_prompt(body: ChatCompletionRequest, template: ChatTemplate, tool_plan: 
         return template.render(messages, tools=tool_plan.template_tools)
     except ChatTemplateError as e:
         raise _invalid(str(e), "messages") from None
+
+
+def shown_tokens(tool_plan: ToolPlan, tokenizer: Tokenizer) -> frozenset[int]:
+    """The call opener, when it is a control token (Mistral's [TOOL_CALLS]): the text must show it to the parser."""
+    opener = tool_plan.format.opener
+    token = tokenizer.control_token(opener) if tool_plan.parse and opener else None
+    return frozenset(() if token is None else (token,))
 
 
 class ChatOutput:

@@ -77,8 +77,17 @@ class Tokenizer:
         """One token's text on its own (a piece of a split character shows as U+FFFD)."""
         return self.piece(token).decode(errors="replace")
 
-    def detokenizer(self) -> "Detokenizer":
-        return Detokenizer(self.piece)
+    def detokenizer(self, shown: frozenset[int] = frozenset()) -> "Detokenizer":
+        """shown: control tokens whose text is written out (Mistral's [TOOL_CALLS], for the tool-call parser)."""
+        if not shown:
+            return Detokenizer(self.piece)
+        written = {t: self.decode([t]) for t in shown}
+        return Detokenizer(lambda t: written.get(t) or self.piece(t))
+
+    def control_token(self, text: str) -> int | None:
+        """The id of the control token written `text`, if there is one."""
+        tokens = self.encode(text, add_special=False)
+        return tokens[0] if len(tokens) == 1 and not self.piece(tokens[0]) else None
 
 
 class Detokenizer:

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import openai
 import pytest
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
+from cllm.model_file import embedded_model_path
+from frontend_proc.chat_template import ChatTemplate
+from frontend_proc.openai_schemas import ChatCompletionRequest
+from frontend_proc.openai_tools import chat_plan, chat_prompt
+from frontend_proc.tokenizer import Tokenizer
+from frontend_proc.tools import GENERIC, HERMES
 from tests.conftest import wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -233,3 +240,40 @@ def test_tokenize_and_detokenize_in_llama_servers_shapes(http):
     assert "".join(p["piece"] for p in pieces) == text
     r = http.post("/detokenize", json={"tokens": [0, 1 << 20]})
     assert r.status_code == 400 and "outside the vocabulary" in r.json()["message"]
+
+
+# A template in the style of Qwen2.5's: it renders tools, calls and results itself.
+HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system
+Tools: <tools>{% for t in tools %}{{ t.function | tojson }}{% endfor %}</tools>
+Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
+{% endif %}
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{% if m.content %}{{ m.content }}{% endif %}
+{%- for c in m.tool_calls or [] %}<tool_call>{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}</tool_call>{% endfor %}<|im_end|>
+{% endfor %}<|im_start|>assistant
+"""
+
+
+def test_a_template_that_renders_tools_gets_them():
+    tokenizer = Tokenizer(embedded_model_path())
+    template = ChatTemplate(HERMES_TEMPLATE)
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    messages = [{"role": "user", "content": "1+2?"}, {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+    body = msgspec.convert({"messages": messages, "tools": [ADD]}, ChatCompletionRequest)
+    plan = chat_plan(body, template, tokenizer.vocab)
+    assert plan.format is HERMES and plan.triggers == ["(<tool_call>)"] and plan.system_text is None
+    prompt = chat_prompt(body, template, plan)
+    assert '"description": "Add two integers"' in prompt  # the tools, as the template writes them
+    assert '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>' in prompt  # arguments as an object
+    assert "<|im_start|>tool\n3<|im_end|>" in prompt
+    assert chat_plan(body, tokenizer.chat_template(), tokenizer.vocab).format is GENERIC  # SmolLM2's
+
+
+def test_a_control_token_opener_is_shown_to_the_parser():
+    """Mistral's [TOOL_CALLS] is a control token, which text leaves out; the parser must see it."""
+    tok = Tokenizer(embedded_model_path())
+    start = tok.control_token("<|im_start|>")  # a control token of this vocabulary, as [TOOL_CALLS] is of Mistral's
+    hello = tok.encode("Hello", add_special=False)
+    assert tok.detokenizer().feed([start, *hello]) == "Hello"
+    assert tok.detokenizer(frozenset([start])).feed([start, *hello]) == "<|im_start|>Hello"
+    assert tok.control_token("<tool_call>") is None and tok.control_token("Hello") is None
