@@ -23,6 +23,7 @@ matches a trigger pattern (the call's opening), so free text stays free.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -86,9 +87,11 @@ class ToolPlan:
 
 
 def plan(tools: list[Tool], choice: str, parallel: bool, fmt: ToolFormat, vocab) -> ToolPlan:
-    """The plan for these tools and this choice. GrammarError (with `param`) for what cannot be enforced.
+    """The plan for these tools and this choice; ToolError for what cannot be enforced.
 
     `choice` is "none", "auto", "required" or the name of one of the tools.
+    A ToolError's `param` names the field in OpenAI chat's terms
+    (`tools[i].function.parameters`): other APIs rename it.
     """
     if not tools or choice == "none":
         return ToolPlan(fmt, None, None, None, None, parse=False)
@@ -117,7 +120,7 @@ class ToolError(ValueError):
 def trigger_pattern(fmt: ToolFormat) -> str:
     """The regex whose match starts the lazy grammar; the grammar reads the text from its first group."""
     if fmt.opener:
-        return "(" + "".join("\\" + c if c in "[](){}.*+?^$|\\" else c for c in fmt.opener) + ")"
+        return f"({re.escape(fmt.opener)})"
     return r"^\s*(\{)[\s\S]*$"  # Llama 3.x: the output opens with a JSON object
 
 
