@@ -68,14 +68,15 @@ class ModelInfo(msgspec.Struct, gc=False):
     n_params: int
     model_bytes: int  # size of the weights
     n_ctx_train: int
-    ctx_size: int  # KV cells in all
-    kv_bytes: int  # memory the KV cache reserves
+    ctx_size: int  # KV cells of the running sequences
+    kv_bytes: int  # memory the KV cache reserves, the prefix cache's slots and scratch stream included
     seq_ctx: int = msgspec.field(name="max_sequence_length")  # KV cells one sequence may use
     parallel: int
     batch_size: int
     threads: int = msgspec.field(name="num_threads")
     gpu_layers: int
     use_mmap: bool
+    cache_slots: int = 0  # KV streams of seq_ctx cells beyond parallel, for the prefix cache
 
 
 class EngineReady(msgspec.Struct, tag=1, array_like=True, gc=False):
