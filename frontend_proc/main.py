@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 
+import anyio
 import msgspec
 import uvicorn
 
@@ -63,6 +64,9 @@ def main() -> int:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         loop = asyncio.get_running_loop()
+        # Starlette streams through anyio, which imports its asyncio backend
+        # on first use: done now, not in the first streamed request's time.
+        anyio.get_cancelled_exc_class()
         client.start()
         loop.add_reader(launch.lifeline, _on_lifeline, launch.lifeline, client)
         await client.ready
