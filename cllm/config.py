@@ -12,7 +12,7 @@ from msgspec import Meta
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 FlashAttn = Literal["auto", "on", "off"]
-MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ)
+MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the prefix cache's scratch
 CacheType = Literal["f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 
@@ -41,7 +41,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
     model: str | None = None  # None: the embedded SmolLM2-135M-Instruct
     ctx_size: Annotated[int, Meta(ge=64)] = 8192
-    parallel: Annotated[int, Meta(ge=1, le=256)] = 8
+    parallel: Annotated[int, Meta(ge=1, le=MAX_STREAMS - 1)] = 8
     threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per CPU core
     batch_size: Annotated[int, Meta(ge=1)] = 512
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
@@ -89,12 +89,12 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
         if not self.prefix_cache:
             return self.parallel
         extra = self.parallel if self.cache_slots is None else self.cache_slots
-        return min(self.parallel + extra, MAX_STREAMS)
+        return min(self.parallel + extra, MAX_STREAMS - 1)  # and the scratch stream
 
     @property
     def kv_cells(self) -> int:
         """KV cells the engine allocates: a sequence's share for every stream and one scratch stream."""
-        return self.ctx_size // self.parallel * (self.kv_streams + 1)
+        return self.ctx_size // self.parallel * (self.kv_streams + self.prefix_cache)
 
 
 class ConfigError(ValueError):

@@ -22,6 +22,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     ignore_eos: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     grammar: str | None = None  # GBNF (start symbol "root") the output must match
+    # Lazy grammar: None applies it from the first token; else regexes over the text generated so far,
+    # and the grammar applies from the first match on (from its first capturing group), as llama-server's
+    # tool calls under tool_choice auto.
+    grammar_triggers: list[str] | None = None
     logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the n likeliest
 
 
@@ -64,14 +68,15 @@ class ModelInfo(msgspec.Struct, gc=False):
     n_params: int
     model_bytes: int  # size of the weights
     n_ctx_train: int
-    ctx_size: int  # KV cells in all
-    kv_bytes: int  # memory the KV cache reserves
+    ctx_size: int  # KV cells of the running sequences
+    kv_bytes: int  # memory the KV cache reserves, the prefix cache's slots and scratch stream included
     seq_ctx: int = msgspec.field(name="max_sequence_length")  # KV cells one sequence may use
     parallel: int
     batch_size: int
     threads: int = msgspec.field(name="num_threads")
     gpu_layers: int  # layers offloaded to the GPU
     use_mmap: bool
+    cache_slots: int = 0  # KV streams of seq_ctx cells beyond parallel, for the prefix cache
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
 

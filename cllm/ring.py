@@ -89,8 +89,10 @@ def _poke(fd: int) -> None:
 
 
 def _drain_pipe(fd: int) -> None:
+    # One read empties it in practice (a wake-up is a byte): a short read
+    # means it is empty, which spares the per-record second read and its EAGAIN.
     try:
-        while os.read(fd, 4096):
+        while len(os.read(fd, 4096)) == 4096:
             pass
     except BlockingIOError:
         pass

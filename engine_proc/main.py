@@ -114,8 +114,9 @@ def _log_start(info: ModelInfo, name: str) -> None:
         name, info.model_path, info.model_family, info.quantization, info.n_params / 1e6, info.model_bytes / MIB,
     )
     log.info(
-        "KV cache: %d cells (%d sequences of %d), %.1f MiB reserved; %d threads, %d-token steps; K %s, V %s; %d GPU layers",
-        info.ctx_size, info.parallel, info.seq_ctx, info.kv_bytes / MIB, info.threads, info.batch_size,
+        "KV cache: %d cells (%d sequences of %d) and %d cache slots, %.1f MiB reserved; %d threads, %d-token steps;"
+        " K %s, V %s; %d GPU layers",
+        info.ctx_size, info.parallel, info.seq_ctx, info.cache_slots, info.kv_bytes / MIB, info.threads, info.batch_size,
         info.cache_type_k, info.cache_type_v, info.gpu_layers,
     )
 

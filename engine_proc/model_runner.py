@@ -60,7 +60,7 @@ class ModelRunner:
         # --ctx-size is shared by the running sequences; the cache's slots get
         # as much each, and so does the scratch stream the scheduler swaps through.
         self.scratch = config.kv_streams
-        n_streams = config.kv_streams + 1
+        n_streams = config.kv_streams + config.prefix_cache
         cparams.n_ctx = config.kv_cells
         cparams.n_batch = self.token_budget
         cparams.n_ubatch = min(self.token_budget, 512)
@@ -105,10 +105,11 @@ class ModelRunner:
             n_params=L.llama_model_n_params(self.model),
             model_bytes=L.llama_model_size(self.model),
             n_ctx_train=L.llama_model_n_ctx_train(self.model),
-            ctx_size=L.llama_n_ctx(self.ctx),
+            ctx_size=self.seq_ctx * config.parallel,
             kv_bytes=kv_cache_bytes(self.model, L.llama_n_ctx(self.ctx), config.cache_type_k, config.cache_type_v),
             seq_ctx=self.seq_ctx,
             parallel=config.parallel,
+            cache_slots=config.kv_streams - config.parallel,
             batch_size=self.token_budget,
             threads=config.n_threads,
             gpu_layers=min(mparams.n_gpu_layers, L.llama_model_n_layer(self.model)),

@@ -25,6 +25,7 @@ sequences that ask.
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass
 
 import llama_cpp as L
@@ -36,6 +37,7 @@ PENALTY_LAST_N = 64  # tokens the penalties look back over, prompt included, as 
 # Smaller temperatures are greedy, as in vLLM: they differ from it only on exact ties, and
 # below ~1e-38 logits / temperature overflows float32 into infinities and NaN probabilities.
 MIN_TEMPERATURE = 1e-5
+MAX_TRIGGER_RETRIES = 8  # tokens refused for running past a lazy grammar's trigger, before giving up
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
 
@@ -43,11 +45,21 @@ class GrammarError(ValueError):
     """A request's grammar cannot be parsed, or allows no token to go on with."""
 
 
+def grammar_sampler(vocab, gbnf: str, triggers: list[str] | None):
+    """llama.cpp's grammar sampler; lazy (waiting for a trigger regex to match the output) when triggers are given."""
+    if triggers is None:
+        return L.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+    patterns = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
+    return L.llama_sampler_init_grammar_lazy_patterns(vocab, gbnf.encode(), b"root", patterns, len(triggers), None, 0)
+
+
 @dataclass(slots=True)
 class SeqSampler:
     chain: object  # None: plain greedy, the argmax of the row
     grammar: object = None  # checked apart from the chain, see Sampler.sample
     ban_eog: bool = False  # plain greedy under ignore_eos
+    triggers: list[re.Pattern] | None = None  # a lazy grammar's
+    waiting: str | None = None  # a lazy grammar's text while it waits for a trigger; None once it applies
 
 
 class Sampler:
@@ -62,25 +74,28 @@ class Sampler:
         self._ids = np.arange(n_vocab, dtype=np.int32)
         self._cur = np.zeros(n_vocab, TOKEN_DATA)
         self._one = np.zeros(1, TOKEN_DATA)
+        self._piece_buf = ctypes.create_string_buffer(256)
         self._cur_p = L.llama_token_data_array()
         self._one_p = L.llama_token_data_array()
         self._cur_data = self._cur.ctypes.data_as(L.llama_token_data_p)
         self._one_data = self._one.ctypes.data_as(L.llama_token_data_p)
 
     def new(self, params: SamplingParams, prompt: list[int]) -> SeqSampler:
-        grammar = None
+        s = SeqSampler(None, ban_eog=params.ignore_eos)
         if params.grammar is not None:
             if params.ignore_eos:  # a finished grammar allows only end-of-generation tokens
                 raise GrammarError("a grammar cannot be combined with ignore_eos")
-            grammar = L.llama_sampler_init_grammar(self.vocab, params.grammar.encode(), b"root")
-            if not grammar:
+            s.grammar = grammar_sampler(self.vocab, params.grammar, params.grammar_triggers)
+            if not s.grammar:
                 raise GrammarError("llama.cpp could not parse the grammar")
+            if params.grammar_triggers is not None:
+                s.triggers, s.waiting = [re.compile(t) for t in params.grammar_triggers], ""
         penalize = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
         greedy = params.temperature < MIN_TEMPERATURE
-        if greedy and not (penalize or params.logit_bias or grammar):
-            return SeqSampler(None, ban_eog=params.ignore_eos)
+        if greedy and not (penalize or params.logit_bias or s.grammar):
+            return s
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        add = lambda s: L.llama_sampler_chain_add(chain, s)  # noqa: E731
+        add = lambda sampler: L.llama_sampler_chain_add(chain, sampler)  # noqa: E731
         bias = dict(params.logit_bias or ())
         if params.ignore_eos:  # never end: ban end-of-generation tokens outright
             bias.update(self._ban_eog)
@@ -97,9 +112,10 @@ class Sampler:
             for t in prompt[-PENALTY_LAST_N:]:
                 L.llama_sampler_accept(penalties, t)
             add(penalties)
+        s.chain = chain
         if greedy:
             add(L.llama_sampler_init_greedy())
-            return SeqSampler(chain, grammar)
+            return s
         if params.top_p < 1.0:
             add(L.llama_sampler_init_top_p(params.top_p, 1))
         if params.min_p > 0.0:
@@ -107,7 +123,7 @@ class Sampler:
         add(L.llama_sampler_init_temp(params.temperature))
         seed = L.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
         add(L.llama_sampler_init_dist(seed))
-        return SeqSampler(chain, grammar)
+        return s
 
     def sample(self, s: SeqSampler, row: int) -> int:
         """The next token; GrammarError when the sequence's grammar allows none."""
@@ -117,6 +133,11 @@ class Sampler:
             return L.llama_sampler_sample(s.chain, self.ctx, row)
         logits = self._logits(row)
         token = self._pick(s.chain, logits, None)
+        if s.waiting is not None:
+            token = self._until_trigger(s, logits, token)
+            L.llama_sampler_accept(s.grammar, token)
+            L.llama_sampler_accept(s.chain, token)
+            return token
         one, one_p = self._one, self._one_p
         one[0] = (token, 0.0, 0.0)
         one_p.data, one_p.size, one_p.selected, one_p.sorted = self._one_data, 1, -1, False
@@ -126,6 +147,35 @@ class Sampler:
         L.llama_sampler_accept(s.grammar, token)
         L.llama_sampler_accept(s.chain, token)
         return token
+
+    def _until_trigger(self, s: SeqSampler, logits: np.ndarray, token: int) -> int:
+        """The token for a lazy grammar that waits: any, unless it starts the grammar with more text after the trigger.
+
+        llama.cpp replays the text from the trigger on into the grammar when
+        it fires, and a replayed character the grammar refuses throws a C++
+        exception that aborts the process. So the token that completes a
+        trigger must end with it; one that runs past it is refused and the
+        chain asked again (the next token then goes through the grammar).
+        """
+        for _ in range(MAX_TRIGGER_RETRIES):
+            text = s.waiting + self._special_piece(token)
+            m = next((m for p in s.triggers if (m := p.search(text))), None)
+            if m is None:
+                s.waiting = text
+                return token
+            if text[m.end(m.lastindex or 0) :] == "":
+                s.waiting = None  # the grammar applies from now on
+                return token
+            logits = logits.copy()
+            logits[token] = -np.inf
+            token = self._pick(s.chain, logits, None)
+        raise GrammarError("the model keeps writing past the start of a tool call")
+
+    def _special_piece(self, token: int) -> str:
+        """The token's text as llama.cpp's grammar sees it (control tokens written out)."""
+        buf = self._piece_buf
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)].decode(errors="replace")
 
     def _pick(self, chain, logits: np.ndarray, grammar) -> int:
         """Apply the grammar (if any) then the chain to the full candidate array; the chosen token."""

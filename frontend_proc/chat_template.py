@@ -57,14 +57,28 @@ class ChatTemplate:
             self.source = FALLBACK_TEMPLATE
         self.bos_token, self.eos_token = bos_token, eos_token
         self._strip_bos = strip_bos and bool(bos_token)
+        # What the template does with tools, found out as llama.cpp does: by trying.
+        tool = {"type": "function", "function": {"name": "cllm_probe_tool", "parameters": {"type": "object"}}}
+        self.renders_tools = self._renders("cllm_probe_tool", [{"role": "user", "content": "hi"}], [tool])
+        result = {"role": "tool", "content": "cllm_probe_result", "tool_call_id": "call_0"}
+        self.renders_tool_role = self._renders("cllm_probe_result", [{"role": "user", "content": "hi"}, result])
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def _renders(self, probe: str, messages: list[dict], tools: list[dict] | None = None) -> bool:
+        try:
+            return probe in self.render(messages, tools=tools)
+        except ChatTemplateError:
+            return False
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """The prompt text; `tools` (OpenAI's shape) is passed only when given, as transformers does."""
+        extra = {"tools": tools} if tools else {}
         try:
             text = self.template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(str(e)) from None

@@ -290,7 +290,7 @@ class EngineClient:
                             stream._push(out.token, out.finish, out.logprobs)
                             if out.finish is not None:
                                 del streams[out.id]
-                elif type(msg) is EngineStats:
+                elif type(msg) is EngineStats and self.info is not None:  # else left for a frontend that died
                     self.stats = msg
                     self.metrics.engine_stats(msg, self.info.ctx_size, time.monotonic(), self.model, self.replica)
                 elif type(msg) is EngineReady and msg.session == self._session:

@@ -39,8 +39,12 @@ async def start(
     stops: Sequence[str] = (),
     stream: bool = False,
     prompt_param: str = "prompt",
+    shown: frozenset[int] = frozenset(),
 ) -> Generation:
-    """Check limits and submit n sequences per prompt (seed, seed+1, ... when seeded)."""
+    """Check limits and submit n sequences per prompt (seed, seed+1, ... when seeded).
+
+    shown: control tokens written out in the text (a tool-call opener).
+    """
     engine_info(st)
     st.client.limits.check(prompts, sampling.max_tokens, n, prompt_param)
     per_step = stream or bool(stops)  # stop strings are looked for as the text grows
@@ -50,7 +54,7 @@ async def start(
             for i in range(n):
                 params = sampling if i == 0 or sampling.seed is None else msgspec.structs.replace(sampling, seed=sampling.seed + i)
                 rs = await st.client.submit(prompt, params, per_step)
-                choices.append(Choice(len(choices), rs, st.client, st.tokenizer.detokenizer(), stops))
+                choices.append(Choice(len(choices), rs, st.client, st.tokenizer.detokenizer(shown), stops))
     except BaseException:
         for choice in choices:
             choice.abort()

@@ -35,11 +35,16 @@ def response_format_grammar(fmt: ResponseFormat | None, vocab) -> str | None:
     if type(fmt) is JsonObjectFormat:
         return JSON_GBNF
     if type(fmt) is JsonSchemaFormat:
-        repeats = schema_repeats(fmt.json_schema.schema)
-        if repeats > MAX_REPEATS:
-            raise GrammarError(f"unsupported JSON schema: its lengths and counts add up to {repeats}, more than {MAX_REPEATS}")
-        return json_schema_grammar(msgspec.json.encode(fmt.json_schema.schema).decode(), vocab)
+        return schema_grammar(fmt.json_schema.schema, vocab)
     return None
+
+
+def schema_grammar(schema: dict, vocab) -> str:
+    """The grammar of one JSON schema; GrammarError for one llama.cpp cannot enforce."""
+    repeats = schema_repeats(schema)
+    if repeats > MAX_REPEATS:
+        raise GrammarError(f"unsupported JSON schema: its lengths and counts add up to {repeats}, more than {MAX_REPEATS}")
+    return json_schema_grammar(msgspec.json.encode(schema).decode(), vocab)
 
 
 @lru_cache(maxsize=64)  # clients send the same schema again and again

@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 
+import anyio
 import msgspec
 import uvicorn
 
@@ -19,7 +20,7 @@ from cllm.launch import from_argv
 from cllm.log import setup_logging
 from cllm.protocol import EngineExited
 from cllm.registry import is_pool
-from frontend_proc import cllm_api, models_api, openai_api
+from frontend_proc import cllm_api, llama_server_api, models_api, openai_api
 from frontend_proc.app import AppState, build_app
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.metrics import Metrics
@@ -62,7 +63,7 @@ def main() -> int:
         client=clients[0][0],
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template(),
-        operations=cllm_api.operations + openai_api.operations + models_api.operations,
+        operations=cllm_api.operations + openai_api.operations + llama_server_api.operations + models_api.operations,
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,
         model_id=default.id,
@@ -75,6 +76,9 @@ def main() -> int:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         loop = asyncio.get_running_loop()
+        # Starlette streams through anyio, which imports its asyncio backend
+        # on first use: done now, not in the first streamed request's time.
+        anyio.get_cancelled_exc_class()
         pool.start()
         loop.add_reader(launch.lifeline, _on_lifeline, launch.lifeline, pool)
         if pool.default.loading is not None:

@@ -16,7 +16,6 @@ from starlette.responses import Response
 
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, model_state, sse, sse_response, state
-from frontend_proc.chat_template import ChatTemplateError
 from frontend_proc.cllm_api import GENERATE_ERRORS
 from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
@@ -24,6 +23,8 @@ from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.models_api import card
 from frontend_proc.openapi import Operation
 from frontend_proc.openai_schemas import ChatCompletionRequest, CompletionRequest, OpenAIRequest
+from frontend_proc.openai_tools import ChatOutput, chat_plan, chat_prompt, shown_tokens
+from frontend_proc.tools import ToolPlan
 
 DONE = b"data: [DONE]\n\n"
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -52,7 +53,13 @@ def _invalid(message: str, param: str) -> ApiError:
 
 
 async def _start(
-    st: AppState, body: OpenAIRequest, prompts: list[list[int]], max_tokens: int, logprobs: int | None, prompt_param: str
+    st: AppState,
+    body: OpenAIRequest,
+    prompts: list[list[int]],
+    max_tokens: int,
+    logprobs: int | None,
+    prompt_param: str,
+    tool_plan: ToolPlan | None = None,
 ) -> Generation:
     n_vocab = st.tokenizer.n_vocab
     for token in body.logit_bias or ():
@@ -62,17 +69,23 @@ async def _start(
         grammar = response_format_grammar(body.response_format, st.tokenizer.vocab)
     except GrammarError as e:
         raise _invalid(str(e), "response_format") from None
+    triggers = None
+    if tool_plan is not None and tool_plan.grammar is not None:
+        if grammar is not None:  # one grammar per sequence
+            raise _invalid("response_format cannot be combined with tools unless tool_choice is none", "response_format")
+        grammar, triggers = tool_plan.grammar, tool_plan.triggers
     if grammar is not None and body.ignore_eos:
         # The grammar's last rule can only be followed by an end-of-generation token.
         raise _invalid("ignore_eos cannot be combined with a JSON response_format", "ignore_eos")
     return await generation.start(
         st,
         prompts,
-        body.sampling(max_tokens, grammar, logprobs),
+        body.sampling(max_tokens, grammar, logprobs, triggers),
         n=body.n,
         stops=body.stops,
         stream=body.stream,
         prompt_param=prompt_param,
+        shown=shown_tokens(tool_plan, st.tokenizer) if tool_plan is not None else frozenset(),
     )
 
 
@@ -90,14 +103,15 @@ async def _respond(
     head: dict,
     body: OpenAIRequest,
     whole: Callable[[Choice, str], dict],
-    delta: Callable[[Choice, str | None, int, int], dict],
+    delta: Callable[[Choice, str | None, int, int], list[dict]],
     opening: Callable[[Choice], dict] | None = None,
 ) -> Response:
     """A non-streaming response, or an SSE stream of chunks, from the generation's choices.
 
     whole(choice, text) is one choice of the complete response; delta(choice,
-    text, start, end) one choice of a chunk, with text None for the chunk that
-    ends the choice and tokens [start, end) the ones consumed since the last.
+    text, start, end) the choices of the chunks a piece makes (none, one, or
+    several), with text None for the end of the choice and tokens [start, end)
+    the ones consumed since the last.
     """
     if not body.stream:
         return await _respond_whole(request, gen, head, whole)
@@ -113,7 +127,8 @@ async def _respond(
                     yield sse(error_body("/v1/", generation.engine_refused()))
                     return
                 start, sent[choice.index] = sent[choice.index], choice.n_tokens
-                yield sse({**head, "choices": [delta(choice, text, start, choice.n_tokens)], **usage_field})
+                for c in delta(choice, text, start, choice.n_tokens):
+                    yield sse({**head, "choices": [c], **usage_field})
             if body.include_usage:
                 yield sse({**head, "choices": [], "usage": _usage(gen)})
             yield DONE
@@ -198,14 +213,14 @@ async def completions(request: Request) -> Response:
         logprobs = _completion_logprobs(st, choice, 0, choice.n_tokens, 0) if want_logprobs else None
         return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.finish}
 
-    def delta(choice: Choice, text: str | None, start: int, end: int) -> dict:
+    def delta(choice: Choice, text: str | None, start: int, end: int) -> list[dict]:
         logprobs = None
         if want_logprobs and end > start:
             logprobs = _completion_logprobs(st, choice, start, end, text_len[choice.index])
             text_len[choice.index] += sum(map(len, logprobs["tokens"]))
         if text is None:
-            return {"index": choice.index, "text": "", "logprobs": logprobs, "finish_reason": choice.finish}
-        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": None}
+            return [{"index": choice.index, "text": "", "logprobs": logprobs, "finish_reason": choice.finish}]
+        return [{"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": None}]
 
     return await _respond(request, gen, head, body, whole, delta)
 
@@ -234,33 +249,43 @@ async def chat_completions(request: Request) -> Response:
     if body.top_logprobs is not None and not body.logprobs:
         raise _invalid("top_logprobs needs logprobs: true", "top_logprobs")
     info = generation.engine_info(st)
-    try:
-        text = st.chat_template.render([m.to_template() for m in body.messages])
-    except ChatTemplateError as e:
-        raise _invalid(str(e), "messages") from None
+    tool_plan = chat_plan(body, st.chat_template, st.tokenizer.vocab)
+    text = chat_prompt(body, st.chat_template, tool_plan)
     max_tokens = body.max_completion_tokens or body.max_tokens or info.seq_ctx  # default: what the sequence holds
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    gen = await _start(st, body, [st.tokenizer.encode(text)], max_tokens, logprobs, "messages")
+    gen = await _start(st, body, [st.tokenizer.encode(text)], max_tokens, logprobs, "messages", tool_plan)
     head = _head(gen, "chatcmpl", "chat.completion.chunk" if body.stream else "chat.completion", st)
+    outputs = [ChatOutput(tool_plan) for _ in gen.choices]
 
     def lp(choice: Choice, start: int, end: int) -> dict | None:
         return _chat_logprobs(st, choice, start, end) if body.logprobs and end > start else None
 
     def whole(choice: Choice, text: str) -> dict:
+        out = outputs[choice.index]
         return {
             "index": choice.index,
-            "message": {"role": "assistant", "content": text},
+            "message": out.message(text),
             "logprobs": _chat_logprobs(st, choice, 0, choice.n_tokens) if body.logprobs else None,
-            "finish_reason": choice.finish,
+            "finish_reason": out.finish_reason(choice.finish),
         }
 
     def opening(choice: Choice) -> dict:
         return {"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
-    def delta(choice: Choice, text: str | None, start: int, end: int) -> dict:
+    def delta(choice: Choice, text: str | None, start: int, end: int) -> list[dict]:
+        out = outputs[choice.index]
+        deltas = out.deltas(text)
+        logprobs = lp(choice, start, end)
         if text is None:
-            return {"index": choice.index, "delta": {}, "logprobs": lp(choice, start, end), "finish_reason": choice.finish}
-        return {"index": choice.index, "delta": {"content": text}, "logprobs": lp(choice, start, end), "finish_reason": None}
+            deltas.append({})
+        elif logprobs is not None and not deltas:  # the text is held back, its logprobs are not
+            deltas.append({"content": ""})
+        chunks = [{"index": choice.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+        if chunks:
+            chunks[0]["logprobs"] = logprobs
+            if text is None:
+                chunks[-1]["finish_reason"] = out.finish_reason(choice.finish)
+        return chunks
 
     return await _respond(request, gen, head, body, whole, delta, opening)
 

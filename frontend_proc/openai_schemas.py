@@ -6,15 +6,16 @@ OpenAI's error shape with that field as `param`.
 Unknown top-level fields are rejected, as OpenAI does ("unknown field
 `tools`"), so a client never believes a feature is in effect when it is not.
 Fields OpenAI clients send routinely that have no bearing on the output
-(`user`, `store`, `metadata`, `service_tier`, `parallel_tool_calls`) are
-accepted and ignored. Inside a message only `role`, `content` and `name`
-are read; other keys (`refusal`, `tool_calls`: null, as a previous response's
-message carries them) are ignored. Beyond OpenAI's parameters, llama-server's
+(`user`, `store`, `metadata`, `service_tier`) are accepted and ignored.
+Inside a message only `role`, `content`, `name`, `tool_calls` and
+`tool_call_id` are read; other keys (`refusal`: null, as a previous
+response's message carries it) are ignored. Beyond OpenAI's parameters, llama-server's
 `top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are accepted.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 import msgspec
@@ -87,7 +88,9 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling(self, max_tokens: int, grammar: str | None, logprobs: int | None) -> SamplingParams:
+    def sampling(
+        self, max_tokens: int, grammar: str | None, logprobs: int | None, grammar_triggers: list[str] | None = None
+    ) -> SamplingParams:
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=self.temperature,
@@ -101,6 +104,7 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ignore_eos=self.ignore_eos,
             logit_bias=self.logit_bias or None,
             grammar=grammar,
+            grammar_triggers=grammar_triggers,
             logprobs=logprobs,
         )
 
@@ -119,18 +123,82 @@ class TextPart(msgspec.Struct, forbid_unknown_fields=True):
     text: str
 
 
-class Message(msgspec.Struct):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+class MessageError(ValueError):
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str  # JSON text, as the API returned it
+
+
+class MessageToolCall(msgspec.Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
 
     def to_template(self) -> dict:
-        """The message as chat templates expect it; developer is the newer name of system."""
-        content = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+        """As templates expect a call: the arguments as an object when they are JSON (transformers, llama.cpp)."""
+        try:
+            arguments = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": arguments}}
+
+
+class Message(msgspec.Struct):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # null or absent only beside tool_calls
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool: the call it answers
+
+    def to_template(self, index: int) -> dict:
+        """The message as chat templates expect it; developer is the newer name of system.
+
+        MessageError for a message that lacks what its role needs.
+        """
+        content = self.content
+        if isinstance(content, list):
+            content = "\n".join(p.text for p in content)
+        if content is None and not self.tool_calls:
+            raise MessageError("content is required (it may be null only beside tool_calls)", f"messages[{index}].content")
         message = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise MessageError("only assistant messages carry tool_calls", f"messages[{index}].tool_calls")
+            message["tool_calls"] = [c.to_template() for c in self.tool_calls]
+        if self.role == "tool":
+            if self.tool_call_id is None:
+                raise MessageError("a tool message needs the tool_call_id it answers", f"messages[{index}].tool_call_id")
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+class FunctionDef(msgspec.Struct, forbid_unknown_fields=True):
+    # OpenAI's rule for names: they appear in prompts and grammars as they are.
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern="^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema; none: no arguments
+    strict: bool | None = None  # the schema is always enforced
+
+
+class ToolDef(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(OpenAIRequest, kw_only=True):
@@ -138,4 +206,6 @@ class ChatCompletionRequest(OpenAIRequest, kw_only=True):
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    parallel_tool_calls: bool | None = None
+    tools: Annotated[list[ToolDef], Meta(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # auto when there are tools
+    parallel_tool_calls: bool = True

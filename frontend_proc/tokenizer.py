@@ -37,15 +37,26 @@ class Tokenizer:
     def _text(self, token: int) -> str:
         return L.llama_vocab_get_text(self.vocab, token).decode(errors="replace") if token >= 0 else ""
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of text; special tokens written out (<|im_end|>) are parsed, as llama-server does."""
         data = text.encode()
         size = len(data) + 8
         while True:
             buf = (L.llama_token * size)()
-            n = L.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, True)
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, parse_special)
             if n >= 0:
                 return buf[:n]
+            size = -n
+
+    def decode(self, tokens: list[int]) -> bytes:
+        """The bytes of tokens, control tokens written out (as llama-server's /detokenize)."""
+        ids = (L.llama_token * len(tokens))(*tokens)
+        size = 8 * len(tokens) + 8
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = L.llama_detokenize(self.vocab, ids, len(tokens), buf, size, False, True)
+            if n >= 0:
+                return buf.raw[:n]
             size = -n
 
     def piece(self, token: int) -> bytes:
@@ -66,8 +77,17 @@ class Tokenizer:
         """One token's text on its own (a piece of a split character shows as U+FFFD)."""
         return self.piece(token).decode(errors="replace")
 
-    def detokenizer(self) -> "Detokenizer":
-        return Detokenizer(self.piece)
+    def detokenizer(self, shown: frozenset[int] = frozenset()) -> "Detokenizer":
+        """shown: control tokens whose text is written out (Mistral's [TOOL_CALLS], for the tool-call parser)."""
+        if not shown:
+            return Detokenizer(self.piece)
+        written = {t: self.decode([t]) for t in shown}
+        return Detokenizer(lambda t: written.get(t) or self.piece(t))
+
+    def control_token(self, text: str) -> int | None:
+        """The id of the control token written `text`, if there is one."""
+        tokens = self.encode(text, add_special=False)
+        return tokens[0] if len(tokens) == 1 and not self.piece(tokens[0]) else None
 
 
 class Detokenizer:

@@ -21,6 +21,7 @@ import random
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import httpx
 
@@ -41,25 +42,33 @@ def handbook(seed: int, sections: int) -> str:
     return "\n".join(lines)
 
 
-def stream(client: httpx.Client, path: str, body: dict) -> tuple[float, str, int]:
-    """(seconds to the first token, the text, prompt tokens) of one streamed OpenAI request."""
+class Streamed(NamedTuple):
+    ttft: float  # seconds to the first token
+    seconds: float  # in all
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def stream(client: httpx.Client, path: str, body: dict) -> Streamed:
+    """One streamed OpenAI request, greedy."""
     body = {**body, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    ttft, pieces, prompt_tokens = None, [], 0
-    with client.stream("POST", path, json=body) as r:
+    ttft, pieces, usage = None, [], {"prompt_tokens": 0, "completion_tokens": 0}
+    # A connection each: a server may close an idle kept-alive one while another server runs.
+    with client.stream("POST", path, json=body, headers={"Connection": "close"}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[6:])
-            if event.get("usage"):
-                prompt_tokens = event["usage"]["prompt_tokens"]
+            usage = event.get("usage") or usage
             for choice in event["choices"]:
                 piece = choice["delta"].get("content") if "delta" in choice else choice.get("text")
                 if ttft is None and (piece or choice.get("finish_reason")):
                     ttft = time.perf_counter() - t0
                 pieces.append(piece or "")
-    return ttft, "".join(pieces), prompt_tokens
+    return Streamed(ttft, time.perf_counter() - t0, "".join(pieces), usage["prompt_tokens"], usage["completion_tokens"])
 
 
 def idle(client: httpx.Client, since: dict | None = None) -> dict:
@@ -88,11 +97,10 @@ def shared_prefix(off: httpx.Client, on: httpx.Client, trials: int, sections: in
         first, second = (f"{doc}\n\nQuestion: {q}\nAnswer:" for q in ("What is the fee for returns?", "How fast are repairs answered?"))
         row = {}
         for name, client in (("off", off), ("on", on)):
-            row[f"cold_{name}"], _, _ = stream(client, "/v1/completions", {"prompt": first, "max_tokens": max_tokens})
+            row[f"cold_{name}"] = stream(client, "/v1/completions", {"prompt": first, "max_tokens": max_tokens}).ttft
             before = idle(client)
-            row[f"warm_{name}"], row[f"text_{name}"], row["prompt_tokens"] = stream(
-                client, "/v1/completions", {"prompt": second, "max_tokens": max_tokens}
-            )
+            warm = stream(client, "/v1/completions", {"prompt": second, "max_tokens": max_tokens})
+            row[f"warm_{name}"], row[f"text_{name}"], row["prompt_tokens"] = warm.ttft, warm.text, warm.prompt_tokens
             row[f"reused_{name}"] = reused(client, before)
         rows.append(row)
     return rows
@@ -111,7 +119,7 @@ def chat(off: httpx.Client, on: httpx.Client, conversations: int, turns: int, se
             for name, client in (("off", off), ("on", on)):
                 before = idle(client)
                 ask = lambda history: stream(client, "/v1/chat/completions", {"messages": history, "max_tokens": max_tokens})  # noqa: E731
-                results = list(pool.map(ask, histories))
+                results = [(r.ttft, r.text, r.prompt_tokens) for r in pool.map(ask, histories)]
                 row[f"ttft_{name}"], row[f"texts_{name}"], row["prompt_tokens"] = (list(x) for x in zip(*results))
                 row[f"reused_{name}"] = reused(client, before)
             for history, text in zip(histories, row["texts_off"]):

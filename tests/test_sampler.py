@@ -93,3 +93,21 @@ def test_nan_probabilities_never_feed_the_grammar_a_refused_token(engine, tok):
     text = b"".join(map(tok.piece, tokens)).decode()
     assert finish == "error" or (finish == "stop" and text in ("yes.", "no.")), (text, finish)
     assert len(results[41][0]) == 5 and results[41][1] == "length"
+
+
+def test_lazy_grammar_applies_from_its_trigger_on(engine, tok):
+    """Free text until a trigger matches; from the trigger on, the grammar."""
+    prompt = tok.encode("<|im_start|>user\nWhat color is the sky?<|im_end|>\n<|im_start|>assistant\n", add_special=False)
+    plain = SamplingParams(max_tokens=12, temperature=0)
+    fires = msgspec.structs.replace(plain, grammar='root ::= " blue" " and green."', grammar_triggers=["( blue)"])
+    # The greedy token " blue" runs past this trigger: llama.cpp would replay "ue" into the grammar
+    # and abort the process on it, so the engine refuses that token and the model writes something else.
+    past = msgspec.structs.replace(plain, grammar='root ::= "bl" "ack."', grammar_triggers=["(bl)"])
+    never = msgspec.structs.replace(plain, grammar='root ::= "x"', grammar_triggers=["(never)"])
+    submits = [Submit(40, prompt, plain), Submit(41, prompt, fires), Submit(42, prompt, past), Submit(43, prompt, never)]
+    results = run(engine, submits)
+    text = {i: b"".join(map(tok.piece, results[i][0])).decode() for i in results}
+    head, blue, _ = text[40].partition(" blue")
+    assert blue and text[41] == head + " blue and green." and results[41][1] == "stop"
+    assert "blue" not in text[42] and text[42].startswith(head)
+    assert results[43] == results[40]

@@ -1,0 +1,135 @@
+"""Chat workloads, cllm against llama.cpp's llama-server side by side.
+
+Both servers get the same GGUF file, threads, --parallel and KV cells per
+sequence, and run one after the other, never at once, in alternating order
+(A B, then B A, ...). Everything goes through /v1/chat/completions or
+/v1/completions, streamed, greedy.
+
+  chat    C conversations at once, each T turns: a shared ~300-token system
+          prompt, then user messages, every request carrying the whole
+          history with the server's own replies (up to --max-tokens each).
+          TTFT of turns 2+, mean and p90, over all conversations.
+  repeat  One ~700-token prompt sent again and again at c=1, 256 tokens each
+          (ignore_eos): output tok/s end to end, the first request left out.
+  stream  Fresh short prompts at c=1, 100 tokens each (ignore_eos): output
+          tok/s of streams read token by token.
+
+Prints a Markdown table per workload with the ratio cllm / llama-server. Usage:
+    .venv/bin/python -m perf.chat_turns [--workloads chat,repeat,stream] [--conversations 1,8,16] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from cllm.model_file import resolve_model
+from perf import servers
+from perf.prefix_cache import TOPICS, handbook, stream
+from perf.prompts import make_prompts
+
+TIMEOUT = 600.0
+SYSTEMS = ("cllm", "llama-server")
+
+
+def chat(client: httpx.Client, conversations: int, turns: int, max_tokens: int, seed: int) -> list[float]:
+    """TTFT of every turn after the first, of every conversation."""
+    system = {"role": "system", "content": "You are the support desk. Answer from this handbook.\n" + handbook(7, 14)}
+
+    def converse(i: int) -> list[float]:
+        rng = random.Random(seed * 1000 + i)
+        history, ttfts = [system], []
+        for turn in range(turns):
+            history.append({"role": "user", "content": f"Customer {rng.randrange(10**6)} asks about {rng.choice(TOPICS)}: what applies?"})
+            reply = stream(client, "/v1/chat/completions", {"messages": history, "max_tokens": max_tokens})
+            history.append({"role": "assistant", "content": reply.text})
+            if turn:
+                ttfts.append(reply.ttft)
+        return ttfts
+
+    with ThreadPoolExecutor(conversations) as pool:
+        return [t for ttfts in pool.map(converse, range(conversations)) for t in ttfts]
+
+
+def tok_per_s(client: httpx.Client, prompts: list[str], max_tokens: int) -> float:
+    """Output tokens per second of the requests, one after the other."""
+    tokens = seconds = 0.0
+    for prompt in prompts:
+        r = stream(client, "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True})
+        tokens, seconds = tokens + r.completion_tokens, seconds + r.seconds
+    return tokens / seconds
+
+
+def p90(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
+
+
+def alternate(rounds: int) -> list[tuple[str, str]]:
+    return [SYSTEMS if r % 2 == 0 else SYSTEMS[::-1] for r in range(rounds)]
+
+
+def run_chat(clients: dict, args) -> str:
+    lines = ["| conversations | llama-server TTFT mean / p90 | cllm TTFT mean / p90 | cllm ÷ llama-server: mean / p90 |",
+             "|---|---|---|---|"]
+    for c in args.conversations:
+        got = {s: [] for s in SYSTEMS}
+        for r, order in enumerate(alternate(args.rounds)):
+            for system in order:  # each round its own customers: turn 1 is new to both servers
+                got[system] += chat(clients[system], c, args.turns, args.max_tokens, seed=c * 100 + r)
+        (l_mean, l_p90), (c_mean, c_p90) = ((statistics.mean(got[s]), p90(got[s])) for s in SYSTEMS[::-1])
+        lines.append(f"| {c} | {l_mean:.3f} / {l_p90:.3f} s | {c_mean:.3f} / {c_p90:.3f} s | {c_mean / l_mean:.2f} / {c_p90 / l_p90:.2f} |")
+    return "\n".join(lines)
+
+
+def run_rate(clients: dict, args, prompts_of_round, max_tokens: int) -> str:
+    lines = ["| round | llama-server tok/s | cllm tok/s | cllm ÷ llama-server |", "|---|---|---|---|"]
+    ratios = []
+    for r, order in enumerate(alternate(args.rounds)):
+        rate = {s: tok_per_s(clients[s], prompts_of_round(r), max_tokens) for s in order}
+        ratios.append(rate["cllm"] / rate["llama-server"])
+        lines.append(f"| {r + 1} | {rate['llama-server']:.1f} | {rate['cllm']:.1f} | {ratios[-1]:.3f} |")
+    lines.append(f"| median | | | {statistics.median(ratios):.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded SmolLM2)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--seq-ctx", type=int, default=4096, help="KV cells per sequence")
+    ap.add_argument("--workloads", default="chat,repeat,stream")
+    ap.add_argument("--conversations", default="1,8,16", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=48, help="tokens in a chat reply")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of each workload, the servers' order alternating")
+    ap.add_argument("--requests", type=int, default=12, help="requests a round of repeat and stream")
+    args = ap.parse_args()
+    settings = servers.Settings(resolve_model(args.model), args.threads, args.parallel, args.seq_ctx)
+    workloads = args.workloads.split(",")
+    long_prompt = handbook(3, 32)[:3000]
+    with (servers.start("cllm", settings) as cllm, servers.start("llama-server", settings) as peer,
+          httpx.Client(base_url=cllm.url, timeout=TIMEOUT) as a, httpx.Client(base_url=peer.url, timeout=TIMEOUT) as b):
+        clients = {"cllm": a, "llama-server": b}
+        for client in clients.values():  # the first decodes build llama.cpp's graphs; the long prompt is cached
+            stream(client, "/v1/completions", {"prompt": long_prompt, "max_tokens": 4})
+        print(f"# {os.path.basename(settings.model)}: --parallel {args.parallel}, {args.seq_ctx} cells a sequence, "
+              f"{args.threads} threads, {args.rounds} rounds\n")
+        if "chat" in workloads:
+            print(f"## chat: {args.turns} turns of up to {args.max_tokens} tokens, TTFT of turns 2+\n")
+            print(run_chat(clients, args), "\n")
+        if "repeat" in workloads:
+            print("## repeat: a ~700-token prompt again and again, 256 tokens, c=1\n")
+            print(run_rate(clients, args, lambda r: [long_prompt] * args.requests, 256), "\n")
+        if "stream" in workloads:
+            print("## stream: fresh short prompts, 100 tokens, c=1, streamed\n")
+            print(run_rate(clients, args, lambda r: make_prompts(args.requests, 32, seed=r), 100), "\n")
+
+
+if __name__ == "__main__":
+    main()
