@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from cllm.model_file import resolve_model
 from perf import servers
 from perf.prefix_cache import TOPICS, handbook, stream
 from perf.prompts import make_prompts
@@ -99,10 +98,7 @@ def run_rate(clients: dict, args, prompts_of_round, max_tokens: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded SmolLM2)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--parallel", type=int, default=8)
-    ap.add_argument("--seq-ctx", type=int, default=4096, help="KV cells per sequence")
+    servers.add_arguments(ap, seq_ctx=4096)
     ap.add_argument("--workloads", default="chat,repeat,stream")
     ap.add_argument("--conversations", default="1,8,16", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--turns", type=int, default=6)
@@ -110,7 +106,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each workload, the servers' order alternating")
     ap.add_argument("--requests", type=int, default=12, help="requests a round of repeat and stream")
     args = ap.parse_args()
-    settings = servers.Settings(resolve_model(args.model), args.threads, args.parallel, args.seq_ctx)
+    settings = servers.settings_of(args)
     workloads = args.workloads.split(",")
     long_prompt = handbook(3, 32)[:3000]
     with (servers.start("cllm", settings) as cllm, servers.start("llama-server", settings) as peer,

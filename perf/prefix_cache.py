@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import time
@@ -25,7 +24,6 @@ from typing import NamedTuple
 
 import httpx
 
-from cllm.model_file import resolve_model
 from perf import servers
 
 TIMEOUT = 600.0
@@ -161,17 +159,14 @@ def chat_table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded SmolLM2)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--parallel", type=int, default=8)
-    ap.add_argument("--seq-ctx", type=int, default=2048, help="KV cells per sequence")
+    servers.add_arguments(ap, seq_ctx=2048)
     ap.add_argument("--trials", type=int, default=3, help="documents in (a)")
     ap.add_argument("--sections", type=int, default=32, help="handbook rules in (a): 32 make ~1000 tokens")
     ap.add_argument("--conversations", type=int, default=8)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens in an answer")
     args = ap.parse_args()
-    settings = servers.Settings(resolve_model(args.model), args.threads, args.parallel, args.seq_ctx)
+    settings = servers.settings_of(args)
     with (servers.start("cllm", settings, label="cllm-no-prefix-cache", args=("--no-prefix-cache",)) as off_server,
           servers.start("cllm", settings) as on_server,
           httpx.Client(base_url=off_server.url, timeout=TIMEOUT) as off,

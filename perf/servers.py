@@ -17,6 +17,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from cllm.model_file import resolve_model
+
 PERF = os.path.dirname(os.path.abspath(__file__))
 CACHE = os.path.join(PERF, "cache")
 LLAMA_SERVER = os.path.join(CACHE, "bin", "llama-server")
@@ -62,6 +64,18 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def add_arguments(ap, seq_ctx: int) -> None:
+    """The options every side-by-side benchmark takes: what both servers get."""
+    ap.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded SmolLM2)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--seq-ctx", type=int, default=seq_ctx, help="KV cells per sequence")
+
+
+def settings_of(args) -> Settings:
+    return Settings(resolve_model(args.model), args.threads, args.parallel, args.seq_ctx)
 
 
 def free_port() -> int:
