@@ -7,7 +7,7 @@ import os
 import sys
 from typing import get_args
 
-from cllm.config import ConfigError, FlashAttn, LogFormat, LogLevel, ServeConfig, load_config
+from cllm.config import ConfigError, FlashAttn, LogFormat, LogLevel, ReasoningFormat, ServeConfig, load_config
 from cllm.model_file import ModelFileError, resolve_model
 
 
@@ -41,6 +41,11 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--flash-attn", choices=get_args(FlashAttn),
         help=f"llama.cpp's flash attention; off is ~10%% slower here, but then the attention of a decode step does not depend on the other requests in it (README: What is exact; default {d.flash_attn})",
+    )
+    p.add_argument("--chat-template-file", metavar="FILE", help="Jinja chat template to use instead of the model file's own")
+    p.add_argument(
+        "--reasoning-format", choices=get_args(ReasoningFormat),
+        help=f"auto: what a model writes between thinking markers (<think>...</think>) is returned apart from the answer; none: left in the text (default {d.reasoning_format})",
     )
     p.add_argument("--shutdown-timeout", type=float, help=f"seconds in-flight requests get to finish on SIGINT/SIGTERM (default {d.shutdown_timeout:g})")
     p.add_argument("--log-level", metavar="|".join(get_args(LogLevel)), help=f"least severe log records written to stderr; info logs one line per request (default {d.log_level})")

@@ -12,6 +12,7 @@ from msgspec import Meta
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 FlashAttn = Literal["auto", "on", "off"]
+ReasoningFormat = Literal["auto", "none"]
 MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the prefix cache's scratch
 
 
@@ -34,6 +35,9 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     # llama.cpp's flash attention: faster, but then a decode step's logits
     # depend on the other sequences in the step (see the README, "What is exact").
     flash_attn: FlashAttn = "auto"
+    # Chat: a Jinja template instead of the model file's; thinking split from the answer (auto) or left in it (none).
+    chat_template_file: str | None = None
+    reasoning_format: ReasoningFormat = "auto"
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
     # Requests: what each may ask and how long it may take, how many may wait.
@@ -80,6 +84,10 @@ def load_config(path: str | None, overrides: dict) -> ServeConfig:
         config = msgspec.convert(values, ServeConfig)
     except msgspec.ValidationError as e:
         raise ConfigError(f"invalid setting: {e}") from None
+    if config.chat_template_file is not None:
+        if not os.path.isfile(config.chat_template_file):
+            raise ConfigError(f"--chat-template-file {config.chat_template_file}: no such file")
+        config.chat_template_file = os.path.abspath(config.chat_template_file)  # the frontend reads it
     if config.ctx_size < config.parallel * 16:
         raise ConfigError(f"--ctx-size {config.ctx_size} leaves under 16 KV cells for each of --parallel {config.parallel} sequences")
     return config

@@ -34,6 +34,7 @@ class Guard:
         length = -1
         chunked = False
         authorization = b""
+        api_key_header = b""  # Anthropic's clients send x-api-key
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = int(value)  # the HTTP parser already refused a malformed one
@@ -41,11 +42,16 @@ class Guard:
                 chunked = True
             elif name == b"authorization":
                 authorization = value
+            elif name == b"x-api-key":
+                api_key_header = value
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
             scheme, _, token = authorization.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key):
+            if scheme.lower() != b"bearer":
+                token = api_key_header
+            if not hmac.compare_digest(token.strip(), self.api_key):
                 raise ApiError(
-                    401, "unauthorized", "send the API key as 'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"}, code="invalid_api_key"
+                    401, "unauthorized", "send the API key as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                    {"WWW-Authenticate": "Bearer"}, code="invalid_api_key",
                 )
         if length > self.max_body:
             raise self._too_large()

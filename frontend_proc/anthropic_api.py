@@ -1,0 +1,204 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
+
+Claude Code and the `anthropic` SDK speak it. The route only translates: the
+conversation becomes the messages chat templates know (frontend_proc.chat),
+the request goes down the one generation path (frontend_proc.generation), and
+the reply comes back as content blocks (thinking, text), whole or as
+Anthropic's stream of events. Errors take Anthropic's shape (errors.py).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from cllm.protocol import SamplingParams
+from frontend_proc import generation
+from frontend_proc.anthropic_schemas import (
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    MessagesRequest,
+    TextBlock,
+    ThinkingDisabled,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from frontend_proc.app import decode_body, sse_event, sse_response, state
+from frontend_proc.chat import ChatPrompt, template_context
+from frontend_proc.cllm_api import GENERATE_ERRORS
+from frontend_proc.errors import ApiError, error_body, json_response
+from frontend_proc.generation import Choice, Generation
+from frontend_proc.openai_api import model_id
+from frontend_proc.openapi import Operation
+from frontend_proc.reasoning import REASONING
+
+_PATH = "/v1/messages"
+
+
+def _invalid(message: str, param: str) -> ApiError:
+    return ApiError(400, "invalid request", message, param=param)
+
+
+def _refuse(block: ImageBlock | DocumentBlock, param: str) -> ApiError:
+    kind = "image" if isinstance(block, ImageBlock) else "document"
+    return _invalid(f"{kind} blocks are not supported: the served model reads text only", param)
+
+
+def _text(blocks: str | list, param: str) -> str:
+    """The text of a string or of text blocks; anything that is not text is refused."""
+    if isinstance(blocks, str):
+        return blocks
+    for i, block in enumerate(blocks):
+        if isinstance(block, (ImageBlock, DocumentBlock)):
+            raise _refuse(block, f"{param}[{i}]")
+    return "\n".join(b.text for b in blocks if isinstance(b, TextBlock))
+
+
+def template_messages(body: CountTokensRequest) -> list[dict]:
+    """Anthropic's conversation as chat-template messages (tool_use as tool_calls, tool_result as tool messages)."""
+    out: list[dict] = []
+    if body.system:
+        out.append({"role": "system", "content": _text(body.system, "system")})
+    for i, message in enumerate(body.messages):
+        param = f"messages[{i}].content"
+        if isinstance(message.content, str):
+            out.append({"role": message.role, "content": message.content})
+            continue
+        texts, calls = [], []
+        for j, block in enumerate(message.content):
+            if isinstance(block, TextBlock):
+                texts.append(block.text)
+            elif isinstance(block, (ImageBlock, DocumentBlock)):
+                raise _refuse(block, f"{param}[{j}]")
+            elif isinstance(block, ToolUseBlock):
+                calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
+            elif isinstance(block, ToolResultBlock):
+                content = _text(block.content, f"{param}[{j}].content")
+                out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
+            # thinking blocks of earlier turns are not sent back to the model, as Anthropic's own API does
+        if texts or calls or not message.content:
+            entry = {"role": message.role, "content": "".join(texts)}
+            if calls:
+                entry["tool_calls"] = calls
+            out.append(entry)
+    return out
+
+
+def _prompt(request: Request, body: CountTokensRequest) -> ChatPrompt:
+    st = state(request)
+    thinking = None if body.thinking is None else not isinstance(body.thinking, ThinkingDisabled)
+    return ChatPrompt(st, template_messages(body), template_context(thinking), "messages")
+
+
+def _sampling(body: MessagesRequest) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed
+    )
+
+
+def _stop_reason(choice: Choice) -> str:
+    if choice.finish == "length":
+        return "max_tokens"
+    return "stop_sequence" if choice.stop_string is not None else "end_turn"
+
+
+def _message(gen: Generation, model: str) -> dict:
+    """The message object, without content or stop reason yet."""
+    return {
+        "id": f"msg_{gen.choices[0].stream.id}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": gen.prompt_tokens, "output_tokens": gen.completion_tokens},
+    }
+
+
+def _block(kind: str, text: str) -> dict:
+    return {"type": "thinking", "thinking": text, "signature": ""} if kind == REASONING else {"type": "text", "text": text}
+
+
+async def messages(request: Request) -> Response:
+    st = state(request)
+    body = await decode_body(request, MessagesRequest)
+    if body.tools:
+        raise _invalid("tools are not supported yet", "tools")
+    info = generation.engine_info(st)
+    prompt = _prompt(request, body)
+    stops = body.stop_sequences or ()
+    gen = await generation.start(st, [prompt.tokens], _sampling(body), stops=stops, stream=body.stream, prompt_param="messages")
+    if body.stream:
+        return sse_response(_events(gen, prompt, model_id(info)))
+    try:
+        (text,) = await gen.texts(request)
+    finally:
+        gen.close()
+    choice = gen.choices[0]
+    message = _message(gen, model_id(info))
+    message["content"] = [_block(kind, t) for kind, t in _merged(prompt.split(text))]
+    message["stop_reason"], message["stop_sequence"] = _stop_reason(choice), choice.stop_string
+    return json_response(message)
+
+
+def _merged(parts: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Consecutive parts of one kind as one."""
+    out: list[tuple[str, str]] = []
+    for kind, text in parts:
+        if out and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + text)
+        else:
+            out.append((kind, text))
+    return out
+
+
+async def _events(gen: Generation, prompt: ChatPrompt, model: str):
+    """message_start, ping, per block start/deltas/stop, message_delta, message_stop."""
+    choice = gen.choices[0]
+    try:
+        start = _message(gen, model)
+        start["usage"]["output_tokens"] = 0
+        yield sse_event("message_start", {"type": "message_start", "message": start}) + sse_event("ping", {"type": "ping"})
+        index, kind = -1, None  # the open block
+        async for parts in prompt.parts(gen):
+            out = []
+            for part_kind, text in parts:
+                if part_kind != kind:
+                    if kind is not None:
+                        out.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+                    index, kind = index + 1, part_kind
+                    block = _block(kind, "")
+                    out.append(sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
+                delta = {"type": "thinking_delta", "thinking": text} if kind == REASONING else {"type": "text_delta", "text": text}
+                out.append(sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+            if out:
+                yield b"".join(out)
+        if choice.finish == "error":
+            raise generation.engine_refused()
+        end = []
+        if kind is not None:
+            end.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+        delta = {"stop_reason": _stop_reason(choice), "stop_sequence": choice.stop_string}
+        end.append(sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": gen.completion_tokens}}))
+        end.append(sse_event("message_stop", {"type": "message_stop"}))
+        yield b"".join(end)
+    except ApiError as e:  # the status line is sent: say what went wrong in the stream
+        yield sse_event("error", error_body(_PATH, e))
+    finally:
+        gen.close()
+
+
+async def count_tokens(request: Request) -> Response:
+    body = await decode_body(request, CountTokensRequest)
+    return json_response({"input_tokens": len(_prompt(request, body).tokens)})
+
+
+operations = [
+    Operation(
+        "POST", "/v1/messages", messages, "Anthropic: messages",
+        body=MessagesRequest, response=dict, events=str, errors=GENERATE_ERRORS,
+    ),
+    Operation("POST", "/v1/messages/count_tokens", count_tokens, "Anthropic: count a conversation's tokens", body=CountTokensRequest, response=dict),
+]
