@@ -24,12 +24,14 @@ from frontend_proc.anthropic_schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from frontend_proc.app import decode_body, sse_event, sse_response, state
+from frontend_proc.app import AppState, decode_body, sse_event, sse_response, state
 from frontend_proc.chat import ChatPrompt, template_context
 from frontend_proc.cllm_api import GENERATE_ERRORS
 from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
+from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.openai_api import model_id
+from frontend_proc.openai_schemas import JsonSchema, JsonSchemaFormat
 from frontend_proc.openapi import Operation
 from frontend_proc.reasoning import REASONING
 
@@ -88,12 +90,18 @@ def template_messages(body: CountTokensRequest) -> list[dict]:
 def _prompt(request: Request, body: CountTokensRequest) -> ChatPrompt:
     st = state(request)
     thinking = None if body.thinking is None else not isinstance(body.thinking, ThinkingDisabled)
-    return ChatPrompt(st, template_messages(body), template_context(thinking), "messages")
+    effort = body.output_config.effort if body.output_config else None
+    return ChatPrompt(st, template_messages(body), template_context(thinking, effort), "messages")
 
 
-def _sampling(body: MessagesRequest) -> SamplingParams:
+def _sampling(st: AppState, body: MessagesRequest) -> SamplingParams:
+    fmt = body.output_config.format if body.output_config else None
+    try:
+        grammar = response_format_grammar(JsonSchemaFormat(JsonSchema("output", fmt.schema)), st.tokenizer.vocab) if fmt else None
+    except GrammarError as e:
+        raise _invalid(str(e), "output_config.format") from None
     return SamplingParams(
-        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed
+        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, grammar=grammar
     )
 
 
@@ -129,7 +137,7 @@ async def messages(request: Request) -> Response:
     info = generation.engine_info(st)
     prompt = _prompt(request, body)
     stops = body.stop_sequences or ()
-    gen = await generation.start(st, [prompt.tokens], _sampling(body), stops=stops, stream=body.stream, prompt_param="messages")
+    gen = await generation.start(st, [prompt.tokens], _sampling(st, body), stops=stops, stream=body.stream, prompt_param="messages")
     if body.stream:
         return sse_response(_events(gen, prompt, model_id(info)))
     try:

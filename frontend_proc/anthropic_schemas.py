@@ -1,8 +1,9 @@
 """Request bodies of Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens).
 
 As on the OpenAI routes, an unknown top-level field is a 400 naming it, and
-`metadata` and `service_tier`, which have no bearing on the output, are
-accepted and ignored. Content blocks carry more keys than are read here
+those with no bearing on the output here (`metadata`, `service_tier`,
+`cache_control`, ...) are accepted and ignored. `temperature`, `top_p` and
+`top_k`, which newer SDKs no longer send, are read when given. Content blocks carry more keys than are read here
 (`cache_control`, `citations`): those are ignored, so a conversation can be
 sent back as the SDK or Claude Code keeps it. Image and document blocks are
 decoded only to be refused with a clear message.
@@ -85,12 +86,25 @@ class ToolChoiceNone(msgspec.Struct, tag="none", tag_field="type", forbid_unknow
 ToolChoice = ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone
 
 
-class ThinkingEnabled(msgspec.Struct, tag="enabled", tag_field="type", forbid_unknown_fields=True):
+class ThinkingEnabled(msgspec.Struct, tag="enabled", tag_field="type"):
     budget_tokens: Annotated[int, Meta(ge=1)] | None = None  # not enforced: the model decides when it is done
 
 
-class ThinkingDisabled(msgspec.Struct, tag="disabled", tag_field="type", forbid_unknown_fields=True):
+class ThinkingAdaptive(msgspec.Struct, tag="adaptive", tag_field="type"):
     pass
+
+
+class ThinkingDisabled(msgspec.Struct, tag="disabled", tag_field="type"):
+    pass
+
+
+class JsonOutputFormat(msgspec.Struct, tag="json_schema", tag_field="type", forbid_unknown_fields=True):
+    schema: dict
+
+
+class OutputConfig(msgspec.Struct, forbid_unknown_fields=True):
+    effort: str | None = None  # reaches templates as reasoning_effort
+    format: JsonOutputFormat | None = None  # structured output, enforced by a grammar as on the OpenAI routes
 
 
 class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -101,7 +115,9 @@ class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: ThinkingEnabled | ThinkingDisabled | None = None
+    thinking: ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict | None = None  # prompt caching is automatic here (the prefix cache)
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
@@ -112,5 +128,9 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40  # as the OpenAI routes: a full-vocabulary draw costs ~8x more
     seed: Seed | None = None  # llama-server's extension
     stream: bool = False
+    # Sent by clients, no bearing on the output here.
     metadata: dict | None = None
     service_tier: str | None = None
+    container: str | None = None
+    inference_geo: str | None = None
+    speed: str | None = None
