@@ -11,7 +11,8 @@ import hmac
 
 from frontend_proc.errors import ApiError
 
-OPEN_PATHS = ("/health",)  # answered without the API key
+OPEN_PATHS = ("/health", "/ui")  # answered without the API key
+PAGE_PATHS = ("/", "/ui")  # the chat page, for a browser: it asks for the key itself
 
 
 class Guard:
@@ -35,6 +36,7 @@ class Guard:
         chunked = False
         authorization = b""
         api_key_header = b""  # Anthropic's clients send x-api-key
+        accept = b""
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = int(value)  # the HTTP parser already refused a malformed one
@@ -44,7 +46,10 @@ class Guard:
                 authorization = value
             elif name == b"x-api-key":
                 api_key_header = value
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+            elif name == b"accept":
+                accept = value
+        page = scope["path"] in PAGE_PATHS and b"text/html" in accept
+        if self.api_key is not None and scope["path"] not in OPEN_PATHS and not page:
             scheme, _, token = authorization.partition(b" ")
             if scheme.lower() != b"bearer":
                 token = api_key_header
