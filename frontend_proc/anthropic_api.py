@@ -100,8 +100,11 @@ def _sampling(st: AppState, body: MessagesRequest) -> SamplingParams:
         grammar = response_format_grammar(JsonSchemaFormat(JsonSchema("output", fmt.schema)), st.tokenizer.vocab) if fmt else None
     except GrammarError as e:
         raise _invalid(str(e), "output_config.format") from None
+    if grammar is not None and body.ignore_eos:  # the grammar's end can only be followed by an end-of-generation token
+        raise _invalid("ignore_eos cannot be combined with a JSON output format", "ignore_eos")
     return SamplingParams(
-        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, grammar=grammar
+        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+        ignore_eos=body.ignore_eos, grammar=grammar,
     )
 
 

@@ -126,7 +126,8 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     temperature: Annotated[float, Meta(ge=0, le=1)] = 1.0
     top_p: Annotated[float, Meta(ge=0, le=1)] = 1.0
     top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40  # as the OpenAI routes: a full-vocabulary draw costs ~8x more
-    seed: Seed | None = None  # llama-server's extension
+    seed: Seed | None = None  # llama-server's extensions, as on the OpenAI routes
+    ignore_eos: bool = False
     stream: bool = False
     # Sent by clients, no bearing on the output here.
     metadata: dict | None = None

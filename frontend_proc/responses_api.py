@@ -173,9 +173,12 @@ async def create(request: Request) -> Response:
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     effort = body.reasoning.effort if body.reasoning else None
     prompt = ChatPrompt(st, system + conversation, template_context(effort=effort), "input")
+    grammar = _grammar(st, body)
+    if grammar is not None and body.ignore_eos:  # the grammar's end can only be followed by an end-of-generation token
+        raise _invalid("ignore_eos cannot be combined with a JSON text.format", "ignore_eos")
     sampling = SamplingParams(
         max_tokens=body.max_output_tokens or info.seq_ctx,  # default: what the sequence holds
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, grammar=_grammar(st, body),
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos, grammar=grammar,
     )
     gen = await generation.start(st, [prompt.tokens], sampling, stream=body.stream, prompt_param="input")
     response = _response(f"resp_{secrets.token_hex(12)}", body, model_id(info))

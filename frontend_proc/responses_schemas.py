@@ -133,6 +133,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     top_p: Annotated[float, Meta(ge=0, le=1)] = 1.0
     top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40  # as the other routes: a full-vocabulary draw costs ~8x more
     seed: Seed | None = None
+    ignore_eos: bool = False  # llama-server's extension, as on the other routes
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice = "auto"
     parallel_tool_calls: bool | None = None
