@@ -30,6 +30,8 @@ FAMILIES = {
     "cllm_prefix_cache_hit_tokens": "counter",
     "cllm_prefix_cache_lookups": "counter",
     "cllm_prefix_cache_cells": "gauge",
+    "cllm_responses_stored": "gauge",
+    "cllm_responses_stored_oldest_age_seconds": "gauge",
 }
 PER_REQUEST_HISTOGRAMS = ("cllm_time_to_first_token_seconds", "cllm_time_per_output_token_seconds", "cllm_e2e_request_latency_seconds")
 
