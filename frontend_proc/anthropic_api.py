@@ -25,11 +25,10 @@ from frontend_proc.anthropic_schemas import (
     ToolUseBlock,
 )
 from frontend_proc.app import AppState, decode_body, sse_event, sse_response, state
-from frontend_proc.chat import ChatPrompt, template_context
+from frontend_proc.chat import ChatPrompt, invalid, not_text, output_grammar, template_context
 from frontend_proc.cllm_api import GENERATE_ERRORS
 from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
-from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.openai_api import model_id
 from frontend_proc.openai_schemas import JsonSchema, JsonSchemaFormat
 from frontend_proc.openapi import Operation
@@ -38,13 +37,8 @@ from frontend_proc.reasoning import REASONING
 _PATH = "/v1/messages"
 
 
-def _invalid(message: str, param: str) -> ApiError:
-    return ApiError(400, "invalid request", message, param=param)
-
-
 def _refuse(block: ImageBlock | DocumentBlock, param: str) -> ApiError:
-    kind = "image" if isinstance(block, ImageBlock) else "document"
-    return _invalid(f"{kind} blocks are not supported: the served model reads text only", param)
+    return not_text("image" if isinstance(block, ImageBlock) else "document", param)
 
 
 def _text(blocks: str | list, param: str) -> str:
@@ -96,12 +90,9 @@ def _prompt(request: Request, body: CountTokensRequest) -> ChatPrompt:
 
 def _sampling(st: AppState, body: MessagesRequest) -> SamplingParams:
     fmt = body.output_config.format if body.output_config else None
-    try:
-        grammar = response_format_grammar(JsonSchemaFormat(JsonSchema("output", fmt.schema)), st.tokenizer.vocab) if fmt else None
-    except GrammarError as e:
-        raise _invalid(str(e), "output_config.format") from None
+    grammar = output_grammar(st, JsonSchemaFormat(JsonSchema("output", fmt.schema)) if fmt else None, "output_config.format")
     if grammar is not None and body.ignore_eos:  # the grammar's end can only be followed by an end-of-generation token
-        raise _invalid("ignore_eos cannot be combined with a JSON output format", "ignore_eos")
+        raise invalid("ignore_eos cannot be combined with a JSON output format", "ignore_eos")
     return SamplingParams(
         max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
         ignore_eos=body.ignore_eos, grammar=grammar,
@@ -136,7 +127,7 @@ async def messages(request: Request) -> Response:
     st = state(request)
     body = await decode_body(request, MessagesRequest)
     if body.tools:
-        raise _invalid("tools are not supported yet", "tools")
+        raise invalid("tools are not supported yet", "tools")
     info = generation.engine_info(st)
     prompt = _prompt(request, body)
     stops = body.stop_sequences or ()

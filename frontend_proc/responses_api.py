@@ -21,11 +21,10 @@ from starlette.responses import Response
 from cllm.protocol import SamplingParams
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, sse_event, sse_response, state
-from frontend_proc.chat import ChatPrompt, join, template_context
+from frontend_proc.chat import ChatPrompt, invalid, join, not_text, output_grammar, template_context
 from frontend_proc.cllm_api import GENERATE_ERRORS
 from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Generation
-from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.openai_api import model_id
 from frontend_proc.openai_schemas import JsonObjectFormat, JsonSchema, JsonSchemaFormat
 from frontend_proc.openapi import Operation
@@ -47,17 +46,12 @@ from frontend_proc.responses_schemas import (
 _PATH = "/v1/responses"
 
 
-def _invalid(message: str, param: str) -> ApiError:
-    return ApiError(400, "invalid request", message, param=param)
-
-
 def _text(content: str | list, param: str) -> str:
     if isinstance(content, str):
         return content
     for i, part in enumerate(content):
         if isinstance(part, (InputImage, InputFile)):
-            kind = "image" if isinstance(part, InputImage) else "file"
-            raise _invalid(f"{kind} input is not supported: the served model reads text only", f"{param}[{i}]")
+            raise not_text("image" if isinstance(part, InputImage) else "file", f"{param}[{i}]")
     return "".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
 
 
@@ -85,15 +79,8 @@ def input_messages(input_: str | list) -> list[dict]:
 def _grammar(st: AppState, body: ResponsesRequest) -> str | None:
     fmt = body.text.format if body.text else None
     if isinstance(fmt, FormatJsonSchema):
-        fmt = JsonSchemaFormat(JsonSchema(name=fmt.name, schema=fmt.schema))
-    elif isinstance(fmt, FormatJsonObject):
-        fmt = JsonObjectFormat()
-    else:
-        return None
-    try:
-        return response_format_grammar(fmt, st.tokenizer.vocab)
-    except GrammarError as e:
-        raise _invalid(str(e), "text.format") from None
+        return output_grammar(st, JsonSchemaFormat(JsonSchema(name=fmt.name, schema=fmt.schema)), "text.format")
+    return output_grammar(st, JsonObjectFormat(), "text.format") if isinstance(fmt, FormatJsonObject) else None
 
 
 def _response(rid: str, body: ResponsesRequest, model: str) -> dict:
@@ -159,7 +146,7 @@ async def create(request: Request) -> Response:
     st = state(request)
     body = await decode_body(request, ResponsesRequest)
     if body.tools:
-        raise _invalid("tools are not supported yet", "tools")
+        raise invalid("tools are not supported yet", "tools")
     info = generation.engine_info(st)
     conversation: list[dict] = []
     if body.previous_response_id is not None:
@@ -169,13 +156,13 @@ async def create(request: Request) -> Response:
         conversation = list(previous.messages)
     conversation += input_messages(body.input)
     if not conversation:
-        raise _invalid("input is empty", "input")
+        raise invalid("input is empty", "input")
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     effort = body.reasoning.effort if body.reasoning else None
     prompt = ChatPrompt(st, system + conversation, template_context(effort=effort), "input")
     grammar = _grammar(st, body)
     if grammar is not None and body.ignore_eos:  # the grammar's end can only be followed by an end-of-generation token
-        raise _invalid("ignore_eos cannot be combined with a JSON text.format", "ignore_eos")
+        raise invalid("ignore_eos cannot be combined with a JSON text.format", "ignore_eos")
     sampling = SamplingParams(
         max_tokens=body.max_output_tokens or info.seq_ctx,  # default: what the sequence holds
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos, grammar=grammar,

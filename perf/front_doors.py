@@ -3,7 +3,9 @@
 (a) One cllm server; streamed requests (fresh prompts, exactly G tokens each,
     ignore_eos) at each concurrency, the three routes taking turns round by
     round so that the machine's drift falls on all of them alike. Prints tok/s
-    and TTFT p50 per route, and their ratios to chat completions.
+    and TTFT p50 per route, the frontend's CPU time per generated token (the
+    routes' own cost, which the machine's load moves far less), and their
+    ratios to chat completions.
 (b) previous_response_id against resending: two conversations of T turns on
     /v1/responses, streamed, greedy, distinct from their first token (so they
     share no cache). One continues each turn from its stored previous
@@ -29,7 +31,7 @@ from perf import http_load, servers
 ROUTES = ("chat", "messages", "responses")
 
 
-def compare_routes(url: str, concurrencies: list[int], rounds: int, gen_tokens: int, prompt_tokens: int) -> dict:
+def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, gen_tokens: int, prompt_tokens: int) -> dict:
     results: dict = {}
     for c in concurrencies:
         requests = 4 * c if c > 1 else 6
@@ -37,7 +39,9 @@ def compare_routes(url: str, concurrencies: list[int], rounds: int, gen_tokens: 
         for r in range(rounds):
             order = ROUTES[r % 3 :] + ROUTES[: r % 3]  # each route goes first in turn
             for route in order:
-                cell = http_load.run_cell(url, http_load.make_dialect(route), c, requests, prompt_tokens, gen_tokens, True, progress=False)
+                cell = http_load.run_cell(
+                    url, http_load.make_dialect(route), c, requests, prompt_tokens, gen_tokens, True, pids=[pid], progress=False
+                )
                 if cell["errors"] or cell["short"]:
                     raise RuntimeError(f"{route} c={c}: {cell['errors']} errors, {cell['short']} short answers ({cell['first_error']})")
                 cells[route].append(cell)
@@ -45,6 +49,8 @@ def compare_routes(url: str, concurrencies: list[int], rounds: int, gen_tokens: 
             route: {
                 "tokens_per_second": statistics.mean(x["tokens_per_second"] for x in cs),
                 "ttft_p50": statistics.mean(x["ttft"]["p50"] for x in cs),
+                # The route's own cost: the frontend's CPU per generated token (the machine's load moves it far less).
+                "frontend_ms": statistics.mean(x["cpu_ms_per_token"]["frontend"] for x in cs),
             }
             for route, cs in cells.items()
         }
@@ -102,15 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     settings = servers.Settings(resolve_model(args.model), args.threads, 8, 2048)
     with servers.start("cllm", settings, label="cllm-front-doors") as server:
         http_load.warm_up(server.url, http_load.make_dialect("chat"), 8)
-        routes = compare_routes(server.url, [int(c) for c in args.concurrency.split(",")], args.rounds, args.gen_tokens, args.prompt_tokens)
+        routes = compare_routes(server.url, server.proc.pid, [int(c) for c in args.concurrency.split(",")], args.rounds, args.gen_tokens, args.prompt_tokens)
         turns = compare_continuation(server.url, args.turns, args.gen_tokens)
     print(f"\n{args.rounds} rounds, {args.gen_tokens} tokens, streamed, {args.threads} threads; load average {os.getloadavg()[0]:.1f}\n")
-    print("| c | route | tok/s | x chat | TTFT p50 (s) | x chat |\n|---|---|---|---|---|---|")
+    print("| c | route | tok/s | x chat | TTFT p50 (s) | x chat | frontend CPU ms/token | x chat |\n|---|---|---|---|---|---|---|---|")
     for c, by_route in routes.items():
         base = by_route["chat"]
         for route, r in by_route.items():
             print(f"| {c} | {http_load.CHAT_PATHS[route]} | {r['tokens_per_second']:.1f} | {r['tokens_per_second'] / base['tokens_per_second']:.3f}"
-                  f" | {r['ttft_p50']:.3f} | {r['ttft_p50'] / base['ttft_p50']:.3f} |")
+                  f" | {r['ttft_p50']:.3f} | {r['ttft_p50'] / base['ttft_p50']:.3f}"
+                  f" | {r['frontend_ms']:.3f} | {r['frontend_ms'] / base['frontend_ms']:.3f} |")
     print("\n| turn | TTFT previous_response_id (s) | TTFT resent (s) | ratio |\n|---|---|---|---|")
     for row in turns:
         print(f"| {row['turn']} | {row['previous_response_id']:.3f} | {row['resent']:.3f} | {row['previous_response_id'] / row['resent']:.3f} |")

@@ -7,12 +7,11 @@ land in $ARTIFACTS_DIR (default tests/browser/artifacts/, ignored by git).
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, health, start_server, wait_idle, wait_until
+from tests.conftest import ROOT, start_server, wait_idle, wait_until
 
 playwright = pytest.importorskip("playwright.sync_api", reason="make test-browser installs playwright")
 
