@@ -3,11 +3,14 @@
 Claude Code and the `anthropic` SDK speak it. The route only translates: the
 conversation becomes the messages chat templates know (frontend_proc.chat),
 the request goes down the one generation path (frontend_proc.generation), and
-the reply comes back as content blocks (thinking, text), whole or as
-Anthropic's stream of events. Errors take Anthropic's shape (errors.py).
+the reply comes back as content blocks (thinking, text, tool_use), whole or
+as Anthropic's stream of events. Tools are planned and their calls read as on
+the OpenAI route (frontend_proc.tools, frontend_proc.tool_parser). Errors take Anthropic's shape (errors.py).
 """
 
 from __future__ import annotations
+
+import json
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,18 +24,36 @@ from frontend_proc.anthropic_schemas import (
     MessagesRequest,
     TextBlock,
     ThinkingDisabled,
+    ToolChoiceAny,
+    ToolChoiceNone,
+    ToolChoiceTool,
     ToolResultBlock,
     ToolUseBlock,
 )
 from frontend_proc.app import AppState, decode_body, sse_event, sse_response, state
-from frontend_proc.chat import ChatPrompt, invalid, not_text, output_grammar, template_context
+from frontend_proc.chat import (
+    CALL,
+    CONTENT,
+    ChatPrompt,
+    Reply,
+    constraint,
+    invalid,
+    not_text,
+    output_grammar,
+    render,
+    reply_parts,
+    template_context,
+    tool_plan,
+)
 from frontend_proc.cllm_api import GENERATE_ERRORS
 from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.openai_api import model_id
 from frontend_proc.openai_schemas import JsonSchema, JsonSchemaFormat
+from frontend_proc.openai_tools import shown_tokens
 from frontend_proc.openapi import Operation
 from frontend_proc.reasoning import REASONING
+from frontend_proc.tools import Tool, ToolPlan
 
 _PATH = "/v1/messages"
 
@@ -81,27 +102,41 @@ def template_messages(body: CountTokensRequest) -> list[dict]:
     return out
 
 
-def _prompt(request: Request, body: CountTokensRequest) -> ChatPrompt:
-    st = state(request)
+def _tool_plan(st: AppState, body: CountTokensRequest) -> ToolPlan | None:
+    choice = body.tool_choice
+    if not body.tools:
+        if isinstance(choice, (ToolChoiceAny, ToolChoiceTool)):
+            raise invalid("tool_choice asks for a tool call, but the request has no tools", "tool_choice")
+        return None
+    tools = [Tool(t.name, t.description, json.dumps(t.input_schema)) for t in body.tools]
+    name = {ToolChoiceAny: "required", ToolChoiceTool: getattr(choice, "name", None), ToolChoiceNone: "none"}.get(type(choice), "auto")
+    parallel = choice is None or not getattr(choice, "disable_parallel_tool_use", False)
+    return tool_plan(st, tools, name, parallel, "tools")
+
+
+def _prompt(st: AppState, body: CountTokensRequest) -> ChatPrompt:
     thinking = None if body.thinking is None else not isinstance(body.thinking, ThinkingDisabled)
     effort = body.output_config.effort if body.output_config else None
-    return ChatPrompt(st, template_messages(body), template_context(thinking, effort), "messages")
+    plan = _tool_plan(st, body)
+    text = render(st.chat_template, template_messages(body), template_context(thinking, effort), "messages", plan)
+    return ChatPrompt(st, text, plan)
 
 
-def _sampling(st: AppState, body: MessagesRequest) -> SamplingParams:
+def _sampling(st: AppState, body: MessagesRequest, plan: ToolPlan | None) -> SamplingParams:
     fmt = body.output_config.format if body.output_config else None
-    grammar = output_grammar(st, JsonSchemaFormat(JsonSchema("output", fmt.schema)) if fmt else None, "output_config.format")
-    if grammar is not None and body.ignore_eos:  # the grammar's end can only be followed by an end-of-generation token
-        raise invalid("ignore_eos cannot be combined with a JSON output format", "ignore_eos")
+    output = output_grammar(st, JsonSchemaFormat(JsonSchema("output", fmt.schema)) if fmt else None, "output_config.format")
+    grammar, triggers = constraint(output, plan, body.ignore_eos, "output_config.format")
     return SamplingParams(
         max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-        ignore_eos=body.ignore_eos, grammar=grammar,
+        ignore_eos=body.ignore_eos, grammar=grammar, grammar_triggers=triggers,
     )
 
 
-def _stop_reason(choice: Choice) -> str:
+def _stop_reason(choice: Choice, reply: Reply) -> str:
     if choice.finish == "length":
         return "max_tokens"
+    if reply.calls:
+        return "tool_use"
     return "stop_sequence" if choice.stop_string is not None else "end_turn"
 
 
@@ -119,62 +154,79 @@ def _message(gen: Generation, model: str) -> dict:
     }
 
 
-def _block(kind: str, text: str) -> dict:
-    return {"type": "thinking", "thinking": text, "signature": ""} if kind == REASONING else {"type": "text", "text": text}
+def _block(kind: str, part) -> dict:
+    if kind == REASONING:
+        return {"type": "thinking", "thinking": part, "signature": ""}
+    if kind == CALL:
+        return {"type": "tool_use", "id": part.id, "name": part.name, "input": {}}
+    return {"type": "text", "text": part}
+
+
+def _delta(kind: str, part) -> dict:
+    if kind == REASONING:
+        return {"type": "thinking_delta", "thinking": part}
+    if kind == CALL:
+        return {"type": "input_json_delta", "partial_json": part.arguments}
+    return {"type": "text_delta", "text": part}
 
 
 async def messages(request: Request) -> Response:
     st = state(request)
     body = await decode_body(request, MessagesRequest)
-    if body.tools:
-        raise invalid("tools are not supported yet", "tools")
     info = generation.engine_info(st)
-    prompt = _prompt(request, body)
+    prompt = _prompt(st, body)
     stops = body.stop_sequences or ()
-    gen = await generation.start(st, [prompt.tokens], _sampling(st, body), stops=stops, stream=body.stream, prompt_param="messages")
+    plan = prompt.tool_plan
+    shown = shown_tokens(plan, st.tokenizer) if plan is not None else frozenset()
+    gen = await generation.start(
+        st, [prompt.tokens], _sampling(st, body, plan), stops=stops, stream=body.stream, prompt_param="messages", shown=shown
+    )
     if body.stream:
         return sse_response(_events(gen, prompt, model_id(info)))
     try:
         (text,) = await gen.texts(request)
     finally:
         gen.close()
-    choice = gen.choices[0]
+    choice, reply = gen.choices[0], prompt.reply()
     message = _message(gen, model_id(info))
-    message["content"] = [_block(kind, t) for kind, t in _merged(prompt.split(text))]
-    message["stop_reason"], message["stop_sequence"] = _stop_reason(choice), choice.stop_string
+    parts = reply.whole(text)
+    blocks = [_block(kind, part) for kind, part in parts if kind != CALL and not (reply.calls and kind == CONTENT and not part.strip())]
+    blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments(c.arguments)} for c in reply.calls]
+    message["content"] = blocks
+    message["stop_reason"], message["stop_sequence"] = _stop_reason(choice, reply), choice.stop_string
     return json_response(message)
 
 
-def _merged(parts: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Consecutive parts of one kind as one."""
-    out: list[tuple[str, str]] = []
-    for kind, text in parts:
-        if out and out[-1][0] == kind:
-            out[-1] = (kind, out[-1][1] + text)
-        else:
-            out.append((kind, text))
-    return out
+def _arguments(arguments: str) -> dict:
+    """A call's input: an object (the grammar makes it one; {} if the model wrote none)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 async def _events(gen: Generation, prompt: ChatPrompt, model: str):
     """message_start, ping, per block start/deltas/stop, message_delta, message_stop."""
-    choice = gen.choices[0]
+    choice, reply = gen.choices[0], prompt.reply()
     try:
         start = _message(gen, model)
         start["usage"]["output_tokens"] = 0
         yield sse_event("message_start", {"type": "message_start", "message": start}) + sse_event("ping", {"type": "ping"})
         index, kind = -1, None  # the open block
-        async for parts in prompt.parts(gen):
+        async for parts in reply_parts(gen, reply):
             out = []
-            for part_kind, text in parts:
-                if part_kind != kind:
+            for part_kind, part in parts:
+                opens = part_kind != kind or (kind == CALL and part.id is not None)
+                if opens:
                     if kind is not None:
                         out.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
                     index, kind = index + 1, part_kind
-                    block = _block(kind, "")
+                    block = _block(kind, "" if kind != CALL else part)
                     out.append(sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
-                delta = {"type": "thinking_delta", "thinking": text} if kind == REASONING else {"type": "text_delta", "text": text}
-                out.append(sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+                if kind != CALL or part.arguments:
+                    delta = {"type": "content_block_delta", "index": index, "delta": _delta(kind, part)}
+                    out.append(sse_event("content_block_delta", delta))
             if out:
                 yield b"".join(out)
         if choice.finish == "error":
@@ -182,7 +234,7 @@ async def _events(gen: Generation, prompt: ChatPrompt, model: str):
         end = []
         if kind is not None:
             end.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
-        delta = {"stop_reason": _stop_reason(choice), "stop_sequence": choice.stop_string}
+        delta = {"stop_reason": _stop_reason(choice, reply), "stop_sequence": choice.stop_string}
         end.append(sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": gen.completion_tokens}}))
         end.append(sse_event("message_stop", {"type": "message_stop"}))
         yield b"".join(end)
@@ -194,7 +246,7 @@ async def _events(gen: Generation, prompt: ChatPrompt, model: str):
 
 async def count_tokens(request: Request) -> Response:
     body = await decode_body(request, CountTokensRequest)
-    return json_response({"input_tokens": len(_prompt(request, body).tokens)})
+    return json_response({"input_tokens": len(_prompt(state(request), body).tokens)})
 
 
 operations = [

@@ -61,7 +61,7 @@ class Message(msgspec.Struct):
 
 
 class Tool(msgspec.Struct):
-    name: Annotated[str, Meta(min_length=1, max_length=128)]
+    name: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,128}$")]  # Anthropic's rule: names go into prompts and grammars as they are
     input_schema: dict
     description: str | None = None
 

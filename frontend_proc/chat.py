@@ -77,12 +77,23 @@ class ChatPrompt:
     def reply(self) -> Reply:
         return Reply(self.splitter(), self.tool_plan)
 
-    async def parts(self, gen: Generation) -> AsyncIterator[list[tuple]]:
-        """The parts of the first choice's reply as it grows (one list per text piece, then the rest)."""
-        reply = self.reply()
-        async for _, piece in gen.pieces():
-            yield reply.feed(piece)
-        self.calls = reply.calls
+
+async def reply_parts(gen: Generation, reply: Reply) -> AsyncIterator[list[tuple]]:
+    """The parts of the first choice's reply as it grows (one list per text piece, then the rest)."""
+    async for _, piece in gen.pieces():
+        yield reply.feed(piece)
+
+
+def constraint(output: str | None, plan: ToolPlan | None, ignore_eos: bool, format_param: str) -> tuple[str | None, list[str] | None]:
+    """The grammar and its triggers: the JSON output format's, or the tools' (one grammar per sequence)."""
+    grammar, triggers = output, None
+    if plan is not None and plan.grammar is not None:
+        if output is not None:
+            raise invalid(f"{format_param} cannot be combined with tools unless tool_choice is none", format_param)
+        grammar, triggers = plan.grammar, plan.triggers
+    if grammar is not None and ignore_eos:  # the grammar's end can only be followed by an end-of-generation token
+        raise invalid("ignore_eos cannot be combined with a JSON output format or tool calls", "ignore_eos")
+    return grammar, triggers
 
 
 class Reply:

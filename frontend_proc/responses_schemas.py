@@ -108,7 +108,7 @@ class TextConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class FunctionTool(msgspec.Struct, tag="function", tag_field="type", forbid_unknown_fields=True):
-    name: Annotated[str, Meta(min_length=1, max_length=128)]
+    name: Annotated[str, Meta(pattern="^[A-Za-z0-9_.-]{1,64}$")]  # OpenAI's rule: names go into prompts and grammars as they are
     parameters: dict | None = None
     description: str | None = None
     strict: bool | None = None

@@ -126,3 +126,64 @@ def test_api_key_as_x_api_key_or_bearer():
             with pytest.raises(anthropic.AuthenticationError) as e:
                 bad.messages.create(model=MODEL, max_tokens=5, messages=QUESTION)
         assert e.value.body["error"]["type"] == "authentication_error"
+
+
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+}
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+ANY_ONE = {"type": "any", "disable_parallel_tool_use": True}  # one call, then the end
+
+
+def valid_weather(args: dict) -> bool:
+    """WEATHER_TOOL's input_schema, checked: both keys, a string city, a unit from the enum."""
+    return set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("celsius", "fahrenheit")
+
+
+def test_forced_tool_input_matches_the_schema(claude):
+    message = greedy(claude, messages=WEATHER_QUESTION, max_tokens=60, tools=[WEATHER_TOOL],
+                     tool_choice={"type": "tool", "name": "get_weather"})
+    assert message.stop_reason == "tool_use"
+    (use,) = [b for b in message.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.id
+    assert valid_weather(use.input)
+
+
+def test_tool_use_streamed_as_input_json_deltas(claude):
+    with claude.messages.stream(model=MODEL, system=HELPFUL, messages=WEATHER_QUESTION, max_tokens=60, tools=[WEATHER_TOOL],
+                                tool_choice=ANY_ONE, extra_body={"temperature": 0}) as stream:
+        deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert "input_json_delta" in deltas and final.stop_reason == "tool_use"
+    whole = greedy(claude, messages=WEATHER_QUESTION, max_tokens=60, tools=[WEATHER_TOOL], tool_choice=ANY_ONE)
+    assert [b.model_dump() for b in final.content if b.type == "tool_use"][0]["input"] == whole.content[-1].input
+    assert valid_weather(final.content[-1].input)
+
+
+def test_two_turn_tool_loop(claude):
+    first = greedy(claude, messages=WEATHER_QUESTION, max_tokens=60, tools=[WEATHER_TOOL],
+                   tool_choice={"type": "tool", "name": "get_weather"})
+    use = first.content[-1]
+    turn = [
+        *WEATHER_QUESTION,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 24 degrees."}]},
+    ]
+    second = greedy(claude, messages=turn, max_tokens=40, tools=[WEATHER_TOOL], tool_choice={"type": "none"})
+    assert second.stop_reason in ("end_turn", "max_tokens") and second.content[0].type == "text"
+    # The call and its result reach the prompt (the reply here repeats the result).
+    alone = claude.messages.count_tokens(model=MODEL, system=HELPFUL, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice={"type": "none"})
+    assert second.usage.input_tokens > alone.input_tokens + 20
+
+
+def test_bad_tools_are_400s(claude):
+    with pytest.raises(anthropic.BadRequestError, match="not one of the tools"):
+        greedy(claude, tools=[WEATHER_TOOL], tool_choice={"type": "tool", "name": "nope"})
+    with pytest.raises(anthropic.BadRequestError, match="no tools"):
+        greedy(claude, tool_choice={"type": "any"})

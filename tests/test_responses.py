@@ -122,3 +122,42 @@ def test_bad_requests(oai):
     with pytest.raises(openai.BadRequestError, match="unsupported JSON schema") as e:
         greedy(oai, input="Hi", text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "string", "maxLength": 100000}}})
     assert e.value.body["param"] == "text.format"
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+}
+
+
+def test_function_call_and_its_output_round_trip(oai):
+    r = greedy(oai, input="What is the weather in Paris?", max_output_tokens=60, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id and r.status == "completed"
+    args = json.loads(call.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+    # The call's output, sent back as an item, continues the conversation (by id, and by resending it all).
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 degrees."}
+    chained = greedy(oai, input=[result], previous_response_id=r.id, max_output_tokens=30, tools=[WEATHER], tool_choice="none")
+    resent = greedy(oai, input=[{"role": "user", "content": "What is the weather in Paris?"}, call.model_dump(), result],
+                    max_output_tokens=30, tools=[WEATHER], tool_choice="none")
+    assert chained.output_text and chained.output_text == resent.output_text
+    assert chained.usage.input_tokens == resent.usage.input_tokens
+
+
+def test_function_call_streamed(oai):
+    whole = greedy(oai, input="What is the weather in Paris?", max_output_tokens=60, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    events = list(oai.responses.create(model=MODEL, instructions=HELPFUL, input="What is the weather in Paris?", max_output_tokens=60,
+                                       temperature=0, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, stream=True))
+    types = [e.type for e in events]
+    assert "response.function_call_arguments.delta" in types
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert done.arguments == "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert done.arguments == [o for o in whole.output if o.type == "function_call"][0].arguments
+    assert types[-1] == "response.completed" and events[-1].response.output[-1].type == "function_call"
