@@ -50,7 +50,6 @@ from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.openai_api import model_id
 from frontend_proc.openai_schemas import JsonSchema, JsonSchemaFormat
-from frontend_proc.openai_tools import shown_tokens
 from frontend_proc.openapi import Operation
 from frontend_proc.reasoning import REASONING
 from frontend_proc.tools import Tool, ToolPlan
@@ -176,11 +175,7 @@ async def messages(request: Request) -> Response:
     info = generation.engine_info(st)
     prompt = _prompt(st, body)
     stops = body.stop_sequences or ()
-    plan = prompt.tool_plan
-    shown = shown_tokens(plan, st.tokenizer) if plan is not None else frozenset()
-    gen = await generation.start(
-        st, [prompt.tokens], _sampling(st, body, plan), stops=stops, stream=body.stream, prompt_param="messages", shown=shown
-    )
+    gen = await prompt.start(st, _sampling(st, body, prompt.tool_plan), stops=stops, stream=body.stream, param="messages")
     if body.stream:
         return sse_response(_events(gen, prompt, model_id(info)))
     try:

@@ -12,7 +12,10 @@ reply's text as it grows: thinking apart from the answer
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+
+from cllm.protocol import SamplingParams
+from frontend_proc import generation
 
 from frontend_proc.app import AppState
 from frontend_proc.chat_template import ChatTemplate, ChatTemplateError
@@ -21,6 +24,7 @@ from frontend_proc.generation import Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.openai_schemas import ResponseFormat
 from frontend_proc.reasoning import CONTENT, ReasoningSplitter, opened_in_prompt
+from frontend_proc.tokenizer import Tokenizer
 from frontend_proc.tool_parser import ToolCall, ToolCallParser
 from frontend_proc.tools import Tool, ToolError, ToolFormat, ToolPlan, generic_messages, plan
 
@@ -76,6 +80,11 @@ class ChatPrompt:
 
     def reply(self) -> Reply:
         return Reply(self.splitter(), self.tool_plan)
+
+    async def start(self, st: AppState, sampling: SamplingParams, *, stops: Sequence[str] = (), stream: bool, param: str) -> Generation:
+        """Generate the reply down the one path, with the tool-call opener shown in the text if it is a control token."""
+        shown = shown_tokens(self.tool_plan, st.tokenizer) if self.tool_plan is not None else frozenset()
+        return await generation.start(st, [self.tokens], sampling, stops=stops, stream=stream, prompt_param=param, shown=shown)
 
 
 async def reply_parts(gen: Generation, reply: Reply) -> AsyncIterator[list[tuple]]:
@@ -138,6 +147,13 @@ class Reply:
 
 def _read(events: list) -> list[tuple]:
     return [(CONTENT, e) if isinstance(e, str) else (CALL, e) for e in events]
+
+
+def shown_tokens(tool_plan: ToolPlan, tokenizer: Tokenizer) -> frozenset[int]:
+    """The call opener, when it is a control token (Mistral's [TOOL_CALLS]): the text must show it to the parser."""
+    opener = tool_plan.format.opener
+    token = tokenizer.control_token(opener) if tool_plan.parse and opener else None
+    return frozenset(() if token is None else (token,))
 
 
 def template_context(thinking: bool | None = None, effort: str | None = None, kwargs: dict | None = None) -> dict:

@@ -18,13 +18,13 @@ from starlette.responses import Response
 from cllm.protocol import ModelInfo
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, sse, sse_response, state
-from frontend_proc.chat import ChatPrompt, join, template_context
+from frontend_proc.chat import ChatPrompt, join, shown_tokens, template_context
 from frontend_proc.cllm_api import GENERATE_ERRORS
 from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.openai_schemas import ChatCompletionRequest, CompletionRequest, OpenAIRequest
-from frontend_proc.openai_tools import ChatOutput, chat_plan, chat_prompt, shown_tokens
+from frontend_proc.openai_tools import ChatOutput, chat_plan, chat_prompt
 from frontend_proc.openapi import Operation
 from frontend_proc.reasoning import CONTENT, REASONING
 from frontend_proc.tools import ToolPlan

@@ -14,7 +14,6 @@ from frontend_proc.chat import render
 from frontend_proc.chat_template import ChatTemplate
 from frontend_proc.errors import ApiError
 from frontend_proc.openai_schemas import ChatCompletionRequest, MessageError
-from frontend_proc.tokenizer import Tokenizer
 from frontend_proc.tool_parser import ToolCallParser
 from frontend_proc.tools import Tool, ToolError, ToolFormat, ToolPlan, plan
 
@@ -49,13 +48,6 @@ def chat_prompt(body: ChatCompletionRequest, template: ChatTemplate, tool_plan: 
     except MessageError as e:
         raise _invalid(str(e), e.param) from None
     return render(template, messages, context, "messages", tool_plan)
-
-
-def shown_tokens(tool_plan: ToolPlan, tokenizer: Tokenizer) -> frozenset[int]:
-    """The call opener, when it is a control token (Mistral's [TOOL_CALLS]): the text must show it to the parser."""
-    opener = tool_plan.format.opener
-    token = tokenizer.control_token(opener) if tool_plan.parse and opener else None
-    return frozenset(() if token is None else (token,))
 
 
 class ChatOutput:

@@ -43,7 +43,6 @@ from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Generation
 from frontend_proc.openai_api import model_id
 from frontend_proc.openai_schemas import JsonObjectFormat, JsonSchema, JsonSchemaFormat
-from frontend_proc.openai_tools import shown_tokens
 from frontend_proc.openapi import Operation
 from frontend_proc.reasoning import REASONING
 from frontend_proc.response_store import Stored
@@ -209,8 +208,7 @@ async def create(request: Request) -> Response:
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
         grammar=grammar, grammar_triggers=triggers,
     )
-    shown = shown_tokens(plan, st.tokenizer) if plan is not None else frozenset()
-    gen = await generation.start(st, [prompt.tokens], sampling, stream=body.stream, prompt_param="input", shown=shown)
+    gen = await prompt.start(st, sampling, stream=body.stream, param="input")
     response = _response(f"resp_{secrets.token_hex(12)}", body, model_id(info))
     if body.stream:
         return sse_response(_events(st, gen, prompt.reply(), response, conversation))

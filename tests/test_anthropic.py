@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 
+from tests import test_tools
 from tests.conftest import start_server
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -128,15 +129,8 @@ def test_api_key_as_x_api_key_or_bearer():
         assert e.value.body["error"]["type"] == "authentication_error"
 
 
-WEATHER_TOOL = {
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"],
-    },
-}
+_FUNCTION = test_tools.WEATHER["function"]
+WEATHER_TOOL = {"name": _FUNCTION["name"], "description": _FUNCTION["description"], "input_schema": _FUNCTION["parameters"]}
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 ANY_ONE = {"type": "any", "disable_parallel_tool_use": True}  # one call, then the end
 

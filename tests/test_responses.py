@@ -7,6 +7,7 @@ import json
 import openai
 import pytest
 
+from tests import test_tools
 from tests.conftest import health, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -124,16 +125,7 @@ def test_bad_requests(oai):
     assert e.value.body["param"] == "text.format"
 
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"],
-    },
-}
+WEATHER = {"type": "function", **test_tools.WEATHER["function"]}  # the Responses API's flat shape
 
 
 def test_function_call_and_its_output_round_trip(oai):
