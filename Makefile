@@ -11,7 +11,9 @@ LLAMA_SERVER := $(CACHE)/bin/llama-server
 LCPP_SERVER  := $(CACHE)/lcpp-server/.installed
 GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
-.PHONY: install install-cuda install-metal serve test bench bench-deps
+CHROMIUM ?= /usr/bin/chromium
+
+.PHONY: install install-cuda install-metal serve test test-browser bench bench-deps
 
 install: $(STAMP)
 
@@ -37,7 +39,14 @@ serve: install
 	$(VENV)/bin/cllm serve $(ARGS)
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --ignore=tests/browser
+
+# The chat page in headless chromium (Debian's package: no browser download);
+# screenshots land in tests/browser/artifacts/.
+test-browser: install
+	$(PY) -m pip install -q -e '.[browser]'
+	test -x $(CHROMIUM) || apt-get install -y -q chromium
+	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q tests/browser
 
 # ---- benchmarks: everything below lands in perf/cache/ (git ignores it) ----
 

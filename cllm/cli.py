@@ -7,7 +7,7 @@ import os
 import sys
 from typing import get_args
 
-from cllm.config import CacheType, ConfigError, FlashAttn, LogFormat, LogLevel, ReplicaRouting, ServeConfig, load_config
+from cllm.config import CacheType, ConfigError, FlashAttn, LogFormat, LogLevel, ReasoningFormat, ReplicaRouting, ServeConfig, load_config
 from cllm.model_file import ModelFileError
 from cllm.registry import build_registry, is_pool
 
@@ -60,6 +60,11 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument("--keep-alive", type=float, help="seconds a model may stay idle before it is unloaded (default 0: never)")
     p.add_argument("--load-timeout", type=float, help=f"seconds a request waits for its model to load before 503 (default {d.load_timeout:g})")
+    p.add_argument("--chat-template-file", metavar="FILE", help="Jinja chat template to use instead of the model file's own")
+    p.add_argument(
+        "--reasoning-format", choices=get_args(ReasoningFormat),
+        help=f"auto: what a model writes between thinking markers (<think>...</think>) is returned apart from the answer; none: left in the text (default {d.reasoning_format})",
+    )
     p.add_argument("--shutdown-timeout", type=float, help=f"seconds in-flight requests get to finish on SIGINT/SIGTERM (default {d.shutdown_timeout:g})")
     p.add_argument("--log-level", metavar="|".join(get_args(LogLevel)), help=f"least severe log records written to stderr; info logs one line per request (default {d.log_level})")
     p.add_argument("--log-format", metavar="|".join(get_args(LogFormat)), help=f"text, or json for log shippers: one object a line (default {d.log_format})")

@@ -12,6 +12,7 @@ from msgspec import Meta
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 FlashAttn = Literal["auto", "on", "off"]
+ReasoningFormat = Literal["auto", "none"]
 MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the prefix cache's scratch
 CacheType = Literal["f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
@@ -68,6 +69,9 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     replica_routing: ReplicaRouting = "prefix"
     keep_alive: Annotated[float, Meta(ge=0)] = 0.0  # seconds idle before a model is unloaded; 0: never
     load_timeout: Annotated[float, Meta(gt=0)] = 120.0  # a request waits this long for its model to load
+    # Chat: a Jinja template instead of the model file's; thinking split from the answer (auto) or left in it (none).
+    chat_template_file: str | None = None
+    reasoning_format: ReasoningFormat = "auto"
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
     # Requests: what each may ask and how long it may take, how many may wait.
@@ -120,6 +124,10 @@ def load_config(path: str | None, overrides: dict) -> ServeConfig:
     except msgspec.ValidationError as e:
         raise ConfigError(f"invalid setting: {e}") from None
     check_engine(config, "")
+    if config.chat_template_file is not None:
+        if not os.path.isfile(config.chat_template_file):
+            raise ConfigError(f"--chat-template-file {config.chat_template_file}: no such file")
+        config.chat_template_file = os.path.abspath(config.chat_template_file)  # the frontend reads it
     return config
 
 

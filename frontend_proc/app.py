@@ -28,6 +28,7 @@ from frontend_proc.guard import OPEN_PATHS, Guard
 from frontend_proc.metrics import Metrics
 from frontend_proc.observe import ObserveMiddleware
 from frontend_proc.openapi import Operation, document
+from frontend_proc.response_store import ResponseStore
 from frontend_proc.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # model_pool builds AppStates
@@ -52,6 +53,7 @@ class AppState:
     api_key: str | None = None
     pool: ModelPool | None = None  # every model; this state is one model's (the default's, for routes that name none)
     model_id: str = ""  # the registry id of this state's model
+    responses: ResponseStore = field(default_factory=ResponseStore)  # stored responses of /v1/responses
     generation: int = 0  # times the frontend was restarted
     started_at: float = field(default_factory=time.monotonic)
     openapi: bytes = b""  # the document, built on first request
@@ -64,6 +66,11 @@ def ok(data) -> Response:
 def sse(event) -> bytes:
     """One Server-Sent Event carrying JSON."""
     return b"data: " + _json.encode(event) + b"\n\n"
+
+
+def sse_event(name: str, event) -> bytes:
+    """One named Server-Sent Event carrying JSON (Anthropic's and the Responses API's streams)."""
+    return b"event: " + name.encode() + b"\ndata: " + _json.encode(event) + b"\n\n"
 
 
 def sse_response(events) -> StreamingResponse:

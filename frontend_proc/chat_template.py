@@ -69,16 +69,24 @@ class ChatTemplate:
         except ChatTemplateError:
             return False
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
-        """The prompt text; `tools` (OpenAI's shape) is passed only when given, as transformers does."""
+    def render(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None, context: dict | None = None
+    ) -> str:
+        """The prompt text; `tools` (OpenAI's shape) is passed only when given, as transformers does.
+
+        context: further template variables a request sets (enable_thinking, reasoning_effort).
+        """
         extra = {"tools": tools} if tools else {}
         try:
             text = self.template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                **extra,
+                {
+                    **(context or {}),
+                    **extra,
+                    "messages": messages,
+                    "add_generation_prompt": add_generation_prompt,
+                    "bos_token": self.bos_token,
+                    "eos_token": self.eos_token,
+                }
             )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(str(e)) from None

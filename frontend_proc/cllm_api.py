@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.protocol import ModelInfo, PrefixCacheStats
-from frontend_proc import generation
+from frontend_proc import chat_page, generation
 from frontend_proc.app import AppState, decode_body, json_response, model_state, ok, sse, sse_response, state
 from frontend_proc.errors import ApiError
 from frontend_proc.generation import Choice, Generation
@@ -35,6 +35,8 @@ HEALTH_LEVELS = ("basic", "detailed", "full")
 
 
 async def index(request: Request) -> Response:
+    if chat_page.wants_page(request.headers.get("accept", "")):
+        return chat_page.page(request)
     return ok(Index("cllm", [Endpoint(op.method, op.doc_path, op.summary) for op in state(request).operations]))
 
 
@@ -177,7 +179,8 @@ async def model_info(request: Request) -> Response:
 GENERATE_ERRORS = (408, 429, 503)  # what generating adds to the errors of reading a body
 
 operations = [
-    Operation("GET", "/", index, "this list", response=Ok[Index]),
+    Operation("GET", "/", index, "this list; the chat page for a browser (Accept: text/html)", response=Ok[Index], text="text/html"),
+    Operation("GET", "/ui", chat_page.page, "the chat page", text="text/html"),
     Operation(
         "GET", "/health", health, "liveness; ?level=basic|detailed|full",
         response=Ok[Health], also=(503,), errors=(400,), query=(("level", HEALTH_LEVELS),),

@@ -1,4 +1,4 @@
-"""Errors, answered in the shape of the API the path belongs to: cLLM's, or OpenAI's under /v1/."""
+"""Errors, answered in the shape of the API the path belongs to: cLLM's, Anthropic's under /v1/messages, or OpenAI's under /v1/."""
 
 from __future__ import annotations
 
@@ -31,6 +31,25 @@ class OpenAIError(msgspec.Struct):
     error: OpenAIErrorDetail
 
 
+class AnthropicErrorDetail(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicError(msgspec.Struct, kw_only=True):
+    """Anthropic's {"type": "error", "error": {"type", "message"}}."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
+
+# Anthropic's error type per status; the SDK raises its exception class from the status.
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+}
+
+
 class ApiError(Exception):
     """Raised anywhere a request is handled; answered with ``status`` (see error_body)."""
 
@@ -52,12 +71,19 @@ class ApiError(Exception):
 
 
 def error_type(path: str) -> type:
+    if path.startswith("/v1/messages"):
+        return AnthropicError
     return OpenAIError if path.startswith("/v1/") else Error
 
 
-def error_body(path: str, exc: ApiError) -> Error | OpenAIError:
-    if error_type(path) is Error:
+def error_body(path: str, exc: ApiError) -> Error | OpenAIError | AnthropicError:
+    kind = error_type(path)
+    if kind is Error:
         return Error(success=False, error=exc.error, message=exc.message)
+    if kind is AnthropicError:
+        message = f"{exc.param}: {exc.message}" if exc.param and exc.message else exc.message or exc.error
+        default = "invalid_request_error" if exc.status < 500 else "api_error"
+        return AnthropicError(error=AnthropicErrorDetail(ANTHROPIC_TYPES.get(exc.status, default), message))
     return OpenAIError(
         OpenAIErrorDetail(
             message=f"{exc.error}: {exc.message}" if exc.message else exc.error,

@@ -72,16 +72,17 @@ class StopMatcher:
 
     def __init__(self, stops: Sequence[str]):
         self.stops = stops
+        self.matched: str | None = None  # the stop string that ended the text (Anthropic reports it)
         self._held = ""
 
     def feed(self, text: str) -> tuple[str, bool]:
         """The text that is safe to release, and whether a stop string ended it."""
         text = self._held + text
-        cut = min((i for stop in self.stops if (i := text.find(stop)) >= 0), default=-1)
+        cut, self.matched = min(((i, stop) for stop in self.stops if (i := text.find(stop)) >= 0), default=(-1, None))
         if cut >= 0:
             self._held = ""
             return text[:cut], True
-        keep = max(_overlap(text, stop) for stop in self.stops)
+        keep = max(overlap(text, stop) for stop in self.stops)
         self._held = text[len(text) - keep :]
         return text[: len(text) - keep], False
 
@@ -90,7 +91,7 @@ class StopMatcher:
         return held
 
 
-def _overlap(text: str, stop: str) -> int:
+def overlap(text: str, stop: str) -> int:
     """The length of the longest end of text that is a beginning of stop."""
     for k in range(min(len(stop) - 1, len(text)), 0, -1):
         if text.endswith(stop[:k]):
@@ -109,6 +110,11 @@ class Choice:
         self._client = client
         self._detok = detok
         self._stop = StopMatcher(stops) if stops else None
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self._stop.matched if self._stop is not None else None
 
     def abort(self) -> None:
         self._client.abort(self.stream)

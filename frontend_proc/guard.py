@@ -11,7 +11,8 @@ import hmac
 
 from frontend_proc.errors import ApiError
 
-OPEN_PATHS = ("/health",)  # answered without the API key
+OPEN_PATHS = ("/health", "/ui")  # answered without the API key
+PAGE_PATHS = ("/", "/ui")  # the chat page, for a browser: it asks for the key itself
 
 
 class Guard:
@@ -34,6 +35,8 @@ class Guard:
         length = -1
         chunked = False
         authorization = b""
+        api_key_header = b""  # Anthropic's clients send x-api-key
+        accept = b""
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = int(value)  # the HTTP parser already refused a malformed one
@@ -41,11 +44,19 @@ class Guard:
                 chunked = True
             elif name == b"authorization":
                 authorization = value
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+            elif name == b"x-api-key":
+                api_key_header = value
+            elif name == b"accept":
+                accept = value
+        page = scope["path"] in PAGE_PATHS and b"text/html" in accept
+        if self.api_key is not None and scope["path"] not in OPEN_PATHS and not page:
             scheme, _, token = authorization.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key):
+            if scheme.lower() != b"bearer":
+                token = api_key_header
+            if not hmac.compare_digest(token.strip(), self.api_key):
                 raise ApiError(
-                    401, "unauthorized", "send the API key as 'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"}, code="invalid_api_key"
+                    401, "unauthorized", "send the API key as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                    {"WWW-Authenticate": "Bearer"}, code="invalid_api_key",
                 )
         if length > self.max_body:
             raise self._too_large()

@@ -20,11 +20,12 @@ from cllm.launch import from_argv
 from cllm.log import setup_logging
 from cllm.protocol import EngineExited
 from cllm.registry import is_pool
-from frontend_proc import cllm_api, llama_server_api, models_api, openai_api
+from frontend_proc import anthropic_api, cllm_api, llama_server_api, models_api, openai_api, responses_api
 from frontend_proc.app import AppState, build_app
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.metrics import Metrics
 from frontend_proc.model_pool import ModelPool
+from frontend_proc.response_store import ResponseStore
 from frontend_proc.tokenizer import Tokenizer
 
 log = logging.getLogger("cllm.frontend")
@@ -62,11 +63,13 @@ def main() -> int:
         config=config,
         client=clients[0][0],
         tokenizer=tokenizer,
-        chat_template=tokenizer.chat_template(),
-        operations=cllm_api.operations + openai_api.operations + llama_server_api.operations + models_api.operations,
+        chat_template=tokenizer.chat_template(_read(config.chat_template_file)),
+        operations=cllm_api.operations + openai_api.operations + llama_server_api.operations + models_api.operations
+        + anthropic_api.operations + responses_api.operations,
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,
         model_id=default.id,
+        responses=ResponseStore(metrics.registry),
         generation=launch.generation,
     )
     pool = app_state.pool = ModelPool(launch.models, app_state, clients, launch.control, multi=is_pool(config))
@@ -104,6 +107,13 @@ def main() -> int:
     # that connect while a successor starts wait in its backlog.
     server.run(sockets=[socket.socket(fileno=launch.listen)])
     return 0 if server.started else 1
+
+
+def _read(path: str | None) -> str | None:
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 _notice = msgspec.json.Decoder(EngineExited)

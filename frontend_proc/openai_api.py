@@ -16,14 +16,16 @@ from starlette.responses import Response
 
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, model_state, sse, sse_response, state
+from frontend_proc.chat import ChatPrompt, join, shown_tokens, template_context
 from frontend_proc.cllm_api import GENERATE_ERRORS
 from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.models_api import card
-from frontend_proc.openapi import Operation
 from frontend_proc.openai_schemas import ChatCompletionRequest, CompletionRequest, OpenAIRequest
-from frontend_proc.openai_tools import ChatOutput, chat_plan, chat_prompt, shown_tokens
+from frontend_proc.openai_tools import ChatOutput, chat_plan, chat_prompt
+from frontend_proc.openapi import Operation
+from frontend_proc.reasoning import CONTENT, REASONING
 from frontend_proc.tools import ToolPlan
 
 DONE = b"data: [DONE]\n\n"
@@ -250,12 +252,14 @@ async def chat_completions(request: Request) -> Response:
         raise _invalid("top_logprobs needs logprobs: true", "top_logprobs")
     info = generation.engine_info(st)
     tool_plan = chat_plan(body, st.chat_template, st.tokenizer.vocab)
-    text = chat_prompt(body, st.chat_template, tool_plan)
+    context = template_context(effort=body.reasoning_effort, kwargs=body.chat_template_kwargs)
+    prompt = ChatPrompt(st, chat_prompt(body, st.chat_template, tool_plan, context))
     max_tokens = body.max_completion_tokens or body.max_tokens or info.seq_ctx  # default: what the sequence holds
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    gen = await _start(st, body, [st.tokenizer.encode(text)], max_tokens, logprobs, "messages", tool_plan)
+    gen = await _start(st, body, [prompt.tokens], max_tokens, logprobs, "messages", tool_plan)
     head = _head(gen, "chatcmpl", "chat.completion.chunk" if body.stream else "chat.completion", st)
     outputs = [ChatOutput(tool_plan) for _ in gen.choices]
+    splitters = [prompt.splitter() for _ in gen.choices]  # thinking apart from the answer, which is read for calls
 
     def lp(choice: Choice, start: int, end: int) -> dict | None:
         return _chat_logprobs(st, choice, start, end) if body.logprobs and end > start else None
@@ -264,7 +268,7 @@ async def chat_completions(request: Request) -> Response:
         out = outputs[choice.index]
         return {
             "index": choice.index,
-            "message": out.message(text),
+            "message": _with_reasoning(out, prompt.split(text)),
             "logprobs": _chat_logprobs(st, choice, 0, choice.n_tokens) if body.logprobs else None,
             "finish_reason": out.finish_reason(choice.finish),
         }
@@ -273,8 +277,16 @@ async def chat_completions(request: Request) -> Response:
         return {"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
     def delta(choice: Choice, text: str | None, start: int, end: int) -> list[dict]:
-        out = outputs[choice.index]
-        deltas = out.deltas(text)
+        out, splitter = outputs[choice.index], splitters[choice.index]
+        if splitter is None:
+            deltas = out.deltas(text)
+        else:
+            parts = splitter.feed(text) if text is not None else splitter.flush()
+            deltas = out.deltas(content) if (content := join(parts, CONTENT)) else []
+            if text is None:
+                deltas += out.deltas(None)
+            if reasoning := join(parts, REASONING):
+                deltas.insert(0, {"reasoning_content": reasoning})
         logprobs = lp(choice, start, end)
         if text is None:
             deltas.append({})
@@ -288,6 +300,14 @@ async def chat_completions(request: Request) -> Response:
         return chunks
 
     return await _respond(request, gen, head, body, whole, delta, opening)
+
+
+def _with_reasoning(out: ChatOutput, parts: list[tuple[str, str]]) -> dict:
+    """The message of the answer's parts (tool calls read out of them), with reasoning_content if any."""
+    message = out.message(join(parts, CONTENT))
+    if reasoning := join(parts, REASONING):
+        message["reasoning_content"] = reasoning
+    return message
 
 
 # The response bodies are OpenAI's objects, built in place: the document calls them objects.

@@ -209,3 +209,6 @@ class ChatCompletionRequest(OpenAIRequest, kw_only=True):
     tools: Annotated[list[ToolDef], Meta(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # auto when there are tools
     parallel_tool_calls: bool = True
+    # Reach the chat template: {"enable_thinking": false} turns Qwen3's thinking off; an effort reaches gpt-oss's.
+    chat_template_kwargs: dict | None = None
+    reasoning_effort: str | None = None

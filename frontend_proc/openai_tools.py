@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 
-from frontend_proc.chat_template import ChatTemplate, ChatTemplateError
+from frontend_proc.chat import render
+from frontend_proc.chat_template import ChatTemplate
 from frontend_proc.errors import ApiError
 from frontend_proc.openai_schemas import ChatCompletionRequest, MessageError
-from frontend_proc.tokenizer import Tokenizer
 from frontend_proc.tool_parser import ToolCallParser
-from frontend_proc.tools import Tool, ToolError, ToolFormat, ToolPlan, generic_messages, plan
+from frontend_proc.tools import Tool, ToolError, ToolFormat, ToolPlan, plan
 
 
 def _invalid(message: str, param: str) -> ApiError:
@@ -41,25 +41,13 @@ def chat_plan(body: ChatCompletionRequest, template: ChatTemplate, vocab) -> Too
         raise _invalid(str(e), e.param) from None
 
 
-def chat_prompt(body: ChatCompletionRequest, template: ChatTemplate, tool_plan: ToolPlan) -> str:
-    """The messages rendered with the model's template, the tools as the plan says."""
+def chat_prompt(body: ChatCompletionRequest, template: ChatTemplate, tool_plan: ToolPlan, context: dict | None = None) -> str:
+    """The messages rendered with the model's template, the tools as the plan says (context: template variables)."""
     try:
         messages = [m.to_template(i) for i, m in enumerate(body.messages)]
     except MessageError as e:
         raise _invalid(str(e), e.param) from None
-    if not tool_plan.format.native:
-        messages = generic_messages(messages, tool_plan.system_text, template.renders_tool_role)
-    try:
-        return template.render(messages, tools=tool_plan.template_tools)
-    except ChatTemplateError as e:
-        raise _invalid(str(e), "messages") from None
-
-
-def shown_tokens(tool_plan: ToolPlan, tokenizer: Tokenizer) -> frozenset[int]:
-    """The call opener, when it is a control token (Mistral's [TOOL_CALLS]): the text must show it to the parser."""
-    opener = tool_plan.format.opener
-    token = tokenizer.control_token(opener) if tool_plan.parse and opener else None
-    return frozenset(() if token is None else (token,))
+    return render(template, messages, context, "messages", tool_plan)
 
 
 class ChatOutput:

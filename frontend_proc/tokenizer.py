@@ -24,11 +24,12 @@ class Tokenizer:
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
 
-    def chat_template(self) -> ChatTemplate:
-        """The file's `tokenizer.chat_template` (or a plain fallback), with its BOS and EOS."""
-        source = L.llama_model_chat_template(self.model, None)
+    def chat_template(self, source: str | None = None) -> ChatTemplate:
+        """``source``, else the file's `tokenizer.chat_template` (or a plain fallback), with its BOS and EOS."""
+        if source is None and (own := L.llama_model_chat_template(self.model, None)):
+            source = own.decode(errors="replace")
         return ChatTemplate(
-            source.decode(errors="replace") if source else None,
+            source,
             bos_token=self._text(L.llama_vocab_bos(self.vocab)),
             eos_token=self._text(L.llama_vocab_eos(self.vocab)),
             strip_bos=L.llama_vocab_get_add_bos(self.vocab),

@@ -98,6 +98,43 @@ class LlamaServer(Dialect):
         return event.get("content", ""), event.get("tokens_predicted") if event.get("stop") else None
 
 
+@dataclass
+class Chat(Dialect):
+    """The same greedy request through a chat route: /v1/chat/completions, /v1/messages or /v1/responses."""
+
+    api: str = "chat"  # chat, messages or responses
+
+    def body(self, prompt, gen_tokens, stream):
+        body = {"model": "default", "temperature": 0, "ignore_eos": True, "stream": stream}
+        if self.api == "responses":
+            return {**body, "input": prompt, "max_output_tokens": gen_tokens, "store": False}
+        body = {**body, "messages": [{"role": "user", "content": prompt}], "max_tokens": gen_tokens}
+        if self.api == "chat" and stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def tokens(self, answer):
+        usage = answer["usage"]
+        return usage["completion_tokens"] if self.api == "chat" else usage["output_tokens"]
+
+    def event(self, event):
+        if self.api == "chat":
+            usage = event.get("usage")
+            choices = event.get("choices") or [{}]
+            return choices[0].get("delta", {}).get("content") or "", usage["completion_tokens"] if usage else None
+        kind = event["type"]
+        if kind in ("content_block_delta", "response.output_text.delta"):
+            return event["delta"]["text"] if self.api == "messages" else event["delta"], None
+        if kind == "message_delta":
+            return "", event["usage"]["output_tokens"]
+        if kind in ("response.completed", "response.incomplete"):
+            return "", event["response"]["usage"]["output_tokens"]
+        return "", None
+
+
+CHAT_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+
+
 def make_dialect(name: str, model: str = "default", ban_tokens: tuple[int, ...] = ()) -> Dialect:
     if name == "cllm":
         return Cllm("/generate")
@@ -105,10 +142,12 @@ def make_dialect(name: str, model: str = "default", ban_tokens: tuple[int, ...] 
         return OpenAI("/v1/completions", model, ban_tokens)
     if name == "llama-server":
         return LlamaServer("/completion")
+    if name in CHAT_PATHS:
+        return Chat(CHAT_PATHS[name], name)
     raise ValueError(f"unknown dialect {name!r}")
 
 
-DIALECTS = ("cllm", "openai", "llama-server")
+DIALECTS = ("cllm", "openai", "llama-server", *CHAT_PATHS)
 
 
 # ---- the server's processes and their CPU time --------------------------------

@@ -33,6 +33,8 @@ FAMILIES = {
     "cllm_model_loads": "counter",
     "cllm_model_load_seconds": "histogram",
     "cllm_model_unloads": "counter",
+    "cllm_responses_stored": "gauge",
+    "cllm_responses_stored_oldest_age_seconds": "gauge",
 }
 PER_REQUEST_HISTOGRAMS = ("cllm_time_to_first_token_seconds", "cllm_time_per_output_token_seconds", "cllm_e2e_request_latency_seconds")
 

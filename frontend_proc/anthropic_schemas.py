@@ -1,0 +1,137 @@
+"""Request bodies of Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens).
+
+As on the OpenAI routes, an unknown top-level field is a 400 naming it, and
+those with no bearing on the output here (`metadata`, `service_tier`,
+`cache_control`, ...) are accepted and ignored. `temperature`, `top_p` and
+`top_k`, which newer SDKs no longer send, are read when given. Content blocks carry more keys than are read here
+(`cache_control`, `citations`): those are ignored, so a conversation can be
+sent back as the SDK or Claude Code keeps it. Image and document blocks are
+decoded only to be refused with a clear message.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from frontend_proc.schemas import Seed
+
+
+class TextBlock(msgspec.Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ImageBlock(msgspec.Struct, tag="image", tag_field="type"):
+    source: dict
+
+
+class DocumentBlock(msgspec.Struct, tag="document", tag_field="type"):
+    source: dict
+
+
+class ToolUseBlock(msgspec.Struct, tag="tool_use", tag_field="type"):
+    id: str
+    name: str
+    input: dict
+
+
+class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type"):
+    tool_use_id: str
+    content: str | list[TextBlock | ImageBlock | DocumentBlock] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(msgspec.Struct, tag="thinking", tag_field="type"):
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(msgspec.Struct, tag="redacted_thinking", tag_field="type"):
+    data: str
+
+
+Block = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+
+
+class Message(msgspec.Struct):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(msgspec.Struct):
+    name: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,128}$")]  # Anthropic's rule: names go into prompts and grammars as they are
+    input_schema: dict
+    description: str | None = None
+
+
+class ToolChoiceAuto(msgspec.Struct, tag="auto", tag_field="type", forbid_unknown_fields=True):
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceAny(msgspec.Struct, tag="any", tag_field="type", forbid_unknown_fields=True):
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceTool(msgspec.Struct, tag="tool", tag_field="type", forbid_unknown_fields=True):
+    name: str
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceNone(msgspec.Struct, tag="none", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+ToolChoice = ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone
+
+
+class ThinkingEnabled(msgspec.Struct, tag="enabled", tag_field="type"):
+    budget_tokens: Annotated[int, Meta(ge=1)] | None = None  # not enforced: the model decides when it is done
+
+
+class ThinkingAdaptive(msgspec.Struct, tag="adaptive", tag_field="type"):
+    pass
+
+
+class ThinkingDisabled(msgspec.Struct, tag="disabled", tag_field="type"):
+    pass
+
+
+class JsonOutputFormat(msgspec.Struct, tag="json_schema", tag_field="type", forbid_unknown_fields=True):
+    schema: dict
+
+
+class OutputConfig(msgspec.Struct, forbid_unknown_fields=True):
+    effort: str | None = None  # reaches templates as reasoning_effort
+    format: JsonOutputFormat | None = None  # structured output, enforced by a grammar as on the OpenAI routes
+
+
+class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The conversation; what /v1/messages/count_tokens reads."""
+
+    model: str | None = None  # a model of the registry (None: the default); with one model, any name
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict | None = None  # prompt caching is automatic here (the prefix cache)
+
+
+class MessagesRequest(CountTokensRequest, kw_only=True):
+    max_tokens: Annotated[int, Meta(ge=1)]
+    stop_sequences: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(max_length=16)] | None = None
+    temperature: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    top_p: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40  # as the OpenAI routes: a full-vocabulary draw costs ~8x more
+    seed: Seed | None = None  # llama-server's extensions, as on the OpenAI routes
+    ignore_eos: bool = False
+    stream: bool = False
+    # Sent by clients, no bearing on the output here.
+    metadata: dict | None = None
+    service_tier: str | None = None
+    container: str | None = None
+    inference_geo: str | None = None
+    speed: str | None = None
