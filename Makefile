@@ -45,7 +45,7 @@ test: install
 # screenshots land in tests/browser/artifacts/.
 test-browser: install
 	$(PY) -m pip install -q -e '.[browser]'
-	test -x $(CHROMIUM) || apt-get install -y -q chromium
+	test -x $(CHROMIUM) || { apt-get update -q && apt-get install -y -q chromium; }
 	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q tests/browser
 
 # ---- benchmarks: everything below lands in perf/cache/ (git ignores it) ----
