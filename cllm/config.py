@@ -25,7 +25,7 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, renam
     path: str
     aliases: list[str] = []
     ctx_size: Annotated[int, Meta(ge=64)] | None = None
-    parallel: Annotated[int, Meta(ge=1, le=256)] | None = None
+    parallel: Annotated[int, Meta(ge=1, le=MAX_STREAMS - 1)] | None = None
     threads: Annotated[int, Meta(ge=0)] | None = None
     batch_size: Annotated[int, Meta(ge=1)] | None = None
     flash_attn: FlashAttn | None = None
