@@ -50,7 +50,14 @@ class Hello(msgspec.Struct, tag=3, array_like=True, gc=False):
     session: int
 
 
-ToEngine = Submit | Abort | Hello
+class Embed(msgspec.Struct, tag=4, array_like=True, gc=False):
+    """Embed each input (token ids; the frontend checked their count and length)."""
+
+    id: int
+    inputs: list[list[int]]
+
+
+ToEngine = Submit | Abort | Hello | Embed
 
 
 # ---- engine -> frontend ------------------------------------------------------
@@ -79,6 +86,8 @@ class ModelInfo(msgspec.Struct, gc=False):
     cache_slots: int = 0  # KV streams of seq_ctx cells beyond parallel, for the prefix cache
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    embedding_dim: int = 0  # length of an /v1/embeddings vector
+    max_embedding_tokens: int = 0  # most tokens of one embeddings input: what one embeddings decode holds
 
 
 class EngineReady(msgspec.Struct, tag=1, array_like=True, gc=False):
@@ -134,7 +143,16 @@ class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
     prefix_cache: PrefixCacheStats = msgspec.field(default_factory=PrefixCacheStats)
 
 
-FromEngine = EngineReady | StepOutputs | EngineStats
+class Embeddings(msgspec.Struct, tag=4, array_like=True, gc=False):
+    """Vectors of an Embed's inputs [first, first + k), L2-normalised: k x dim float32s in native
+    byte order (bytes keep msgspec cheap). A request's come in order, over one step or several."""
+
+    id: int
+    first: int
+    vectors: bytes
+
+
+FromEngine = EngineReady | StepOutputs | EngineStats | Embeddings
 
 
 # ---- supervisor -> frontend (one JSON line each, on the frontend's lifeline) --

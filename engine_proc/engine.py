@@ -7,7 +7,8 @@ import time
 import numpy as np
 
 from cllm.config import ServeConfig
-from cllm.protocol import EngineStats, SeqOutput, Submit
+from cllm.protocol import Embed, Embeddings, EngineStats, SeqOutput, Submit
+from engine_proc.embedder import Embedder
 from engine_proc.model_runner import ModelRunner
 from engine_proc.sampler import GrammarError, Sampler
 from engine_proc.scheduler import Scheduler
@@ -27,6 +28,10 @@ class LLMEngine:
             config.prefix_cache,
             config.prefix_cache_exact,
         )
+        self.embedder = Embedder(self.runner.model, config, self.runner.token_budget)
+        self.runner.info.embedding_dim = self.embedder.dim
+        self.runner.info.max_embedding_tokens = self.embedder.max_tokens
+        self.embedded: list[Embeddings] = []  # vectors of the last step: the caller sends them
         self.steps = 0
         self.generated_tokens = 0
         # Per-step figures gathered until the next stats(): a float and an int a step.
@@ -42,14 +47,18 @@ class LLMEngine:
         self.scheduler.add(Sequence(req.id, np.array(req.prompt, np.int32), req.sampling, sampler))
         return None
 
+    def embed(self, req: Embed) -> None:
+        self.embedder.add(req)
+
     def abort(self, ids: list[int]) -> None:
         self._release(self.scheduler.remove(set(ids)))
+        self.embedder.abort(set(ids))
 
     def drop_all(self) -> None:
-        self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting)])
+        self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting, *self.embedder.jobs)])
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.embedder.jobs)
 
     def step(self) -> list[SeqOutput]:
         t0 = time.perf_counter()
@@ -62,6 +71,10 @@ class LLMEngine:
             self._run([chunk], outputs, done)
         if done:
             self._release(self.scheduler.remove({s.id for s in done}))
+        self.embedded = []
+        if self.embedder.jobs:  # in what the generation left of the budget
+            used = len(step.decode) + sum(c.end - c.start for c in step.prefill)
+            self.embedded = self.embedder.step(self.runner.token_budget - used)
         self.steps += 1
         self.generated_tokens += len(outputs)
         self.step_seconds.append(time.perf_counter() - t0)
@@ -117,4 +130,5 @@ class LLMEngine:
 
     def close(self) -> None:
         self.drop_all()
+        self.embedder.close()
         self.runner.close()

@@ -13,7 +13,7 @@ import msgspec
 
 from cllm.launch import EXIT_LOAD_FAILED, from_argv
 from cllm.log import setup_logging
-from cllm.protocol import EngineReady, Hello, ModelInfo, StepOutputs, Submit, ToEngine
+from cllm.protocol import Embed, EngineReady, Hello, ModelInfo, StepOutputs, Submit, ToEngine
 from cllm.ring import Ring
 from engine_proc.engine import LLMEngine
 from engine_proc.model_runner import ModelLoadError
@@ -90,12 +90,16 @@ def main() -> int:
                     out = engine.add(msg)
                     if out is not None:
                         refused.append(out)
+                elif type(msg) is Embed:
+                    engine.embed(msg)
                 else:
                     engine.abort(msg.ids)
             if refused:
                 send(StepOutputs(refused))
             if engine.has_work():
                 send(StepOutputs(engine.step()))
+                for vectors in engine.embedded:
+                    send(vectors)
                 if time.monotonic() >= stats_due:
                     if select.select([launch.lifeline], [], [], 0)[0]:
                         break  # the supervisor is gone: no one will read what we make

@@ -1,9 +1,5 @@
 """llama.cpp model and context, and the one batch every step is decoded from.
 
-The llama_batch points into numpy arrays that live as long as the runner, so
-filling it is a few vectorised slice writes per sequence (no per-token ctypes
-calls, nothing allocated per step).
-
 Each running sequence owns one KV stream (``kv_unified`` off); its seq_id is
 its slot. Separate streams keep a sequence's cells at the same indices
 whatever else runs (with one unified cache, 5 of 16 greedy outputs changed
@@ -26,6 +22,7 @@ from cllm.config import ServeConfig
 from cllm.llama_log import silence_llama_logs
 from cllm.model_meta import gpu_layers, kv_cache_bytes, meta as _meta
 from cllm.protocol import ModelInfo
+from engine_proc.batch import Batch
 from engine_proc.sequence import Chunk
 
 FLASH_ATTN = {
@@ -78,22 +75,8 @@ class ModelRunner:
         self.seq_ctx = L.llama_n_ctx_seq(self.ctx)
         self.eog_tokens = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
 
-        n = self.token_budget
-        self._token = np.zeros(n, np.int32)
-        self._pos = np.zeros(n, np.int32)
-        self._n_seq_id = np.ones(n, np.int32)
-        self._seq_id = np.zeros(n, np.int32)
-        self._logits = np.zeros(n, np.int8)
+        self._b = Batch(self.token_budget)
         self._positions = np.arange(self.seq_ctx, dtype=np.int32)
-        seq_id_row = ctypes.POINTER(L.llama_seq_id)
-        base = self._seq_id.ctypes.data
-        self._seq_id_rows = (seq_id_row * n)(*(ctypes.cast(base + 4 * i, seq_id_row) for i in range(n)))
-        self.batch = L.llama_batch()
-        self.batch.token = self._token.ctypes.data_as(ctypes.POINTER(L.llama_token))
-        self.batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
-        self.batch.n_seq_id = self._n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self.batch.seq_id = self._seq_id_rows
-        self.batch.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
         self.info = ModelInfo(
             model_path=model_path,
@@ -120,27 +103,25 @@ class ModelRunner:
 
     def decode(self, chunks: list[Chunk]) -> list[int]:
         """One llama_decode for all chunks; returns each chunk's logits row (-1: none)."""
+        b = self._b
         rows = []
         i = 0
         for c in chunks:
             seq, n = c.seq, c.end - c.start
             if c.start >= len(seq.prompt):  # decoding: feed the last sampled token
-                self._token[i] = seq.output[-1]
+                b.token[i] = seq.output[-1]
             else:
-                self._token[i : i + n] = seq.prompt[c.start : c.end]
-            self._pos[i : i + n] = self._positions[c.start : c.end]
-            self._seq_id[i : i + n] = seq.slot
-            self._logits[i : i + n] = 0
+                b.token[i : i + n] = seq.prompt[c.start : c.end]
+            b.pos[i : i + n] = self._positions[c.start : c.end]
+            b.seq_id[i : i + n] = seq.slot
+            b.logits[i : i + n] = 0
             i += n
             if c.samples:
-                self._logits[i - 1] = 1
+                b.logits[i - 1] = 1
                 rows.append(i - 1)
             else:
                 rows.append(-1)
-        self.batch.n_tokens = i
-        rc = L.llama_decode(self.ctx, self.batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed with code {rc}")
+        b.decode(self.ctx, i)
         return rows
 
     # The scheduler's KvStreams: one stream per slot.

@@ -1,0 +1,108 @@
+"""Embeddings in the engine's step loop, from the model already loaded.
+
+A second llama_context on the same llama_model, with embeddings on and the
+GGUF's pooling (mean when it names none), shares the weights: it adds only
+its own small KV cache and compute buffers. Each engine step, after the
+generation decodes, packs whole inputs into what is left of the step's token
+budget (one input at least, so a full budget never starves them) and decodes
+them together, one sequence each, from an empty cache. A big batch of inputs
+thus delays running generations by at most one step's budget at a time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import llama_cpp as L
+import numpy as np
+
+from cllm.config import ServeConfig
+from cllm.protocol import Embed, Embeddings
+from engine_proc.batch import Batch
+from cllm.model_meta import meta
+from engine_proc.model_runner import FLASH_ATTN, ModelLoadError
+
+MAX_SEQS = 64  # most inputs in one decode
+POOLINGS = (L.LLAMA_POOLING_TYPE_MEAN, L.LLAMA_POOLING_TYPE_CLS, L.LLAMA_POOLING_TYPE_LAST)
+
+
+@dataclass(slots=True)
+class Job:
+    id: int
+    inputs: list[list[int]]
+    next: int = 0  # the first input not embedded yet
+
+
+class Embedder:
+    def __init__(self, model, config: ServeConfig, token_budget: int):
+        pooling = int(meta(model, f"{meta(model, 'general.architecture')}.pooling_type") or 0)
+        self.max_tokens = min(token_budget, L.llama_model_n_ctx_train(model))  # one input fits one decode
+        cparams = L.llama_context_default_params()
+        cparams.embeddings = True
+        cparams.pooling_type = pooling if pooling in POOLINGS else L.LLAMA_POOLING_TYPE_MEAN
+        # Every input of a decode in one ubatch: llama.cpp pools a sequence within its ubatch.
+        cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = self.max_tokens
+        self.max_seqs = cparams.n_seq_max = min(MAX_SEQS, self.max_tokens)
+        cparams.kv_unified = True
+        cparams.n_threads = cparams.n_threads_batch = config.n_threads
+        cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
+        cparams.no_perf = True
+        self.ctx = L.llama_init_from_model(model, cparams)
+        if not self.ctx:
+            raise ModelLoadError("llama.cpp could not create the embeddings context")
+        self.memory = L.llama_get_memory(self.ctx)
+        self.dim = L.llama_model_n_embd(model)
+        self.jobs: deque[Job] = deque()
+        self._b = Batch(self.max_tokens)
+        self._positions = np.arange(self.max_tokens, dtype=np.int32)
+
+    def add(self, msg: Embed) -> None:
+        self.jobs.append(Job(msg.id, msg.inputs))
+
+    def abort(self, ids: set[int]) -> None:
+        if any(job.id in ids for job in self.jobs):
+            self.jobs = deque(job for job in self.jobs if job.id not in ids)
+
+    def _pending(self) -> Iterator[tuple[Job, int]]:
+        for job in self.jobs:
+            for i in range(job.next, len(job.inputs)):
+                yield job, i
+
+    def step(self, budget: int) -> list[Embeddings]:
+        """One decode of the oldest inputs that fit ``budget`` tokens; their vectors, a message per request."""
+        b = self._b
+        n = n_seqs = 0
+        runs: list[list] = []  # [job, first input, inputs] in the decode, in order
+        for job, i in self._pending():
+            k = len(job.inputs[i])
+            if n_seqs and (n + k > budget or n_seqs == self.max_seqs):
+                break
+            b.token[n : n + k] = job.inputs[i]
+            b.pos[n : n + k] = self._positions[:k]
+            b.seq_id[n : n + k] = n_seqs
+            b.logits[n : n + k] = 1  # pooling reads every token's output
+            if runs and runs[-1][0] is job:
+                runs[-1][2] += 1
+            else:
+                runs.append([job, i, 1])
+            job.next = i + 1
+            n += k
+            n_seqs += 1
+        b.decode(self.ctx, n)
+        vectors = np.empty((n_seqs, self.dim), np.float32)
+        for s in range(n_seqs):
+            vectors[s] = np.ctypeslib.as_array(L.llama_get_embeddings_seq(self.ctx, s), (self.dim,))
+        L.llama_memory_clear(self.memory, True)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        out, s = [], 0
+        for job, first, count in runs:
+            out.append(Embeddings(job.id, first, vectors[s : s + count].tobytes()))
+            s += count
+        while self.jobs and self.jobs[0].next == len(self.jobs[0].inputs):
+            self.jobs.popleft()
+        return out
+
+    def close(self) -> None:
+        L.llama_free(self.ctx)
