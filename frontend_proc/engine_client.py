@@ -35,6 +35,8 @@ from cllm.config import ServeConfig
 from cllm.launch import EngineRings
 from cllm.protocol import (
     Abort,
+    Embed,
+    Embeddings,
     EngineReady,
     EngineStats,
     FromEngine,
@@ -129,6 +131,27 @@ class RequestStream:
         return self.tokens
 
 
+class EmbeddingJob:
+    """The vectors of one embeddings request as they arrive, a step's worth at a time."""
+
+    __slots__ = ("n", "parts", "received", "done")
+
+    def __init__(self, n: int, done: asyncio.Future):
+        self.n = n  # inputs
+        self.parts: list[bytes] = []
+        self.received = 0
+        self.done = done  # set to all the vectors' bytes, or to the error that ended the request
+
+    def _push(self, msg: Embeddings, dim: int) -> bool:
+        self.parts.append(msg.vectors)
+        self.received += len(msg.vectors) // (4 * dim)
+        if self.received < self.n:
+            return False
+        if not self.done.done():
+            self.done.set_result(b"".join(self.parts))
+        return True
+
+
 class EngineClient:
     def __init__(
         self, config: ServeConfig, rings: EngineRings, metrics: Metrics, model: str = "", replica: int = 0, ids: Iterator[int] | None = None
@@ -142,6 +165,7 @@ class EngineClient:
         self._encode = msgspec.msgpack.Encoder().encode
         self._decode = msgspec.msgpack.Decoder(FromEngine).decode
         self._streams: dict[int, RequestStream] = {}
+        self._embeddings: dict[int, EmbeddingJob] = {}
         self._submit_lock = asyncio.Lock()
         self._room: asyncio.Future | None = None  # set while a record waits for ring space
         self._aborts: list[int] = []
@@ -179,18 +203,38 @@ class EngineClient:
 
     @property
     def in_flight(self) -> int:
-        return len(self._streams)
+        return len(self._streams) + len(self._embeddings)
 
-    async def submit(self, prompt: list[int], sampling: SamplingParams, per_step: bool) -> RequestStream:
+    def _check_room(self) -> None:
         if self.info is None:
             raise not_ready()
-        if len(self._streams) >= self._max_in_flight:
+        if self.in_flight >= self._max_in_flight:
             raise ApiError(
                 429,
                 "too many requests",
                 f"{self._config.max_waiting} requests are already waiting for one of {self.info.parallel} slots",
                 RETRY_AFTER,
             )
+
+    async def embed(self, inputs: list[list[int]]) -> bytes:
+        """The inputs' vectors: len(inputs) x dim float32s. Cancelled (a hang-up, the
+        deadline), the engine drops the rest of the request."""
+        self._check_room()
+        rid = next(self._ids)
+        job = self._embeddings[rid] = EmbeddingJob(len(inputs), self._loop.create_future())
+        timeout = self._config.request_timeout or None
+        try:
+            if not await self._put(self._encode(Embed(rid, inputs))):
+                raise not_ready()
+            return await asyncio.wait_for(job.done, timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(408, "request timeout", f"the request took longer than {self._config.request_timeout:g} s") from None
+        finally:
+            if self._embeddings.pop(rid, None) is not None and not job.done.done():
+                self._abort_id(rid)
+
+    async def submit(self, prompt: list[int], sampling: SamplingParams, per_step: bool) -> RequestStream:
+        self._check_room()
         stream = RequestStream(next(self._ids), self, len(prompt), per_step)
         self._streams[stream.id] = stream
         if self._config.request_timeout:
@@ -215,9 +259,12 @@ class EngineClient:
         if self._streams.pop(stream.id, None) is None:
             return  # finished, or its engine died
         stream.t_done = time.perf_counter()
+        self._abort_id(stream.id)
+
+    def _abort_id(self, rid: int) -> None:
         if not self._aborts:
             self._loop.call_soon(self._flush_aborts)
-        self._aborts.append(stream.id)
+        self._aborts.append(rid)
 
     def _time_out(self, stream: RequestStream) -> None:
         self.cancel(stream, ApiError(408, "request timeout", f"the request took longer than {self._config.request_timeout:g} s"))
@@ -270,8 +317,12 @@ class EngineClient:
         self.info = self.stats = None
         self._aborts.clear()
         streams, self._streams = self._streams, {}
+        jobs, self._embeddings = self._embeddings, {}
         for stream in streams.values():
             stream._fail(error)
+        for job in jobs.values():
+            if not job.done.done():
+                job.done.set_exception(error)
         if self._room is not None and not self._room.done():
             self._room.set_result(None)  # a record waiting for room: it is stale now
         self._session += 1  # what still waits to be written belongs to no session now
@@ -290,6 +341,10 @@ class EngineClient:
                             stream._push(out.token, out.finish, out.logprobs)
                             if out.finish is not None:
                                 del streams[out.id]
+                elif type(msg) is Embeddings:
+                    job = self._embeddings.get(msg.id)
+                    if job is not None and job._push(msg, self.info.embedding_dim):
+                        del self._embeddings[msg.id]
                 elif type(msg) is EngineStats and self.info is not None:  # else left for a frontend that died
                     self.stats = msg
                     self.metrics.engine_stats(msg, self.info.ctx_size, time.monotonic(), self.model, self.replica)

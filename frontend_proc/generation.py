@@ -186,10 +186,7 @@ class Generation:
         return texts
 
     async def _cancel_on_disconnect(self, request: Request) -> None:
-        # The body is read, so what comes next is http.disconnect. (A stream
-        # needs no watcher: Starlette cancels it when the client goes.)
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
+        await disconnected(request)
         gone = ApiError(499, "client closed request", "the client hung up")
         for choice in self.choices:
             choice.cancel(gone)
@@ -233,6 +230,14 @@ class Generation:
         """Stop whatever has not finished (the client left, or a stop string ended it)."""
         for choice in self.choices:
             choice.abort()
+
+
+async def disconnected(request: Request) -> None:
+    """Return once the client hangs up."""
+    # The body is read, so what comes next is http.disconnect. (A stream
+    # needs no watcher: Starlette cancels it when the client goes.)
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def engine_refused() -> ApiError:

@@ -20,7 +20,7 @@ from cllm.launch import from_argv
 from cllm.log import setup_logging
 from cllm.protocol import EngineExited
 from cllm.registry import is_pool
-from frontend_proc import anthropic_api, cllm_api, llama_server_api, models_api, openai_api, responses_api
+from frontend_proc import anthropic_api, cllm_api, embeddings_api, llama_server_api, models_api, openai_api, responses_api
 from frontend_proc.app import AppState, build_app
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.metrics import Metrics
@@ -64,7 +64,7 @@ def main() -> int:
         client=clients[0][0],
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template(_read(config.chat_template_file)),
-        operations=cllm_api.operations + openai_api.operations + llama_server_api.operations + models_api.operations
+        operations=cllm_api.operations + openai_api.operations + embeddings_api.operations + llama_server_api.operations + models_api.operations
         + anthropic_api.operations + responses_api.operations,
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,

@@ -87,6 +87,13 @@ class ReplicaSet:
         self._prompts[stream] = (i, prompt)
         return stream
 
+    async def embed(self, inputs: list[list[int]]) -> bytes:
+        """On the least busy replica: no prefix to route by."""
+        serving = self._serving
+        if not serving:
+            raise not_ready()
+        return await min(serving, key=lambda c: c.in_flight).embed(inputs)
+
     def cancel(self, stream: RequestStream, error: ApiError) -> None:
         stream._fail(error)
         self.abort(stream)
