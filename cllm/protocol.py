@@ -27,6 +27,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # tool calls under tool_choice auto.
     grammar_triggers: list[str] | None = None
     logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the n likeliest
+    # None: none; n: each prompt token's after the first, and the n likeliest there. Scored
+    # tokens are prefilled afresh (not taken from the prefix cache), and max_tokens may be 0.
+    prompt_logprobs: int | None = None
 
 
 # ---- frontend -> engine ------------------------------------------------------
@@ -111,6 +114,7 @@ class SeqOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     # gave up on it: a grammar llama.cpp cannot parse, or one that allows no next token
     finish: str | None = None
     logprobs: TokenLogprobs | None = None  # only for sequences that ask
+    prompt_logprobs: list[TokenLogprobs] | None = None  # with the first output of a sequence that asks
 
 
 class StepOutputs(msgspec.Struct, tag=2, array_like=True, gc=False):

@@ -88,7 +88,13 @@ class LLMEngine:
         for chunk, row in zip(chunks, rows):
             seq = chunk.seq
             seq.n_cached = chunk.end
-            if row < 0:
+            if chunk.scores:
+                self._score(chunk, row)
+            if not chunk.samples:
+                continue
+            if chunk.scores and seq.params.max_tokens == 0:  # scored, nothing to generate
+                outputs.append(SeqOutput(seq.id, None, "length", None, seq.prompt_logprobs))
+                done.append(seq)
                 continue
             try:
                 token = self.sampler.sample(seq.sampler, row)
@@ -99,13 +105,24 @@ class LLMEngine:
             is_eog = token in eog_tokens
             finish = self.scheduler.finish_reason(seq, token, is_eog)
             if finish == "stop" and is_eog:
-                outputs.append(SeqOutput(seq.id, None, finish))
+                out = SeqOutput(seq.id, None, finish)
             elif seq.params.logprobs is None:
-                outputs.append(SeqOutput(seq.id, token, finish))
+                out = SeqOutput(seq.id, token, finish)
             else:
-                outputs.append(SeqOutput(seq.id, token, finish, self.sampler.logprobs(row, token, seq.params.logprobs)))
+                out = SeqOutput(seq.id, token, finish, self.sampler.logprobs(row, token, seq.params.logprobs))
+            if chunk.scores:  # its first output carries the prompt's
+                out.prompt_logprobs = seq.prompt_logprobs
+            outputs.append(out)
             if finish:
                 done.append(seq)
+
+    def _score(self, chunk: Chunk, last_row: int) -> None:
+        """The logprobs of the prompt tokens that follow the chunk's: row j predicts token start + j + 1."""
+        seq, n = chunk.seq, chunk.end - chunk.start
+        k = seq.params.prompt_logprobs
+        first = last_row - n + 1
+        for j in range(min(n, len(seq.prompt) - 1 - chunk.start)):
+            seq.prompt_logprobs.append(self.sampler.logprobs(first + j, int(seq.prompt[chunk.start + j + 1]), k))
 
     def _release(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

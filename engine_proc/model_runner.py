@@ -102,7 +102,10 @@ class ModelRunner:
         )
 
     def decode(self, chunks: list[Chunk]) -> list[int]:
-        """One llama_decode for all chunks; returns each chunk's logits row (-1: none)."""
+        """One llama_decode for all chunks; returns each chunk's last logits row (-1: none).
+
+        A chunk that scores has a row for each of its tokens, the last one's returned.
+        """
         b = self._b
         rows = []
         i = 0
@@ -114,9 +117,9 @@ class ModelRunner:
                 b.token[i : i + n] = seq.prompt[c.start : c.end]
             b.pos[i : i + n] = self._positions[c.start : c.end]
             b.seq_id[i : i + n] = seq.slot
-            b.logits[i : i + n] = 0
+            b.logits[i : i + n] = c.scores
             i += n
-            if c.samples:
+            if c.samples or c.scores:
                 b.logits[i - 1] = 1
                 rows.append(i - 1)
             else:

@@ -7,7 +7,8 @@ its own. Sequences leave the moment they finish, and their slot goes to the
 next waiting request in the same step.
 
 A prompt chunk is as long as the budget allows, from wherever the cached
-prefix ends. In exact mode, and with the cache off, prompts are instead
+prefix ends. A scored prompt (see SCORED_ROWS) is prefilled whole, in
+chunks of at most SCORED_ROWS tokens, and its cells are not reused in exact mode. In exact mode, and with the cache off, prompts are instead
 prefilled in blocks of fixed positions [k*B, (k+1)*B) (the last one partial): with flash attention a
 token's KV cells depend on the query chunk it was computed in, and fixed
 blocks alone in their decode give a prompt token's cells the same bits
@@ -44,6 +45,10 @@ from engine_proc.sequence import Chunk, Sequence
 # more of a prompt, large ones prefill a cold prompt faster. Outside exact
 # mode, also the least a step prefills however many sequences decode.
 PREFILL_BLOCK = 128
+# Prompt tokens a chunk of a scored prompt (one that asks for its prompt's
+# logprobs) may hold: each gets a logits row in llama.cpp's output buffer,
+# n_vocab floats (64 rows of gemma-3's 262k: 64 MiB).
+SCORED_ROWS = 64
 
 
 class KvStreams(Protocol):
@@ -129,7 +134,8 @@ class Scheduler:
         start, end = seq.n_cached, len(seq.prompt)
         while start < end:
             # In exact mode start is a block boundary.
-            stop = min(start + (self.block if self.exact else max(budget, self.block)), end)
+            size = self.block if self.exact else max(budget, self.block)
+            stop = min(start + (min(size, SCORED_ROWS) if seq.scored else size), end)
             if stop - start > budget and chunks:
                 break
             chunks.append(Chunk(seq, start, stop))
@@ -143,8 +149,8 @@ class Scheduler:
         All that are filled, generated tokens included; in exact mode only
         the prompt's complete blocks, the cells computed as a prefill computes them.
         """
-        if self.exact:
-            return min(seq.n_cached, len(seq.prompt)) // self.block * self.block
+        if self.exact:  # a scored prompt's chunks are not blocks
+            return 0 if seq.scored else min(seq.n_cached, len(seq.prompt)) // self.block * self.block
         return seq.n_cached
 
     def _held(self) -> dict[int, np.ndarray]:
@@ -170,7 +176,8 @@ class Scheduler:
         """
         cache = self.cache
         held = self._held()
-        src, reuse = cache.lookup(seq.prompt, held)
+        # A scored prompt needs every token's logits: it reuses nothing.
+        src, reuse = cache.lookup(seq.prompt[:1] if seq.scored else seq.prompt, held)
         slot = seq.slot = heapq.heappop(self.free_slots)
         entry = cache.entries.get(src)
         if entry is not None and (len(entry.tokens) - reuse) * 8 <= reuse:

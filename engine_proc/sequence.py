@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cllm.protocol import SamplingParams
+from cllm.protocol import SamplingParams, TokenLogprobs
 from engine_proc.sampler import SeqSampler
 
 
@@ -19,6 +19,12 @@ class Sequence:
     slot: int = -1  # its KV stream / llama.cpp seq_id while running
     n_cached: int = 0  # tokens whose KV cells are filled
     output: list[int] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # when its params ask
+
+    @property
+    def scored(self) -> bool:
+        """It asks for its prompt's logprobs: every prompt token needs its logits row."""
+        return self.params.prompt_logprobs is not None
 
     @property
     def prefilling(self) -> bool:
@@ -43,3 +49,8 @@ class Chunk:
     def samples(self) -> bool:
         """The chunk ends the known tokens, so its last logits pick the next one."""
         return self.end >= len(self.seq.prompt)
+
+    @property
+    def scores(self) -> bool:
+        """Prompt tokens of a sequence that asks for their logprobs: a logits row for each."""
+        return self.start < len(self.seq.prompt) and self.seq.scored

@@ -63,7 +63,7 @@ class RequestStream:
     """Tokens of one request as they arrive from the engine."""
 
     __slots__ = (
-        "id", "owner", "prompt_tokens", "tokens", "logprobs", "finish", "error", "t_submit", "t_first", "t_done", "timer",
+        "id", "owner", "prompt_tokens", "tokens", "logprobs", "prompt_logprobs", "finish", "error", "t_submit", "t_first", "t_done", "timer",
         "_tail", "_event", "_per_step",
     )
 
@@ -73,6 +73,7 @@ class RequestStream:
         self.prompt_tokens = prompt_tokens
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprobs] = []  # one per token, when the request asked for them
+        self.prompt_logprobs: list[TokenLogprobs] = []  # one per prompt token after the first, when asked
         self.finish: str | None = None
         self.error: ApiError | None = None  # why it ended early: timeout, hang-up, engine death
         self.t_submit = time.perf_counter()
@@ -338,6 +339,8 @@ class EngineClient:
                     for out in msg.outputs:
                         stream = streams.get(out.id)
                         if stream is not None:
+                            if out.prompt_logprobs is not None:
+                                stream.prompt_logprobs = out.prompt_logprobs
                             stream._push(out.token, out.finish, out.logprobs)
                             if out.finish is not None:
                                 del streams[out.id]

@@ -8,12 +8,14 @@ with `data: [DONE]`). Errors take OpenAI's shape (see app.error_body).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from cllm.protocol import TokenLogprobs
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, model_state, sse, sse_response, state
 from frontend_proc.chat import ChatPrompt, join, shown_tokens, template_context
@@ -62,6 +64,7 @@ async def _start(
     logprobs: int | None,
     prompt_param: str,
     tool_plan: ToolPlan | None = None,
+    prompt_logprobs: int | None = None,
 ) -> Generation:
     n_vocab = st.tokenizer.n_vocab
     for token in body.logit_bias or ():
@@ -82,7 +85,7 @@ async def _start(
     return await generation.start(
         st,
         prompts,
-        body.sampling(max_tokens, grammar, logprobs, triggers),
+        body.sampling(max_tokens, grammar, logprobs, triggers, prompt_logprobs),
         n=body.n,
         stops=body.stops,
         stream=body.stream,
@@ -179,41 +182,66 @@ def _completion_prompts(st: AppState, prompt: str | list) -> list[list[int]]:
     return prompts
 
 
-def _completion_logprobs(st: AppState, choice: Choice, start: int, end: int, offset: int) -> dict:
-    """Legacy completions logprobs for tokens [start, end); text_offset counts from offset."""
+def _legacy_logprobs(st: AppState, token_ids: list[int], entries: list[TokenLogprobs | None], offset: int) -> dict:
+    """Legacy completions logprobs of the tokens (None: a token without, the prompt's first); text_offset counts from offset."""
     token_str = st.tokenizer.token_str
-    tokens = [token_str(t) for t in choice.stream.tokens[start:end]]
-    entries = choice.stream.logprobs[start:end]
-    offsets = []
-    for t in tokens:
-        offsets.append(offset)
-        offset += len(t)
+    tokens = [token_str(t) for t in token_ids]
     return {
         "tokens": tokens,
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{token_str(i): lp for i, lp in zip(e.top_ids, e.top_logprobs)} for e in entries],
-        "text_offset": offsets,
+        "token_logprobs": [e and e.logprob for e in entries],
+        "top_logprobs": [e and {token_str(i): lp for i, lp in zip(e.top_ids, e.top_logprobs)} for e in entries],
+        "text_offset": list(itertools.accumulate(map(len, tokens), initial=offset))[:-1],
     }
+
+
+def _completion_logprobs(st: AppState, choice: Choice, start: int, end: int, offset: int) -> dict:
+    """Logprobs of the choice's tokens [start, end)."""
+    return _legacy_logprobs(st, choice.stream.tokens[start:end], choice.stream.logprobs[start:end], offset)
+
+
+def _echo_logprobs(st: AppState, prompt: list[int], choice: Choice) -> dict:
+    """The prompt's logprobs, then the completion's."""
+    lp = _legacy_logprobs(st, prompt, [None, *choice.stream.prompt_logprobs], 0)
+    rest = _completion_logprobs(st, choice, 0, choice.n_tokens, sum(map(len, lp["tokens"])))
+    return {key: lp[key] + rest[key] for key in lp}
 
 
 async def completions(request: Request) -> Response:
     body = await decode_body(request, CompletionRequest)
     st = await model_state(request, body.model)
-    if body.echo:
-        raise _invalid("echo is not supported", "echo")
     if body.suffix:
         raise _invalid("suffix is not supported", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise _invalid("best_of must equal n (every choice generated is returned)", "best_of")
-    prompts = _completion_prompts(st, body.prompt)
-    gen = await _start(st, body, prompts, body.max_tokens or COMPLETION_MAX_TOKENS, body.logprobs, "prompt")
-    head = _head(gen, "cmpl", "text_completion", st)
+    max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    if max_tokens == 0 and not body.echo:
+        raise _invalid("max_tokens 0 needs echo: true (then the prompt is scored, nothing generated)", "max_tokens")
     want_logprobs = body.logprobs is not None
+    if body.echo and want_logprobs and body.stream:
+        raise _invalid("echo with logprobs is answered whole: send stream false", "stream")
+    prompts = _completion_prompts(st, body.prompt)
+    scored = body.logprobs if body.echo else None  # prompt logprobs come from the prefill, not the prefix cache
+    gen = await _start(st, body, prompts, max_tokens, body.logprobs, "prompt", prompt_logprobs=scored)
+    head = _head(gen, "cmpl", "text_completion", st)
     text_len = [0] * len(gen.choices)
 
+    def prompt_of(choice: Choice) -> list[int]:
+        return prompts[choice.index // body.n]  # choices go prompt by prompt, n each
+
+    def echoed(choice: Choice) -> str:
+        return st.tokenizer.decode(prompt_of(choice)).decode(errors="replace") if body.echo else ""
+
     def whole(choice: Choice, text: str) -> dict:
-        logprobs = _completion_logprobs(st, choice, 0, choice.n_tokens, 0) if want_logprobs else None
-        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.finish}
+        logprobs = None
+        if want_logprobs:
+            if body.echo:
+                logprobs = _echo_logprobs(st, prompt_of(choice), choice)
+            else:
+                logprobs = _completion_logprobs(st, choice, 0, choice.n_tokens, 0)
+        return {"index": choice.index, "text": echoed(choice) + text, "logprobs": logprobs, "finish_reason": choice.finish}
+
+    def opening(choice: Choice) -> dict:
+        return {"index": choice.index, "text": echoed(choice), "logprobs": None, "finish_reason": None}
 
     def delta(choice: Choice, text: str | None, start: int, end: int) -> list[dict]:
         logprobs = None
@@ -224,7 +252,7 @@ async def completions(request: Request) -> Response:
             return [{"index": choice.index, "text": "", "logprobs": logprobs, "finish_reason": choice.finish}]
         return [{"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": None}]
 
-    return await _respond(request, gen, head, body, whole, delta)
+    return await _respond(request, gen, head, body, whole, delta, opening if body.echo else None)
 
 
 # ---- /v1/chat/completions ----------------------------------------------------

@@ -89,7 +89,12 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def sampling(
-        self, max_tokens: int, grammar: str | None, logprobs: int | None, grammar_triggers: list[str] | None = None
+        self,
+        max_tokens: int,
+        grammar: str | None,
+        logprobs: int | None,
+        grammar_triggers: list[str] | None = None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -106,12 +111,14 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             grammar=grammar,
             grammar_triggers=grammar_triggers,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
 
 class CompletionRequest(OpenAIRequest, kw_only=True):
     # A string, token ids, or a list of either (one choice set per prompt).
     prompt: str | list[str | int | list[int]]
+    max_tokens: Annotated[int, Meta(ge=0)] | None = None  # 0 with echo: score the prompt, generate nothing
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
     echo: bool = False
     suffix: str | None = None
