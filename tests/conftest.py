@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
+import openai
 import psutil
 import pytest
 
@@ -147,3 +148,10 @@ def server() -> Iterator[Server]:
 def http(server) -> Iterator[httpx.Client]:
     with server.client() as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def oai(server) -> Iterator[openai.OpenAI]:
+    """The openai SDK pointed at the shared server."""
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0) as client:
+        yield client

@@ -17,12 +17,6 @@ CAT_AGAIN = "A cat was sitting on the rug."
 MONEY = "Quarterly earnings rose by five percent."
 
 
-@pytest.fixture(scope="module")
-def oai(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0) as client:
-        yield client
-
-
 def vectors(oai, inputs, **kw) -> np.ndarray:
     reply = oai.embeddings.create(model=MODEL, input=inputs, **kw)
     assert [d.index for d in reply.data] == list(range(len(reply.data)))

@@ -60,7 +60,7 @@ WITH_INPUT = [
     ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
 ]
 CASES = [(*op, GenerationMode.POSITIVE) for op in OPERATIONS + WITH_INPUT] + [(*op, GenerationMode.NEGATIVE) for op in WITH_INPUT]
-# What the OpenAI request schemas allow but the routes refuse (token ids outside the vocabulary, echo,
+# What the OpenAI request schemas allow but the routes refuse (token ids outside the vocabulary, max_tokens 0 without echo,
 # best_of != n, grammars llama.cpp cannot build, ...) gets a 400: for /v1/ a valid-looking request
 # may be refused, but never with a 5xx or an undeclared answer.
 LENIENT = [positive_data_acceptance]

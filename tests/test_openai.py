@@ -345,7 +345,7 @@ def test_invalid_chat_requests_raise_bad_request(oai, kw, param):
 
 
 def test_invalid_completion_requests_raise_bad_request(oai):
-    for kw, param in [(dict(prompt=[]), "prompt"), (dict(prompt=[10**7]), "prompt"), (dict(prompt="x", echo=True), "echo"),
+    for kw, param in [(dict(prompt=[]), "prompt"), (dict(prompt=[10**7]), "prompt"), (dict(prompt="x", max_tokens=0), "max_tokens"),
                       (dict(prompt="x", logprobs=6), "logprobs"), (dict(prompt="x", best_of=3), "best_of")]:
         with pytest.raises(openai.BadRequestError) as e:
             complete(oai, **kw)

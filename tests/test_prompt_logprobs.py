@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 from conftest import wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 PROMPT = "The capital of France is Paris. The capital of Italy is"
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0) as client:
-        yield client
 
 
 def test_prompt_logprobs_equal_those_of_the_same_tokens_generated(oai, http):

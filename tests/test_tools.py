@@ -49,12 +49,6 @@ ADD = {
 
 
 @pytest.fixture(scope="module")
-def oai(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def llm(server):
     return ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model=MODEL, temperature=0, max_retries=0, timeout=300)
 
