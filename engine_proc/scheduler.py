@@ -8,7 +8,8 @@ next waiting request in the same step.
 
 A prompt chunk is as long as the budget allows, from wherever the cached
 prefix ends. A scored prompt (see SCORED_ROWS) is prefilled whole, in
-chunks of at most SCORED_ROWS tokens, and its cells are not reused in exact mode. In exact mode, and with the cache off, prompts are instead
+chunks of at most SCORED_ROWS tokens; in exact mode its cells are not
+reused. In exact mode, and with the cache off, prompts are instead
 prefilled in blocks of fixed positions [k*B, (k+1)*B) (the last one partial): with flash attention a
 token's KV cells depend on the query chunk it was computed in, and fixed
 blocks alone in their decode give a prompt token's cells the same bits
