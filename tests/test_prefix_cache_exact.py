@@ -195,3 +195,20 @@ def test_health_and_metrics_report_the_cache(pair):
     assert value(samples, "cllm_prefix_cache_lookups_total", result="hit") - value(scraped, "cllm_prefix_cache_lookups_total", result="hit") == 1
     assert value(samples, "cllm_prefix_cache_hit_tokens_total") - value(scraped, "cllm_prefix_cache_hit_tokens_total") == reused(before, after)
     assert value(samples, "cllm_prefix_cache_cells") == after["cells"]
+
+
+def test_a_scored_prompt_reuses_nothing_and_leaves_nothing(pair):
+    """Echo with logprobs needs every prompt token's logits, and its 64-token chunks are not the fixed
+    blocks: it takes no cells from the cache, and a later prompt reuses none of its own."""
+    on, off = pair
+    notes = doc("length", 30)
+    on.generate(notes + " First.")  # cached: a plain prompt would reuse its blocks
+    before = on.cache()
+    body = {"prompt": notes + " Second.", "max_tokens": 0, "echo": True, "logprobs": 1}
+    scored = [side.post("/v1/completions", body)["choices"][0]["logprobs"]["token_logprobs"] for side in pair]
+    assert scored[0] == scored[1] and len(scored[0]) == on.n_tokens(notes + " Second.")
+    middle = on.cache()
+    assert reused(before, middle) == 0
+    text = notes + " Second. Third."  # whatever it reuses, the same cells as a fresh prefill
+    assert on.first_token(text) == off.first_token(text)
+    assert reused(middle, on.cache()) >= BLOCK
