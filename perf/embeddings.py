@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import time
 
 import httpx
 
-from cllm.model_file import resolve_model
 from perf import servers
 
 WORDS = "river mill bridge lantern orchard harbor meadow quarry violin glacier compass ember thistle canyon".split()
@@ -88,12 +86,11 @@ async def generations(url: str, n: int, gen_tokens: int, load: bool) -> tuple[fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model")
+    servers.add_arguments(ap, seq_ctx=1024)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--gen-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
-    settings = servers.Settings(resolve_model(args.model), args.threads, 8, seq_ctx=1024)
+    settings = servers.settings_of(args)
     inputs = texts(256)
     rates: dict[str, list[float]] = {"cllm": [], "llama-server": []}
     with servers.start("cllm", settings) as cllm, servers.start(
