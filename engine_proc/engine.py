@@ -15,6 +15,10 @@ from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, Sequence
 
 
+# While sequences decode, embeddings get at most this fraction (1/n) of a step's budget.
+EMBED_SHARE = 4
+
+
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig):
         self.runner = ModelRunner(model_path, config)
@@ -74,7 +78,10 @@ class LLMEngine:
         self.embedded = []
         if self.embedder.jobs:  # in what the generation left of the budget
             used = len(step.decode) + sum(c.end - c.start for c in step.prefill)
-            self.embedded = self.embedder.step(self.runner.token_budget - used)
+            budget = self.runner.token_budget - used
+            if step.decode:  # embedding is prefill work: a full budget of it beside decoding streams slows them ~15x
+                budget = min(budget, self.runner.token_budget // EMBED_SHARE)
+            self.embedded = self.embedder.step(budget)
         self.steps += 1
         self.generated_tokens += len(outputs)
         self.step_seconds.append(time.perf_counter() - t0)
