@@ -71,7 +71,13 @@ class LLMEngine:
         done: list[Sequence] = []
         if step.decode:
             self._run(step.decode, outputs, done)
-        for chunk in step.prefill:
+        # Prompt chunks share one llama_decode (llama.cpp batches them far better than
+        # one by one), but for exact mode's blocks and scored chunks (every row's logits).
+        alone = [c for c in step.prefill if self.scheduler.exact or c.scores]
+        together = sorted((c for c in step.prefill if not (self.scheduler.exact or c.scores)), key=lambda c: c.seq.slot)
+        if together:
+            self._run(together, outputs, done)
+        for chunk in alone:
             self._run([chunk], outputs, done)
         if done:
             self._release(self.scheduler.remove({s.id for s in done}))
