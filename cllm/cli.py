@@ -7,7 +7,9 @@ import os
 import sys
 from typing import get_args
 
-from cllm.config import CacheType, ConfigError, FlashAttn, LogFormat, LogLevel, ReasoningFormat, ReplicaRouting, ServeConfig, load_config
+from cllm.config import (
+    CacheType, ConfigError, FlashAttn, LogFormat, LogLevel, ReasoningFormat, ReplicaRouting, ServeConfig, SpecType, load_config,
+)
 from cllm.model_file import ModelFileError
 from cllm.registry import build_registry, is_pool
 
@@ -50,6 +52,12 @@ def _serve_parser(sub) -> None:
             help=f"KV cache type of {kv.upper()}; q8_0 and q4_0 hold more sequences in the same memory"
             + (" (needs flash attention)" if kv == "v" else "") + " (default f16)",
         )
+    p.add_argument(
+        "--spec-type", choices=get_args(SpecType),
+        help="speculative decoding: ngram drafts tokens by matching a sequence's last tokens against its own prompt and output, "
+        f"and verifies them in the step's batch; none turns it off (README: Speculative decoding; default {d.spec_type})",
+    )
+    p.add_argument("--draft-max", type=int, help=f"most tokens one sequence drafts in a step (default {d.draft_max})")
     p.add_argument("--models-dir", metavar="DIR", help="serve every *.gguf in DIR too, by its file name without .gguf (README: Several models)")
     p.add_argument("--default-model", metavar="ID", help="the model of requests that name none (default: --model, else the registry's first)")
     p.add_argument("--models-max", type=int, help="most models loaded at once; the least recently used idle one is unloaded to make room (default: no bound)")

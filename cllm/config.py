@@ -13,8 +13,10 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 FlashAttn = Literal["auto", "on", "off"]
 ReasoningFormat = Literal["auto", "none"]
+MAX_DRAFT = 256  # tokens one sequence may draft in a step
 MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the prefix cache's scratch
-CacheType = Literal["f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
+CacheType = Literal["f32", "f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
+SpecType = Literal["none", "ngram"]  # llama-server's --spec-type names; ngram: prompt lookup (engine_proc/drafter.py)
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 
 
@@ -33,6 +35,8 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, renam
     n_gpu_layers: Annotated[int, Meta(ge=0)] | None = None
     cache_type_k: CacheType | None = None
     cache_type_v: CacheType | None = None
+    spec_type: SpecType | None = None
+    draft_max: Annotated[int, Meta(ge=1, le=MAX_DRAFT)] | None = None
     replicas: Annotated[int, Meta(ge=1, le=64)] | None = None
     keep_alive: Annotated[float, Meta(ge=0)] | None = None
 
@@ -60,6 +64,9 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     n_gpu_layers: Annotated[int, Meta(ge=0)] | None = None
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"  # quantized V needs flash attention (llama.cpp's rule)
+    # Speculative decoding: tokens drafted from the sequence's own text, verified in the step's batch.
+    spec_type: SpecType = "ngram"
+    draft_max: Annotated[int, Meta(ge=1, le=MAX_DRAFT)] = 64  # most tokens one sequence drafts in a step
     # Several models (see cllm/registry.py): a directory of GGUF files and/or a list.
     models_dir: str | None = None
     models: list[ModelEntry] = []
@@ -136,5 +143,5 @@ def check_engine(config: ServeConfig, where: str) -> None:
     opt = "" if where else "--"
     if config.ctx_size < config.parallel * 16:
         raise ConfigError(f"{where}{opt}ctx-size {config.ctx_size} leaves under 16 KV cells for each of {opt}parallel {config.parallel} sequences")
-    if config.cache_type_v != "f16" and config.flash_attn == "off":
+    if config.cache_type_v not in ("f16", "f32") and config.flash_attn == "off":
         raise ConfigError(f"{where}cache-type-v {config.cache_type_v} needs flash attention (llama.cpp quantizes V only with it)")

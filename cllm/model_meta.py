@@ -14,7 +14,7 @@ import llama_cpp as L
 from cllm.config import ServeConfig
 
 # Bytes per cached element: q8_0 keeps 32 values in 34 bytes, q4_0 in 18.
-CACHE_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
 def meta(model, key: str) -> str:

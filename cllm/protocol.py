@@ -30,6 +30,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # None: none; n: each prompt token's after the first, and the n likeliest there. Scored
     # tokens are prefilled afresh (not taken from the prefix cache), and max_tokens may be 0.
     prompt_logprobs: int | None = None
+    speculative: bool = True  # False: this request decodes one token a step even when the engine drafts
 
 
 # ---- frontend -> engine ------------------------------------------------------
@@ -91,6 +92,8 @@ class ModelInfo(msgspec.Struct, gc=False):
     cache_type_v: str = "f16"
     embedding_dim: int = 0  # length of an /v1/embeddings vector
     max_embedding_tokens: int = 0  # most tokens of one embeddings input: what one embeddings decode holds
+    spec_type: str = "none"  # speculative decoding: none, or ngram (prompt lookup)
+    draft_max: int = 0  # most tokens a sequence drafts in a step
 
 
 class EngineReady(msgspec.Struct, tag=1, array_like=True, gc=False):
@@ -145,6 +148,12 @@ class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
     step_seconds: list[float] = []
     batch_sizes: list[int] = []
     prefix_cache: PrefixCacheStats = msgspec.field(default_factory=PrefixCacheStats)
+    # Speculative decoding since the engine started: tokens drafted, and those the sampler agreed with.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    # Per step that verified drafts, since the previous EngineStats: its drafted and accepted tokens.
+    step_drafted: list[int] = []
+    step_accepted: list[int] = []
 
 
 class Embeddings(msgspec.Struct, tag=4, array_like=True, gc=False):

@@ -1,4 +1,4 @@
-"""The engine: one step = schedule, decode, sample, retire."""
+"""The engine: one step = schedule, draft, decode, sample (and verify drafts), retire."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 
 from cllm.config import ServeConfig
 from cllm.protocol import Embed, Embeddings, EngineStats, SeqOutput, Submit
+from engine_proc.drafter import Drafter
 from engine_proc.embedder import Embedder
 from engine_proc.model_runner import ModelRunner
 from engine_proc.sampler import GrammarError, Sampler
@@ -32,6 +33,8 @@ class LLMEngine:
             config.prefix_cache,
             config.prefix_cache_exact,
         )
+        self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
+        self.runner.info.spec_type, self.runner.info.draft_max = config.spec_type, config.draft_max
         self.embedder = Embedder(self.runner.model, config, self.runner.token_budget)
         self.runner.info.embedding_dim = self.embedder.dim
         self.runner.info.max_embedding_tokens = self.embedder.max_tokens
@@ -70,6 +73,9 @@ class LLMEngine:
         outputs: list[SeqOutput] = []
         done: list[Sequence] = []
         if step.decode:
+            # Drafts only in steps without prompt work: those are compute-bound already.
+            if self.drafter is not None and not step.prefill:
+                self.drafter.draft(step.decode, self.runner.token_budget - len(step.decode))
             self._run(step.decode, outputs, done)
         # Prompt chunks share one llama_decode (llama.cpp batches them far better than
         # one by one), but for exact mode's blocks and scored chunks (every row's logits).
@@ -81,6 +87,8 @@ class LLMEngine:
             self._run([chunk], outputs, done)
         if done:
             self._release(self.scheduler.remove({s.id for s in done}))
+        if self.drafter is not None:
+            self.drafter.end_step()
         self.embedded = []
         if self.embedder.jobs:  # in what the generation left of the budget
             used = len(step.decode) + sum(c.end - c.start for c in step.prefill)
@@ -97,37 +105,64 @@ class LLMEngine:
     def _run(self, chunks: list[Chunk], outputs: list[SeqOutput], done: list[Sequence]) -> None:
         """One llama_decode, then a token for each chunk that ends its sequence's known tokens."""
         rows = self.runner.decode(chunks)
-        eog_tokens = self.runner.eog_tokens
         for chunk, row in zip(chunks, rows):
             seq = chunk.seq
+            if chunk.draft is not None:
+                self._verify(chunk, row, outputs, done)
+                continue
             seq.n_cached = chunk.end
             if chunk.scores:
                 self._score(chunk, row)
             if not chunk.samples:
                 continue
             if chunk.scores and seq.params.max_tokens == 0:  # scored, nothing to generate
-                outputs.append(SeqOutput(seq.id, None, "length", None, seq.prompt_logprobs))
-                done.append(seq)
-                continue
-            try:
-                token = self.sampler.sample(seq.sampler, row)
-            except GrammarError:  # a dead end: this request ends, the rest go on
-                outputs.append(SeqOutput(seq.id, None, "error"))
-                done.append(seq)
-                continue
-            is_eog = token in eog_tokens
-            finish = self.scheduler.finish_reason(seq, token, is_eog)
-            if finish == "stop" and is_eog:
-                out = SeqOutput(seq.id, None, finish)
-            elif seq.params.logprobs is None:
-                out = SeqOutput(seq.id, token, finish)
+                out = SeqOutput(seq.id, None, "length")
             else:
-                out = SeqOutput(seq.id, token, finish, self.sampler.logprobs(row, token, seq.params.logprobs))
+                out = self._sample(seq, row)
             if chunk.scores:  # its first output carries the prompt's
                 out.prompt_logprobs = seq.prompt_logprobs
             outputs.append(out)
-            if finish:
+            if out.finish:
                 done.append(seq)
+
+    def _verify(self, chunk: Chunk, last_row: int, outputs: list[SeqOutput], done: list[Sequence]) -> None:
+        """Sample row by row while the draft holds: every token is the one decoding alone would give.
+
+        Row j follows the draft's first j tokens, so its token is what the
+        sequence's own sampler (its seeded draw, grammar and penalties
+        included) picks there, whether or not it matches the draft; it stops
+        at the first token that differs from the draft. The cells past the
+        last kept token are dropped.
+        """
+        seq, draft = chunk.seq, chunk.draft
+        first = last_row - len(draft)
+        for j in range(len(draft) + 1):
+            seq.n_cached = chunk.start + j + 1
+            out = self._sample(seq, first + j)
+            outputs.append(out)
+            if out.finish:
+                done.append(seq)
+                break
+            if j == len(draft) or out.token != draft[j]:
+                break
+        accepted = j + int(j < len(draft) and out.token == draft[j])  # the last row's token may finish on a drafted one
+        self.drafter.verified(seq, len(draft), accepted)
+        if not out.finish and seq.n_cached < chunk.end:
+            self.runner.trim(seq.slot, seq.n_cached)
+
+    def _sample(self, seq: Sequence, row: int) -> SeqOutput:
+        """The sequence's next token from the row, recorded, and whether it ends the sequence."""
+        try:
+            token = self.sampler.sample(seq.sampler, row)
+        except GrammarError:  # a dead end: this request ends, the rest go on
+            return SeqOutput(seq.id, None, "error")
+        is_eog = token in self.runner.eog_tokens
+        finish = self.scheduler.finish_reason(seq, token, is_eog)
+        if finish == "stop" and is_eog:
+            return SeqOutput(seq.id, None, finish)
+        if seq.params.logprobs is None:
+            return SeqOutput(seq.id, token, finish)
+        return SeqOutput(seq.id, token, finish, self.sampler.logprobs(row, token, seq.params.logprobs))
 
     def _score(self, chunk: Chunk, last_row: int) -> None:
         """The logprobs of the prompt tokens that follow the chunk's: row j predicts token start + j + 1."""
@@ -155,6 +190,11 @@ class LLMEngine:
         )
         if self.scheduler.cache is not None:
             stats.prefix_cache = self.scheduler.cache.stats()
+        if self.drafter is not None:
+            d = self.drafter
+            stats.drafted_tokens, stats.accepted_tokens = d.drafted, d.accepted
+            stats.step_drafted, stats.step_accepted = d.step_drafted, d.step_accepted
+            d.step_drafted, d.step_accepted = [], []
         self.step_seconds, self.batch_sizes = [], []
         return stats
 

@@ -32,7 +32,7 @@ FLASH_ATTN = {
 }
 
 
-CACHE_TYPES = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
+CACHE_TYPES = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
 
 
 class ModelLoadError(RuntimeError):
@@ -104,20 +104,22 @@ class ModelRunner:
     def decode(self, chunks: list[Chunk]) -> list[int]:
         """One llama_decode for all chunks; returns each chunk's last logits row (-1: none).
 
-        A chunk that scores has a row for each of its tokens, the last one's returned.
+        A chunk that scores or drafts has a row for each of its tokens, the last one's returned.
         """
         b = self._b
         rows = []
         i = 0
         for c in chunks:
             seq, n = c.seq, c.end - c.start
-            if c.start >= len(seq.prompt):  # decoding: feed the last sampled token
+            if c.start >= len(seq.prompt):  # decoding: feed the last sampled token, then the draft
                 b.token[i] = seq.output[-1]
+                if c.draft is not None:
+                    b.token[i + 1 : i + n] = c.draft
             else:
                 b.token[i : i + n] = seq.prompt[c.start : c.end]
             b.pos[i : i + n] = self._positions[c.start : c.end]
             b.seq_id[i : i + n] = seq.slot
-            b.logits[i : i + n] = c.scores
+            b.logits[i : i + n] = c.every_row
             i += n
             if c.samples or c.scores:
                 b.logits[i - 1] = 1

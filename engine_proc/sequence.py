@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cllm.protocol import SamplingParams, TokenLogprobs
 from engine_proc.sampler import SeqSampler
+
+if TYPE_CHECKING:
+    from engine_proc.drafter import Drafting
 
 
 @dataclass(eq=False, slots=True)
@@ -20,6 +24,7 @@ class Sequence:
     n_cached: int = 0  # tokens whose KV cells are filled
     output: list[int] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # when its params ask
+    drafting: Drafting | None = None  # its speculation, once it decodes with the engine's drafter
 
     @property
     def scored(self) -> bool:
@@ -44,11 +49,17 @@ class Chunk:
     seq: Sequence
     start: int
     end: int
+    draft: np.ndarray | None = None  # tokens guessed after the last sampled one: [start + 1, end)
 
     @property
     def samples(self) -> bool:
         """The chunk ends the known tokens, so its last logits pick the next one."""
         return self.end >= len(self.seq.prompt)
+
+    @property
+    def every_row(self) -> bool:
+        """Each token needs its logits row: to score the prompt, or to check a draft."""
+        return self.draft is not None or self.scores
 
     @property
     def scores(self) -> bool:

@@ -35,6 +35,7 @@ TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 
 TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+DRAFT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LOAD_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 ENGINE = ["model", "replica"]
 
@@ -70,6 +71,19 @@ class Metrics:
             "cllm_prefix_cache_lookups_total", "Prefix cache lookups, one per admitted request, by result", [*ENGINE, "result"], registry=r
         )
         self.cache_cells = Gauge("cllm_prefix_cache_cells", "KV cells held by the prefix cache", ENGINE, registry=r)
+        self.drafted = Counter(
+            "cllm_spec_drafted_tokens_total", "Tokens drafted by speculative decoding and verified", ENGINE, registry=r
+        )
+        self.accepted = Counter(
+            "cllm_spec_accepted_tokens_total", "Drafted tokens the sampler agreed with: each saved a decode step", ENGINE, registry=r
+        )
+        self.step_drafted = Histogram(
+            "cllm_spec_step_drafted_tokens", "Tokens drafted in one engine step, of steps that drafted", ENGINE, buckets=DRAFT_BUCKETS, registry=r
+        )
+        self.step_accepted = Histogram(
+            "cllm_spec_step_accepted_tokens", "Drafted tokens accepted in one engine step, of steps that drafted", ENGINE,
+            buckets=(0, *DRAFT_BUCKETS), registry=r,
+        )
         self.restarts = Counter("cllm_engine_restarts_total", "Engines started after the first", ENGINE, registry=r)
         self.loads = Counter("cllm_model_loads_total", "Models loaded, by result (ok, failed)", ["model", "result"], registry=r)
         self.load_seconds = Histogram(
@@ -87,12 +101,15 @@ class Metrics:
             seen = self._engines[key] = _EngineSeen()
             for result in ("hit", "miss"):
                 self.cache_lookups.labels(*key, result)  # both series exist from the start, at 0
+            self.drafted.labels(*key)
+            self.accepted.labels(*key)
             self.restarts.labels(*key)
         if generation > seen.restarts:
             self.restarts.labels(*key).inc(generation - seen.restarts)
             seen.restarts = generation
         self.token_rates.setdefault(key, TokenRate(TOKEN_RATE_WINDOW)).restart(now)
         seen.cache = PrefixCacheStats()  # a new engine counts from zero
+        seen.drafted = seen.accepted = 0
 
     def engine_stats(self, stats: EngineStats, kv_total: int, now: float, model: str = "", replica: int = 0) -> None:
         key = (model, str(replica))
@@ -112,6 +129,14 @@ class Metrics:
         self.cache_hit_tokens.labels(*key).inc(cache.hit_tokens - last.hit_tokens)
         self.cache_cells.labels(*key).set(cache.cells)
         seen.cache = cache
+        self.drafted.labels(*key).inc(stats.drafted_tokens - seen.drafted)
+        self.accepted.labels(*key).inc(stats.accepted_tokens - seen.accepted)
+        seen.drafted, seen.accepted = stats.drafted_tokens, stats.accepted_tokens
+        drafted, accepted = self.step_drafted.labels(*key), self.step_accepted.labels(*key)
+        for n in stats.step_drafted:
+            drafted.observe(n)
+        for n in stats.step_accepted:
+            accepted.observe(n)
 
     def engine_gone(self, model: str, replica: int) -> None:
         """A model was unloaded: its engine's gauges go (its counters stay, as counters do)."""
@@ -149,11 +174,12 @@ class Metrics:
 class _EngineSeen:
     """An engine slot's running counts as last reported: the counters move by their differences."""
 
-    __slots__ = ("restarts", "cache")
+    __slots__ = ("restarts", "cache", "drafted", "accepted")
 
     def __init__(self):
         self.restarts = 0
         self.cache = PrefixCacheStats()
+        self.drafted = self.accepted = 0
 
 
 class TokenRate:

@@ -74,6 +74,7 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream_options: StreamOptions | None = None
     logit_bias: dict[int, Annotated[float, Meta(ge=-100, le=100)]] | None = None
     ignore_eos: bool = False
+    speculative: bool = True  # false: no speculative decoding for this request
     response_format: ResponseFormat | None = None
     user: str | None = None
     store: bool | None = None
@@ -112,6 +113,7 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             grammar_triggers=grammar_triggers,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            speculative=self.speculative,
         )
 
 

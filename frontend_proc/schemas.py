@@ -30,6 +30,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     repetition_penalty: RepetitionPenalty = 1.0
     seed: Seed | None = None
     ignore_eos: bool = False
+    speculative: bool = True  # false: no speculative decoding for this request
     stream: bool = False
     model: str | None = None  # a registry id or alias; None: the default model
 
@@ -43,6 +44,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
             repetition_penalty=self.repetition_penalty,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            speculative=self.speculative,
         )
 
 

@@ -1,0 +1,157 @@
+"""Speculative drafts by prompt lookup: a sequence's next tokens guessed from its own text.
+
+A model that copies (a code file to edit, a document to quote) writes what
+its prompt already holds. When a sequence's last tokens appeared earlier in
+its prompt or output, the tokens that followed them there are a draft of
+what comes next. The engine feeds the draft in the step's batch right after
+the sequence's last sampled token; the sampler then checks the draft row by
+row and keeps the tokens it would have sampled anyway (engine.LLMEngine._verify).
+
+Verifying costs prefill work: on a 2-core CPU a draft of 8 tokens makes the
+step about 5x as long as a one-token decode, so a draft pays only when most
+of it is accepted, and less so the more sequences already share the step
+(their decode is then compute-bound too). So each sequence drafts only while its recent drafts were
+accepted, and its draft grows while they are accepted whole; the rate a
+sequence must keep rises with the number of sequences in the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine_proc.sequence import Chunk, Sequence
+
+LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
+SHORTEST_MATCH = 3  # shorter matches are too common to predict anything
+FIRST_DRAFT = 4  # tokens a sequence drafts before it has shown how much it copies
+# A drafted token's cost against the fixed cost of a step (reading the weights),
+# about 1 on a 2-core CPU (perf/results/*speculative*); on a GPU it is far lower.
+VERIFY_COST = 1.0
+RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
+
+
+@dataclass(slots=True)
+class Drafting:
+    """A sequence's speculation: its known tokens in one array, and how well its drafts fare."""
+
+    tokens: np.ndarray  # prompt then output; capacity grows by doubling
+    n: int  # tokens of it that are known
+    want: int = FIRST_DRAFT  # the draft it earned: doubles when one is accepted whole
+    rate: float = 1.0  # accepted / drafted, recent drafts weighing most
+    rest: int = 0  # steps to wait before drafting again after a draft failed outright
+    misses: int = 0  # drafts in a row that failed outright
+
+
+class Drafter:
+    def __init__(self, draft_max: int, seq_ctx: int):
+        self.draft_max = draft_max
+        self.seq_ctx = seq_ctx
+        self.drafted = 0  # tokens, since the engine started
+        self.accepted = 0
+        self.step_drafted: list[int] = []  # per step that drafted, until the engine's next stats
+        self.step_accepted: list[int] = []
+        self._drafted = self._accepted = 0  # this step's
+
+    def draft(self, decode: list[Chunk], budget: int) -> None:
+        """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
+        n = len(decode)
+        # A draft pays when the share of it accepted beats what its tokens cost against
+        # the step's: with n sequences decoding, rate > n * VERIFY_COST / (1 + n * VERIFY_COST).
+        need = n * VERIFY_COST / (1 + n * VERIFY_COST)
+        for chunk in decode:
+            seq = chunk.seq
+            if not seq.params.speculative or budget <= 0:
+                continue
+            d = seq.drafting
+            if d is None:
+                d = seq.drafting = _start(seq)
+            else:
+                _sync(d, seq)
+            if d.rest:
+                d.rest -= 1
+                continue
+            if d.rate < need:
+                d.rate += (1 - d.rate) / 8  # drift back, to try again once the text may have turned to copying
+                continue
+            room = min(d.want, self.draft_max, budget, seq.params.max_tokens - len(seq.output) - 1, self.seq_ctx - chunk.end)
+            if room <= 0:
+                continue
+            draft = lookup(d.tokens[: d.n], room)
+            if draft is not None:
+                chunk.draft = draft
+                chunk.end += len(draft)
+                budget -= len(draft)
+
+    def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        """The sampler kept ``accepted`` of the ``drafted`` tokens: adapt the sequence's next draft."""
+        self._drafted += drafted
+        self._accepted += accepted
+        d = seq.drafting
+        d.rate = RATE_MEMORY * d.rate + (1 - RATE_MEMORY) * accepted / drafted
+        if accepted == drafted:
+            d.want = min(2 * d.want, self.draft_max)
+            d.misses = 0
+        elif accepted:
+            d.want = max(accepted, FIRST_DRAFT)
+            d.misses = 0
+        else:
+            d.want = FIRST_DRAFT
+            d.misses += 1
+            d.rest = (1 << min(d.misses, 6)) - 1  # 1, 3, 7 ... 63 steps
+
+    def end_step(self) -> None:
+        if self._drafted:
+            self.drafted += self._drafted
+            self.accepted += self._accepted
+            self.step_drafted.append(self._drafted)
+            self.step_accepted.append(self._accepted)
+            self._drafted = self._accepted = 0
+
+
+def lookup(tokens: np.ndarray, k: int) -> np.ndarray | None:
+    """Up to ``k`` tokens that followed the longest, then latest, earlier match of the text's tail.
+
+    Candidates are the earlier places of the last token; each is extended
+    backwards while it matches the tail, all at once with numpy.
+    """
+    n = len(tokens)
+    if n < SHORTEST_MATCH + 1:
+        return None
+    cand = np.flatnonzero(tokens[: n - 1] == tokens[n - 1])
+    if not cand.size:
+        return None
+    length = np.ones(cand.size, np.int32)
+    alive = np.ones(cand.size, bool)
+    for j in range(1, min(LONGEST_MATCH, n - 1)):
+        prev = cand - j
+        alive &= prev >= 0
+        alive[alive] = tokens[prev[alive]] == tokens[n - 1 - j]
+        if not alive.any():
+            break
+        length += alive
+    best = int(length.max())
+    if best < SHORTEST_MATCH:
+        return None
+    at = int(cand[np.flatnonzero(length == best)[-1]]) + 1
+    return tokens[at : at + k].copy()
+
+
+def _start(seq: Sequence) -> Drafting:
+    known = len(seq.prompt) + len(seq.output)
+    tokens = np.empty(max(2 * known, 256), np.int32)
+    tokens[: len(seq.prompt)] = seq.prompt
+    tokens[len(seq.prompt) : known] = seq.output
+    return Drafting(tokens, known)
+
+
+def _sync(d: Drafting, seq: Sequence) -> None:
+    """Append the output tokens sampled since the last call."""
+    known = len(seq.prompt) + len(seq.output)
+    if known > len(d.tokens):
+        d.tokens = np.concatenate((d.tokens, np.empty(max(len(d.tokens), known), np.int32)))
+    new = known - d.n
+    if new:
+        d.tokens[d.n : known] = seq.output[-new:]
+        d.n = known

@@ -1,0 +1,140 @@
+"""Speculative decoding: drafts from the sequence's own text, verified in the step's batch.
+
+A verified token is the one the sequence's sampler picks on that row, so
+speculation may change only the numbers the rows are computed with. With
+--flash-attn off and f32 keys in the KV cache it changes none (a query of several
+tokens and a query of one then give the same bits in most rows), and these
+greedy replies must be the same text with speculation on and off.
+The README ("Speculative decoding") says what differs, where and why.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from engine_proc.drafter import lookup
+from tests.conftest import start_server, wait_idle
+from tests.test_metrics import scrape, value
+
+EXACT = ("--parallel", "4", "--ctx-size", "8192", "--flash-attn", "off", "--cache-type-k", "f32")
+CODE = pathlib.Path(__file__).resolve().parent.parent.joinpath("engine_proc", "batch.py").read_text()
+COPY = f"Copy this Python file exactly as it is:\n\n{CODE}"
+ORDINARY = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+QUOTE = f"Here is a file:\n\n{CODE}\n\nQuote its docstring, then say in one sentence what the class does."
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """(speculation on, off), otherwise alike."""
+    with start_server(*EXACT, "--spec-type", "ngram") as on, start_server(*EXACT, "--spec-type", "none") as off:
+        with on.client() as a, off.client() as b:
+            yield a, b
+
+
+def chat(http, prompt: str, **body) -> dict:
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 160,
+                                                 "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def accepted(http) -> float:
+    wait_idle(http)  # the engine reports its figures when it goes idle
+    return value(scrape(http), "cllm_spec_accepted_tokens_total")
+
+
+@pytest.mark.parametrize("prompt", [COPY, QUOTE, ORDINARY], ids=["copy", "quote", "ordinary"])
+def test_greedy_text_is_the_same_with_speculation_on_and_off(servers, prompt):
+    on, off = servers
+    before = accepted(on)
+    assert chat(on, prompt) == chat(off, prompt)
+    if prompt is COPY:
+        assert accepted(on) - before > 40  # most of the copy came from drafts
+
+
+def test_concurrent_requests_give_the_same_text(servers):
+    on, off = servers
+    prompts = [COPY, ORDINARY, QUOTE, COPY.replace("exactly", "word for word")]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda p: chat(on, p)["message"]["content"], prompts))
+    assert together == [chat(off, p)["message"]["content"] for p in prompts]
+
+
+def test_max_tokens_and_a_stop_string_inside_a_draft(servers):
+    on, off = servers
+    full = chat(off, COPY)["message"]["content"]
+    # A stop string from the middle of the copy, where drafts are long: the reply ends right before it.
+    at = next(i for i in range(len(full) // 2, len(full)) if full.find(full[i : i + 8]) == i)
+    for body, finish in (({"max_tokens": 37}, "length"), ({"stop": [full[at : at + 8]]}, "stop")):
+        before = accepted(on)
+        a, b = chat(on, COPY, **body), chat(off, COPY, **body)
+        assert a == b and a["finish_reason"] == finish
+        assert accepted(on) > before
+    assert a["message"]["content"] == full[:at]
+    assert len(chat(on, COPY, max_tokens=37, logprobs=True)["logprobs"]["content"]) == 37
+
+
+def test_streamed_tokens_arrive_as_accepted(servers):
+    on, off = servers
+    body = {"messages": [{"role": "user", "content": COPY}], "max_tokens": 120, "temperature": 0, "stream": True}
+    with on.stream("POST", "/v1/chat/completions", json=body) as r:
+        deltas = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    text = "".join(d["choices"][0]["delta"].get("content") or "" for d in deltas)
+    assert text == chat(off, COPY, max_tokens=120)["message"]["content"]
+
+
+def test_a_grammar_constrained_request(servers):
+    on, off = servers
+    schema = {"type": "object", "properties": {"docstring": {"type": "string", "maxLength": 60}}, "required": ["docstring"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "quote", "schema": schema}}
+    prompt = f"Here is a file:\n\n{CODE}\n\nQuote its docstring in JSON."
+    before = accepted(on)
+    a = chat(on, prompt, response_format=fmt, max_tokens=200)
+    assert a["finish_reason"] == "stop"
+    assert json.loads(a["message"]["content"])["docstring"] == "A llama_batch backed by numpy arrays that live as long as it"
+    assert accepted(on) > before  # the quote came from drafts, each token checked by the grammar
+    assert a == chat(off, prompt, response_format=fmt, max_tokens=200)
+
+
+def test_a_seeded_sampled_request_is_reproducible(servers):
+    on, _ = servers
+    body = {"temperature": 0.8, "top_p": 0.95, "seed": 1234}
+    first = chat(on, COPY, **body)
+    assert chat(on, COPY, **body) == first  # each row is sampled by the sequence's own seeded chain
+    assert chat(on, COPY, **{**body, "seed": 99}) != first
+
+
+def test_a_request_may_turn_speculation_off(servers):
+    on, off = servers
+    before = accepted(on)
+    assert chat(on, COPY, speculative=False) == chat(off, COPY)
+    assert accepted(on) == before
+    r = on.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "speculative": "yes"})
+    assert r.status_code == 400 and "speculative" in r.text
+
+
+def test_metrics_count_drafted_and_accepted_tokens(servers):
+    on, _ = servers
+    chat(on, COPY)
+    wait_idle(on)
+    samples = scrape(on)
+    drafted, kept = value(samples, "cllm_spec_drafted_tokens_total"), value(samples, "cllm_spec_accepted_tokens_total")
+    assert 0 < kept <= drafted
+    assert value(samples, "cllm_spec_step_drafted_tokens_sum") == drafted
+    assert value(samples, "cllm_spec_step_accepted_tokens_sum") == kept
+    info = on.get("/model/info").json()["data"]
+    assert (info["spec_type"], info["draft_max"]) == ("ngram", 64)
+
+
+def test_lookup_takes_the_longest_then_the_latest_match():
+    t = np.array([1, 2, 3, 9, 9, 5, 2, 3, 7, 7, 1, 2, 3], np.int32)
+    assert lookup(t, 2).tolist() == [9, 9]  # "1 2 3" matches at the start; "2 3" alone, later, is shorter
+    t = np.array([4, 2, 3, 8, 5, 2, 3, 6, 0, 2, 3], np.int32)
+    assert lookup(t, 3) is None  # no match of three tokens
+    t = np.array([1, 2, 3, 8, 1, 2, 3, 6, 1, 2, 3], np.int32)
+    assert lookup(t, 5).tolist() == [6, 1, 2, 3]  # the latest of two equal matches, up to the text's end
