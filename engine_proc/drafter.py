@@ -60,6 +60,7 @@ class Drafter:
         # A draft pays when the share of it accepted beats what its tokens cost against
         # the step's: with n sequences decoding, rate > n * VERIFY_COST / (1 + n * VERIFY_COST).
         need = n * VERIFY_COST / (1 + n * VERIFY_COST)
+        drafted: list[Chunk] = []
         for chunk in decode:
             seq = chunk.seq
             if not seq.params.speculative or budget <= 0:
@@ -76,13 +77,18 @@ class Drafter:
                 d.rate += (1 - d.rate) / 8  # drift back, to try again once the text may have turned to copying
                 continue
             room = min(d.want, self.draft_max, budget, seq.params.max_tokens - len(seq.output) - 1, self.seq_ctx - chunk.end)
-            if room <= 0:
-                continue
-            draft = lookup(d.tokens[: d.n], room)
-            if draft is not None:
+            if room > 0 and (draft := lookup(d.tokens[: d.n], room)) is not None:
                 chunk.draft = draft
-                chunk.end += len(draft)
                 budget -= len(draft)
+                drafted.append(chunk)
+        # llama.cpp splits a batch of several KV streams into ubatches that take as many
+        # tokens from each stream: drafts of one length keep the extra ubatches few.
+        if len(drafted) > 1:
+            k = min(len(c.draft) for c in drafted)
+            for c in drafted:
+                c.draft = c.draft[:k]
+        for c in drafted:
+            c.end += len(c.draft)
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """The sampler kept ``accepted`` of the ``drafted`` tokens: adapt the sequence's next draft."""

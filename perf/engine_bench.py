@@ -1,7 +1,8 @@
 """`cllm bench engine`: the engine's step loop in-process, no frontend and no HTTP.
 
 N synthetic requests of exactly P prompt tokens and G generated tokens each
-(greedy, ignore_eos) go through LLMEngine at most C at a time: a finished
+(greedy, ignore_eos; with --prompts copy, input-grounded tasks of their own
+length that speculative decoding can draft from) go through LLMEngine at most C at a time: a finished
 request is replaced by the next one right after its step, as closed-loop
 clients would. Each loop iteration does what the engine process does: admit
 the new requests (msgpack-decode the Submit, build its sampler), one
@@ -37,6 +38,7 @@ from cllm.model_file import ModelFileError, resolve_model
 from cllm.protocol import SamplingParams, StepOutputs, Submit, ToEngine
 from cllm.ring import Ring
 from perf.prompts import make_prompts
+from perf.speculative import copy_prompts
 
 PARTS = [
     ("admit", "decode Submit records, build sampler chains"),
@@ -82,11 +84,17 @@ def _timing(engine, totals: dict):
             delattr(obj, name)
 
 
-def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1) -> list[bytes]:
-    """Encoded Submit records, as the frontend would write them: fresh prompts of exactly prompt_tokens."""
+def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1, copy: bool = False) -> list[bytes]:
+    """Encoded Submit records, as the frontend would write them: fresh prompts of exactly prompt_tokens, or copy tasks."""
     params = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
     encode = msgspec.msgpack.Encoder().encode
     records = []
+    if copy:
+        tasks = list(copy_prompts().values())
+        for i in range(n):
+            tokens = tokenize(f"[{i}] {tasks[i % len(tasks)]}\n\nAnswer:\n")
+            records.append(encode(Submit(first_id + i, tokens, params)))
+        return records
     for i, text in enumerate(make_prompts(n, prompt_tokens)):
         tokens = tokenize(text)
         tokens = (tokens * (prompt_tokens // len(tokens) + 1))[:prompt_tokens]
@@ -151,17 +159,18 @@ def breakdown(totals: dict, seconds: float) -> dict[str, float]:
 
 
 def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_tokens: int, threads: int,
-          batch_size: int, profile: str | None = None) -> dict:
+          batch_size: int, profile: str | None = None, spec_type: str = "none", copy: bool = False) -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
-    seq_ctx = 256 * ((prompt_tokens + gen_tokens) // 256 + 1)
-    config = ServeConfig(parallel=concurrency, ctx_size=seq_ctx * concurrency, threads=threads, batch_size=batch_size)
+    seq_ctx = 256 * ((max(prompt_tokens, 1024 if copy else 0) + gen_tokens) // 256 + 1)
+    config = ServeConfig(parallel=concurrency, ctx_size=seq_ctx * concurrency, threads=threads, batch_size=batch_size,
+                         spec_type=spec_type)
     engine = LLMEngine(model, config)
     try:
         tokenize = _tokenizer(engine)
         # The first decodes allocate llama.cpp's compute graphs: warm up untimed.
         drive(engine, synthetic_requests(tokenize, concurrency, prompt_tokens, 4, first_id=10**9), concurrency)
-        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens)
+        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens, copy=copy)
         totals: dict = defaultdict(float)
         if profile:
             profiler = cProfile.Profile()
@@ -172,6 +181,8 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         else:
             with _timing(engine, totals):
                 steps, tokens, seconds = drive(engine, records, concurrency, totals)
+        drafter = engine.drafter
+        drafted, accepted = (drafter.drafted, drafter.accepted) if drafter else (0, 0)
     finally:
         engine.close()
     return {
@@ -186,6 +197,9 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         "tokens_per_second": tokens / seconds,
         "step_ms": 1000 * seconds / steps,
         "parts_seconds": breakdown(totals, seconds),
+        "spec_type": spec_type,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
     }
 
 
@@ -209,6 +223,7 @@ def report(r: dict) -> str:
         f"concurrency {r['concurrency']}, {r['threads']} threads",
         f"  {r['tokens_per_second']:.1f} tok/s: {r['generated_tokens']} tokens in {r['seconds']:.2f} s, "
         f"{r['steps']} steps of {r['step_ms']:.2f} ms",
+        f"  speculative: {r['spec_type']}, {r['accepted_tokens']} of {r['drafted_tokens']} drafted tokens accepted",
         f"  {'part':<13}{'ms/step':>9}{'share':>8}",
     ]
     for name, what in PARTS:
@@ -228,6 +243,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("-g", "--gen-tokens", type=int, default=50)
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: one per core)")
     ap.add_argument("--batch-size", type=int, default=ServeConfig().batch_size)
+    ap.add_argument("--spec-type", choices=["none", "ngram"], default="none", help="speculative decoding (default none)")
+    ap.add_argument("--prompts", choices=["fresh", "copy"], default="fresh",
+                    help="fresh: synthetic prompts of -p tokens; copy: tasks that copy or quote a ~600-token text")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
@@ -239,7 +257,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except ModelFileError as e:
         ap.error(str(e))
     r = bench(model, args.requests, args.concurrency, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count(),
-              args.batch_size, args.profile)
+              args.batch_size, args.profile, args.spec_type, args.prompts == "copy")
     if args.json:
         print(msgspec.json.encode(r).decode())
     else:
