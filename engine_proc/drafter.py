@@ -29,6 +29,8 @@ FIRST_DRAFT = 4  # tokens a sequence drafts before it has shown how much it copi
 # A drafted token's cost against the fixed cost of a step (reading the weights),
 # about 1 on a 2-core CPU (perf/results/*speculative*); on a GPU it is far lower.
 VERIFY_COST = 1.0
+# Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
+STEP_DRAFT_ROWS = 128
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
 
 
@@ -57,6 +59,7 @@ class Drafter:
     def draft(self, decode: list[Chunk], budget: int) -> None:
         """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
         n = len(decode)
+        budget = min(budget, STEP_DRAFT_ROWS)
         # A draft pays when the share of it accepted beats what its tokens cost against
         # the step's: with n sequences decoding, rate > n * VERIFY_COST / (1 + n * VERIFY_COST).
         need = n * VERIFY_COST / (1 + n * VERIFY_COST)

@@ -82,12 +82,13 @@ def test_previous_response_id_continues_the_conversation(oai, http):
     wait_idle(http)
     hits_before = health(http)["prefix_cache"]["hit_tokens"]
     second = greedy(oai, input="What is my name?", instructions=RULES, previous_response_id=first.id)
-    # The same prompt as resending the conversation, so the same greedy answer, and the cache served its start.
+    # The same prompt as resending the conversation: the cache holds the resent one and serves all of it but the
+    # last token. (Not the same text: that last token is prefilled alone, and under flash attention its logits
+    # may differ in their last bits from the resent prompt's, see the README's "What is exact".)
     assert second.usage.input_tokens == resent.usage.input_tokens > first.usage.input_tokens
-    assert second.output_text == resent.output_text
     assert second.previous_response_id == first.id
     wait_idle(http)
-    assert health(http)["prefix_cache"]["hit_tokens"] > hits_before
+    assert health(http)["prefix_cache"]["hit_tokens"] - hits_before == second.usage.input_tokens - 1
 
 
 def test_retrieve_delete_and_unknown_ids(oai, http):

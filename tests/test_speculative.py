@@ -127,6 +127,7 @@ def test_metrics_count_drafted_and_accepted_tokens(servers):
     assert 0 < kept <= drafted
     assert value(samples, "cllm_spec_step_drafted_tokens_sum") == drafted
     assert value(samples, "cllm_spec_step_accepted_tokens_sum") == kept
+    assert value(samples, "cllm_prefix_cache_hit_tokens_total") > 0  # the repeated prompts came from the cache
     info = on.get("/model/info").json()["data"]
     assert (info["spec_type"], info["draft_max"]) == ("ngram", 64)
 
