@@ -93,7 +93,7 @@ def _bench_parser(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="benchmarks: the engine in-process, or HTTP load on a server",
-        description="Benchmarks (the perf/ package; 'cllm bench engine --help' and 'cllm bench http --help' list their options).",
+        description="Benchmarks (cllm.bench; 'cllm bench engine --help' and 'cllm bench http --help' list their options).",
     )
     p.add_argument("target", choices=["engine", "http"], help="engine: the step loop in-process, no HTTP; http: load on a server's URL")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "bench":
         if args.target == "engine":
-            from perf import engine_bench as bench
+            from cllm.bench import engine_bench as bench
         else:
-            from perf import http_load as bench
+            from cllm.bench import http_load as bench
         return bench.main(args.args, prog=f"cllm bench {args.target}")
 
     if args.command == "serve":

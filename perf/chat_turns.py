@@ -30,7 +30,7 @@ import httpx
 
 from perf import servers
 from perf.prefix_cache import TOPICS, handbook, stream
-from perf.prompts import make_prompts
+from cllm.bench.prompts import make_prompts
 
 TIMEOUT = 600.0
 SYSTEMS = ("cllm", "llama-server")

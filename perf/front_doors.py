@@ -26,7 +26,8 @@ import time
 import httpx
 
 from cllm.model_file import resolve_model
-from perf import http_load, servers
+from cllm.bench import http_load
+from perf import servers
 
 ROUTES = ("chat", "messages", "responses")
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from cllm.model_file import resolve_model
-from perf import http_load, servers
+from cllm.bench import http_load
+from perf import servers
 
 
 class Scraper(threading.Thread):

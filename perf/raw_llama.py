@@ -25,7 +25,7 @@ import numpy as np
 
 from cllm.llama_log import silence_llama_logs
 from cllm.model_file import resolve_model
-from perf.prompts import make_prompts, requests_for
+from cllm.bench.prompts import make_prompts, requests_for
 
 KV_LAYOUTS = {"per-seq": False, "unified": True}
 

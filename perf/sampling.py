@@ -23,7 +23,7 @@ from cllm.model_file import resolve_model
 from cllm.protocol import SamplingParams, Submit
 from engine_proc.engine import LLMEngine
 from frontend_proc.tokenizer import Tokenizer
-from perf.prompts import make_prompts
+from cllm.bench.prompts import make_prompts
 
 SETTINGS = {
     "greedy": SamplingParams(temperature=0),

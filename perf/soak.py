@@ -24,8 +24,9 @@ import httpx
 import psutil
 
 from cllm.model_file import resolve_model
-from perf import http_load, servers
-from perf.prompts import make_prompts
+from cllm.bench import http_load
+from perf import servers
+from cllm.bench.prompts import make_prompts
 
 HANG_UP = 0.1  # share of clients that hang up mid-way
 STREAM = 0.5  # share of streaming requests

@@ -9,7 +9,7 @@ completion tokens over wall time, end to end over HTTP.
            document), each sent once to cache its prompt, then measured:
            at c=1 one after the other, at c=8 all at once (each prompt
            several times, with a distinct first line so each conversation has its own prompt).
-  fresh    prompts that copy nothing (perf/prompts.py), c = 1, 8, 32, against
+  fresh    prompts that copy nothing (cllm/bench/prompts.py), c = 1, 8, 32, against
            cllm without speculation only.
 
 Drafted and accepted tokens: cllm's /metrics; llama-server's `timings`.
@@ -20,18 +20,15 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import inspect
-import json
 import os
 import statistics
-import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 from perf import servers
-from perf.prompts import make_prompts
+from cllm.bench.prompts import copy_prompts, make_prompts
 
 TIMEOUT = 900.0
 SYSTEMS = {  # label: (system, extra command-line arguments)
@@ -40,17 +37,6 @@ SYSTEMS = {  # label: (system, extra command-line arguments)
     "llama-server-ngram-mod": ("llama-server", ("--spec-type", "ngram-mod")),
     "llama-server-ngram-simple": ("llama-server", ("--spec-type", "ngram-simple")),
 }
-
-
-def copy_prompts() -> dict[str, str]:
-    """Fixed, input-grounded tasks; the texts come from Python's standard library (fixed per Python version)."""
-    code = inspect.getsource(textwrap)[:2400]
-    doc = inspect.getsource(json)[:2400]
-    return {
-        "copy code": f"Copy this Python file exactly as it is:\n\n{code}",
-        "edit code": f"Rewrite this Python file with the class TextWrapper renamed to LineWrapper; change nothing else:\n\n{code}",
-        "quote doc": f"Here is a file:\n\n{doc}\n\nQuote its docstring word for word, then say what the module is for.",
-    }
 
 
 def chat(client: httpx.Client, prompt: str, max_tokens: int) -> dict:

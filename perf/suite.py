@@ -21,9 +21,10 @@ import sys
 import time
 from importlib import metadata
 
-from perf import http_load, report, servers
+from cllm.bench import http_load
+from perf import report, servers
 from perf.models import MODELS, eog_tokens, model_path
-from perf.prompts import requests_for
+from cllm.bench.prompts import requests_for
 
 RESULTS = os.path.join(servers.PERF, "results")
 README = os.path.join(os.path.dirname(servers.PERF), "README.md")
@@ -70,7 +71,7 @@ def run_model(name: str, args) -> dict:
                     log("raw", dict(r, prompt_tokens=prompt))
             if "engine" in args.systems:
                 for c in args.concurrency:
-                    r = _subprocess_json(["perf.engine_bench", "--model", path, "-n", str(args.requests or requests_for(c)),
+                    r = _subprocess_json(["cllm.bench.engine_bench", "--model", path, "-n", str(args.requests or requests_for(c)),
                                           "-c", str(c), "-p", str(prompt), "-g", str(gen), "--threads", str(args.threads)])
                     log("engine", r)
 

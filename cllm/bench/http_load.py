@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 import psutil
 
-from perf.prompts import BASE_TOKENS, make_prompts, requests_for
+from cllm.bench.prompts import BASE_TOKENS, make_prompts, requests_for
 
 WARMUP_TOKENS = 4
 

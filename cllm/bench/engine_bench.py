@@ -37,8 +37,7 @@ from cllm.launch import OUTPUT_RING_BYTES
 from cllm.model_file import ModelFileError, resolve_model
 from cllm.protocol import SamplingParams, StepOutputs, Submit, ToEngine
 from cllm.ring import Ring
-from perf.prompts import make_prompts
-from perf.speculative import copy_prompts
+from cllm.bench.prompts import copy_prompts, make_prompts
 
 PARTS = [
     ("admit", "decode Submit records, build sampler chains"),
@@ -197,6 +196,7 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         "tokens_per_second": tokens / seconds,
         "step_ms": 1000 * seconds / steps,
         "parts_seconds": breakdown(totals, seconds),
+        "copy": copy,
         "spec_type": spec_type,
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
@@ -219,7 +219,8 @@ def _tokenizer(engine):
 
 def report(r: dict) -> str:
     lines = [
-        f"engine: {r['requests']} requests x {r['gen_tokens']} tokens (prompts of {r['prompt_tokens']}), "
+        f"engine: {r['requests']} requests x {r['gen_tokens']} tokens "
+        f"({'copy tasks' if r['copy'] else 'prompts of %d' % r['prompt_tokens']}), "
         f"concurrency {r['concurrency']}, {r['threads']} threads",
         f"  {r['tokens_per_second']:.1f} tok/s: {r['generated_tokens']} tokens in {r['seconds']:.2f} s, "
         f"{r['steps']} steps of {r['step_ms']:.2f} ms",

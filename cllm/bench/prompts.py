@@ -8,7 +8,10 @@ bench, which works on token ids, trims or pads to the exact length.
 
 from __future__ import annotations
 
+import inspect
+import json
 import random
+import textwrap
 
 BASE_TOKENS = 26
 SUBJECTS = ["a lighthouse keeper", "a lost robot", "two rival chefs", "an old violin", "a desert caravan", "a quiet librarian",
@@ -34,3 +37,14 @@ def make_prompts(n: int, tokens: int = BASE_TOKENS, seed: int | None = None) -> 
 def requests_for(concurrency: int) -> int:
     """Requests in one cell: several waves, capped to keep it short (cLLM's 40 at concurrency 8)."""
     return min(max(8, 5 * concurrency), 160)
+
+
+def copy_prompts() -> dict[str, str]:
+    """Fixed, input-grounded tasks; the texts come from Python's standard library (fixed per Python version)."""
+    code = inspect.getsource(textwrap)[:2400]
+    doc = inspect.getsource(json)[:2400]
+    return {
+        "copy code": f"Copy this Python file exactly as it is:\n\n{code}",
+        "edit code": f"Rewrite this Python file with the class TextWrapper renamed to LineWrapper; change nothing else:\n\n{code}",
+        "quote doc": f"Here is a file:\n\n{doc}\n\nQuote its docstring word for word, then say what the module is for.",
+    }
