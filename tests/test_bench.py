@@ -28,6 +28,13 @@ def test_bench_engine_counts_every_token_and_splits_the_step():
     assert all(s >= 0 for s in parts.values())
 
 
+def test_bench_engine_speculates_on_copy_tasks():
+    r = bench("engine", "-n", "1", "-c", "1", "-g", "48", "--prompts", "copy", "--spec-type", "ngram")
+    assert r["generated_tokens"] == 48 and r["copy"]
+    assert 0 < r["accepted_tokens"] <= r["drafted_tokens"]
+    assert r["steps"] < 48  # drafts kept: fewer steps than tokens
+
+
 def test_bench_http_measures_the_server_and_its_processes(server):
     [r] = bench("http", "--url", server.url, "-c", "2", "-n", "3", "-g", "5", "--stream", "--pid", str(server.proc.pid))
     assert (r["errors"], r["short"], r["generated_tokens"]) == (0, 0, 15)

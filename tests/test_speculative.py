@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from cllm.config import ConfigError, load_config
 from engine_proc.drafter import lookup
 from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value
@@ -139,3 +140,13 @@ def test_lookup_takes_the_longest_then_the_latest_match():
     assert lookup(t, 3) is None  # no match of three tokens
     t = np.array([1, 2, 3, 8, 1, 2, 3, 6, 1, 2, 3], np.int32)
     assert lookup(t, 5).tolist() == [6, 1, 2, 3]  # the latest of two equal matches, up to the text's end
+
+
+def test_yaml_config_and_bad_settings(tmp_path):
+    config = tmp_path / "cllm.yaml"
+    config.write_text("spec-type: none\ndraft-max: 8\n")
+    assert load_config(str(config), {}).spec_type == "none"
+    for bad in ("spec-type: eagle\n", "draft-max: 0\n", "draft-max: 1000\n"):
+        config.write_text(bad)
+        with pytest.raises(ConfigError, match="spec-type|draft-max"):
+            load_config(str(config), {})
