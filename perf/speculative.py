@@ -5,8 +5,8 @@ sequence, and they run one after the other, never at once, the order turning
 each round. Requests are chat completions, greedy, non-streamed; tok/s is
 completion tokens over wall time, end to end over HTTP.
 
-  copy     input-grounded prompts (copy a code file, edit one, quote a
-           document), each sent once to cache its prompt, then measured:
+  copy     input-grounded prompts (copy a text, copy a code file, edit one,
+           fix a text's typos: cllm/bench/prompts.py), each sent once to cache its prompt, then measured:
            at c=1 one after the other, at c=8 all at once (each prompt
            several times, with a distinct first line so each conversation has its own prompt).
   fresh    prompts that copy nothing (cllm/bench/prompts.py), c = 1, 8, 32, against

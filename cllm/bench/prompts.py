@@ -40,11 +40,12 @@ def requests_for(concurrency: int) -> int:
 
 
 def copy_prompts() -> dict[str, str]:
-    """Fixed, input-grounded tasks; the texts come from Python's standard library (fixed per Python version)."""
+    """Fixed, input-grounded tasks (the texts are Python's standard library's, fixed per Python version)."""
     code = inspect.getsource(textwrap)[:2400]
-    doc = inspect.getsource(json)[:2400]
+    doc = json.__doc__[:1500]
     return {
-        "copy code": f"Copy this Python file exactly as it is:\n\n{code}",
-        "edit code": f"Rewrite this Python file with the class TextWrapper renamed to LineWrapper; change nothing else:\n\n{code}",
-        "quote doc": f"Here is a file:\n\n{doc}\n\nQuote its docstring word for word, then say what the module is for.",
+        "copy text": f"Repeat the following text exactly:\n\n{doc}",
+        "copy code": f"{code}\n\nRepeat the code above exactly, character for character, in a ```python block.",
+        "edit code": f"Rewrite this Python file with the class TextWrapper renamed to LineWrapper; change nothing else:\n\n```python\n{code}\n```",
+        "fix text": "Fix the typos in this text and return it otherwise unchanged:\n\n" + doc.replace("the", "teh", 3),
     }
