@@ -24,8 +24,8 @@ import numpy as np
 from engine_proc.sequence import Chunk, Sequence
 
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
-SHORTEST_MATCH = 3  # shorter matches are too common to predict anything
-FIRST_DRAFT = 4  # tokens a sequence drafts before it has shown how much it copies
+SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
+FIRST_DRAFT = 2  # tokens a sequence drafts before it has shown how much it copies
 # A drafted token's cost against the fixed cost of a step (reading the weights),
 # about 1 on a 2-core CPU (perf/results/*speculative*); on a GPU it is far lower.
 VERIFY_COST = 1.0

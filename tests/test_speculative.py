@@ -134,12 +134,12 @@ def test_metrics_count_drafted_and_accepted_tokens(servers):
 
 
 def test_lookup_takes_the_longest_then_the_latest_match():
-    t = np.array([1, 2, 3, 9, 9, 5, 2, 3, 7, 7, 1, 2, 3], np.int32)
-    assert lookup(t, 2).tolist() == [9, 9]  # "1 2 3" matches at the start; "2 3" alone, later, is shorter
+    t = np.array([1, 2, 3, 4, 9, 9, 5, 2, 3, 4, 7, 7, 1, 2, 3, 4], np.int32)
+    assert lookup(t, 2).tolist() == [9, 9]  # "1 2 3 4" matches at the start; "2 3 4" alone, later, is shorter
     t = np.array([4, 2, 3, 8, 5, 2, 3, 6, 0, 2, 3], np.int32)
-    assert lookup(t, 3) is None  # no match of three tokens
-    t = np.array([1, 2, 3, 8, 1, 2, 3, 6, 1, 2, 3], np.int32)
-    assert lookup(t, 5).tolist() == [6, 1, 2, 3]  # the latest of two equal matches, up to the text's end
+    assert lookup(t, 3) is None  # no match of four tokens
+    t = np.array([1, 2, 3, 4, 8, 1, 2, 3, 4, 6, 1, 2, 3, 4], np.int32)
+    assert lookup(t, 5).tolist() == [6, 1, 2, 3, 4]  # the latest of two equal matches, up to the text's end
 
 
 def test_yaml_config_and_bad_settings(tmp_path):
