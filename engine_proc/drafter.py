@@ -10,9 +10,12 @@ row and keeps the tokens it would have sampled anyway (engine.LLMEngine._verify)
 Verifying costs prefill work: on a 2-core CPU a draft of 8 tokens makes the
 step about 5x as long as a one-token decode, so a draft pays only when most
 of it is accepted, and less so the more sequences already share the step
-(their decode is then compute-bound too). So each sequence drafts only while its recent drafts were
-accepted, and its draft grows while they are accepted whole; the rate a
-sequence must keep rises with the number of sequences in the step.
+(their decode is then compute-bound too). So each sequence drafts only while
+its recent drafts were accepted, its draft growing while they are accepted
+whole, and the share it must keep is what the engine measures: the time a
+drafted token adds to a step against a plain step's time per sequence, at
+the step's number of sequences (StepCosts). On a GPU, where verifying is
+nearly free, that share is low; on this CPU at 32 sequences, nearly all.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from engine_proc.sequence import Chunk, Sequence
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
 SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
 FIRST_DRAFT = 2  # tokens a sequence drafts before it has shown how much it copies
-# A drafted token's cost against the fixed cost of a step (reading the weights),
-# about 1 on a 2-core CPU (perf/results/*speculative*); on a GPU it is far lower.
+# Until the engine has timed both kinds of step, a drafted token is taken to cost
+# what a step of one sequence costs (its weights read) about, as on a 2-core CPU.
 VERIFY_COST = 1.0
+COST_MEMORY = 0.9  # weight of the earlier timings in StepCosts' running means
 # Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
 STEP_DRAFT_ROWS = 128
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
@@ -55,14 +59,13 @@ class Drafter:
         self.step_drafted: list[int] = []  # per step that drafted, until the engine's next stats
         self.step_accepted: list[int] = []
         self._drafted = self._accepted = 0  # this step's
+        self.costs = StepCosts()
 
     def draft(self, decode: list[Chunk], budget: int) -> None:
         """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
         n = len(decode)
         budget = min(budget, STEP_DRAFT_ROWS)
-        # A draft pays when the share of it accepted beats what its tokens cost against
-        # the step's: with n sequences decoding, rate > n * VERIFY_COST / (1 + n * VERIFY_COST).
-        need = n * VERIFY_COST / (1 + n * VERIFY_COST)
+        need = self.costs.break_even(n)
         drafted: list[Chunk] = []
         for chunk in decode:
             seq = chunk.seq
@@ -110,13 +113,45 @@ class Drafter:
             d.misses += 1
             d.rest = (1 << min(d.misses, 6)) - 1  # 1, 3, 7 ... 63 steps
 
-    def end_step(self) -> None:
+    def end_step(self, n: int, seconds: float) -> None:
+        """The step's decode of ``n`` sequences (and the drafts) took ``seconds``."""
+        self.costs.observe(n, self._drafted, seconds)
         if self._drafted:
             self.drafted += self._drafted
             self.accepted += self._accepted
             self.step_drafted.append(self._drafted)
             self.step_accepted.append(self._accepted)
             self._drafted = self._accepted = 0
+
+
+class StepCosts:
+    """Running means of what decode steps of n sequences cost: without drafts, and per drafted token."""
+
+    def __init__(self):
+        self.plain: dict[int, float] = {}  # sequences -> seconds of a step without drafts
+        self.per_draft: dict[int, float] = {}  # sequences -> seconds a drafted token adds to their step
+
+    def observe(self, n: int, drafted: int, seconds: float) -> None:
+        plain = self.plain.get(n)
+        if not drafted:
+            self.plain[n] = _mean(plain, seconds)
+        elif plain is not None:
+            self.per_draft[n] = _mean(self.per_draft.get(n), max(seconds - plain, 0.0) / drafted)
+
+    def break_even(self, n: int) -> float:
+        """The share of a draft that must be kept for drafting to pay at n sequences.
+
+        A kept token saves a plain step's time per sequence; every drafted
+        token costs per_draft.
+        """
+        plain, per_draft = self.plain.get(n), self.per_draft.get(n)
+        if not plain or per_draft is None:
+            return n * VERIFY_COST / (1 + n * VERIFY_COST)
+        return min(1.0, per_draft * n / plain)
+
+
+def _mean(mean: float | None, x: float) -> float:
+    return x if mean is None else COST_MEMORY * mean + (1 - COST_MEMORY) * x
 
 
 def lookup(tokens: np.ndarray, k: int) -> np.ndarray | None:

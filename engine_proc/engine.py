@@ -74,9 +74,13 @@ class LLMEngine:
         done: list[Sequence] = []
         if step.decode:
             # Drafts only in steps without prompt work: those are compute-bound already.
-            if self.drafter is not None and not step.prefill:
+            drafting = self.drafter is not None and not step.prefill
+            if drafting:
                 self.drafter.draft(step.decode, self.runner.token_budget - len(step.decode))
+            t_decode = time.perf_counter()
             self._run(step.decode, outputs, done)
+            if drafting:
+                self.drafter.end_step(len(step.decode), time.perf_counter() - t_decode)
         # Prompt chunks share one llama_decode (llama.cpp batches them far better than
         # one by one), but for exact mode's blocks and scored chunks (every row's logits).
         alone = [c for c in step.prefill if self.scheduler.exact or c.scores]
@@ -87,8 +91,6 @@ class LLMEngine:
             self._run([chunk], outputs, done)
         if done:
             self._release(self.scheduler.remove({s.id for s in done}))
-        if self.drafter is not None:
-            self.drafter.end_step()
         self.embedded = []
         if self.embedder.jobs:  # in what the generation left of the budget
             used = len(step.decode) + sum(c.end - c.start for c in step.prefill)

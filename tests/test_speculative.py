@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cllm.config import ConfigError, load_config
-from engine_proc.drafter import lookup
+from engine_proc.drafter import StepCosts, lookup
 from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value
 
@@ -150,3 +150,14 @@ def test_yaml_config_and_bad_settings(tmp_path):
         config.write_text(bad)
         with pytest.raises(ConfigError, match="spec-type|draft-max"):
             load_config(str(config), {})
+
+
+def test_the_share_a_draft_must_keep_comes_from_measured_steps():
+    costs = StepCosts()
+    assert costs.break_even(1) == 0.5  # the prior, until both kinds of step are timed
+    costs.observe(8, 0, 0.040)  # 8 sequences, no draft: 5 ms a token
+    costs.observe(8, 20, 0.120)  # 20 drafted tokens added 80 ms: 4 ms each
+    assert costs.break_even(8) == pytest.approx(0.8)
+    costs.observe(32, 0, 0.100)
+    costs.observe(32, 10, 0.140)  # 4 ms a drafted token against ~3 ms a token: never worth it
+    assert costs.break_even(32) == 1.0
