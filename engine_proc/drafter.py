@@ -66,6 +66,8 @@ class Drafter:
         n = len(decode)
         budget = min(budget, STEP_DRAFT_ROWS)
         need = self.costs.break_even(n)
+        if need >= 1.0:
+            return
         drafted: list[Chunk] = []
         for chunk in decode:
             seq = chunk.seq
@@ -142,10 +144,12 @@ class StepCosts:
         """The share of a draft that must be kept for drafting to pay at n sequences.
 
         A kept token saves a plain step's time per sequence; every drafted
-        token costs per_draft.
+        token costs per_draft. 1 or more: do not draft.
         """
         plain, per_draft = self.plain.get(n), self.per_draft.get(n)
-        if not plain or per_draft is None:
+        if plain is None:
+            return 1.0  # no draft until a plain step of n sequences is timed
+        if per_draft is None or plain <= 0:
             return n * VERIFY_COST / (1 + n * VERIFY_COST)
         return min(1.0, per_draft * n / plain)
 

@@ -154,7 +154,9 @@ def test_yaml_config_and_bad_settings(tmp_path):
 
 def test_the_share_a_draft_must_keep_comes_from_measured_steps():
     costs = StepCosts()
-    assert costs.break_even(1) == 0.5  # the prior, until both kinds of step are timed
+    assert costs.break_even(1) == 1.0  # no draft before a plain step of one sequence is timed
+    costs.observe(1, 0, 0.008)
+    assert costs.break_even(1) == 0.5  # the prior, until a step with drafts is timed too
     costs.observe(8, 0, 0.040)  # 8 sequences, no draft: 5 ms a token
     costs.observe(8, 20, 0.120)  # 20 drafted tokens added 80 ms: 4 ms each
     assert costs.break_even(8) == pytest.approx(0.8)
