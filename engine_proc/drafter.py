@@ -33,6 +33,7 @@ FIRST_DRAFT = 2  # tokens a sequence drafts before it has shown how much it copi
 # what a step of one sequence costs (its weights read) about, as on a 2-core CPU.
 VERIFY_COST = 1.0
 COST_MEMORY = 0.9  # weight of the earlier timings in StepCosts' running means
+PROBE_STEPS = 64  # steps without drafts, where they do not pay, before trying again
 # Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
 STEP_DRAFT_ROWS = 128
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
@@ -60,6 +61,7 @@ class Drafter:
         self.step_accepted: list[int] = []
         self._drafted = self._accepted = 0  # this step's
         self.costs = StepCosts()
+        self._unpaid = 0  # steps since drafting last paid or was tried
 
     def draft(self, decode: list[Chunk], budget: int) -> None:
         """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
@@ -67,7 +69,11 @@ class Drafter:
         budget = min(budget, STEP_DRAFT_ROWS)
         need = self.costs.break_even(n)
         if need >= 1.0:
-            return
+            self._unpaid += 1
+            if self._unpaid < PROBE_STEPS or n not in self.costs.plain:
+                return
+            need = prior(n)  # now and then, to see whether drafting pays again
+        self._unpaid = 0
         drafted: list[Chunk] = []
         for chunk in decode:
             seq = chunk.seq
@@ -137,21 +143,27 @@ class StepCosts:
         plain = self.plain.get(n)
         if not drafted:
             self.plain[n] = _mean(plain, seconds)
-        elif plain is not None:
-            self.per_draft[n] = _mean(self.per_draft.get(n), max(seconds - plain, 0.0) / drafted)
+        elif plain is not None:  # starting from the prior's figure, so that one noisy step decides nothing
+            start = self.per_draft.get(n, prior(n) * plain / n)
+            self.per_draft[n] = _mean(start, max(seconds - plain, 0.0) / drafted)
 
     def break_even(self, n: int) -> float:
-        """The share of a draft that must be kept for drafting to pay at n sequences.
+        """The share of a draft that must be kept for drafting to pay at n sequences; 1 or more: do not draft.
 
         A kept token saves a plain step's time per sequence; every drafted
-        token costs per_draft. 1 or more: do not draft.
+        token costs per_draft. A sequence alone goes by the prior, so that it
+        drafts the same way every run and its seeded text repeats.
         """
         plain, per_draft = self.plain.get(n), self.per_draft.get(n)
         if plain is None:
             return 1.0  # no draft until a plain step of n sequences is timed
-        if per_draft is None or plain <= 0:
-            return n * VERIFY_COST / (1 + n * VERIFY_COST)
+        if n == 1 or per_draft is None or plain <= 0:
+            return prior(n)
         return min(1.0, per_draft * n / plain)
+
+
+def prior(n: int) -> float:
+    return n * VERIFY_COST / (1 + n * VERIFY_COST)
 
 
 def _mean(mean: float | None, x: float) -> float:
