@@ -46,7 +46,7 @@ REPLIES = [
 ]
 
 
-def _fed(reply: str, closing: str | None, cuts: list[int], harmony: bool = False) -> tuple[str, str]:
+def _fed(reply: str, closing: str | None, cuts: list[int], harmony: bool) -> tuple[str, str]:
     splitter = HarmonySplitter(closing is not None) if harmony else ReasoningSplitter(closing)
     parts = []
     for start, end in zip([0, *cuts], [*cuts, len(reply)]):
@@ -56,34 +56,25 @@ def _fed(reply: str, closing: str | None, cuts: list[int], harmony: bool = False
     return "".join(t for k, t in parts if k == REASONING), "".join(t for k, t in parts if k == CONTENT)
 
 
-@pytest.mark.parametrize("reply,closing,reasoning,answer", REPLIES)
-def test_split_whole_and_in_every_piece_size(reply, closing, reasoning, answer):
-    assert split(reply, closing) == (reasoning, answer)
-    for cut in range(1, len(reply)):  # two pieces, cut at every position (markers split included)
-        assert _fed(reply, closing, [cut]) == (reasoning, answer), cut
-    for size in (1, 2, 3, 5):  # token-sized pieces
-        assert _fed(reply, closing, list(range(size, len(reply), size))) == (reasoning, answer), size
-
-
 # gpt-oss, in the harmony format its template asks for (the prompt ends with "<|start|>assistant"):
-# (reply with its control tokens shown, the prompt opened the analysis channel, reasoning, answer).
+# (reply with its control tokens shown, "<|end|>" if the prompt opened the analysis channel, reasoning, answer).
 HARMONY = [
     (
         '<|channel|>analysis<|message|>User asks: "What is the capital of France?" Simple: Paris.<|end|>'
         "<|start|>assistant<|channel|>final<|message|>The capital of France is **Paris**.",
-        False,
+        None,
         'User asks: "What is the capital of France?" Simple: Paris.',
         "The capital of France is **Paris**.",
     ),
     # Low effort, no analysis.
-    ("<|channel|>final<|message|>Paris.", False, "", "Paris."),
+    ("<|channel|>final<|message|>Paris.", None, "", "Paris."),
     # Cut by max_tokens while thinking.
-    ("<|channel|>analysis<|message|>We need to count: one, two", False, "We need to count: one, two", ""),
+    ("<|channel|>analysis<|message|>We need to count: one, two", None, "We need to count: one, two", ""),
     # A preamble on the commentary channel is the answer's; the stray commentary prefix gpt-oss-20b writes is dropped.
     (
         "<|channel|>commentary<|channel|>analysis<|message|>Plan it.<|end|><|start|>assistant<|channel|>commentary<|message|>"
         "Let me check. <|end|><|start|>assistant<|channel|>final<|message|>Done: 4 < 5.",
-        False,
+        None,
         "Plan it.",
         "Let me check. Done: 4 < 5.",
     ),
@@ -91,27 +82,28 @@ HARMONY = [
     (
         "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
         '<|constrain|>json<|message|>{"city": "Paris"}',
-        False,
+        None,
         "Need the weather.",
         '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
     ),
     # The template opened the analysis channel.
-    ("Short.<|end|><|start|>assistant<|channel|>final<|message|>Paris.", True, "Short.", "Paris."),
+    ("Short.<|end|><|start|>assistant<|channel|>final<|message|>Paris.", "<|end|>", "Short.", "Paris."),
     # A model that does not write harmony: all answer; markers the answer mentions are the answer's.
-    ("Paris <|end|> is the capital.", False, "", "Paris <|end|> is the capital."),
-    ("<|channel|>final<|message|>Write <|end|> or <|start|>.", False, "", "Write <|end|> or <|start|>."),
-    ("<|start|>tail", False, "", "<|start|>tail"),
+    ("Paris <|end|> is the capital.", None, "", "Paris <|end|> is the capital."),
+    ("<|channel|>final<|message|>Write <|end|> or <|start|>.", None, "", "Write <|end|> or <|start|>."),
+    ("<|start|>tail", None, "", "<|start|>tail"),
 ]
 
 
-@pytest.mark.parametrize("reply,opened,reasoning,answer", HARMONY)
-def test_harmony_split_whole_and_in_every_piece_size(reply, opened, reasoning, answer):
-    closing = "<|end|>" if opened else None
-    assert _fed(reply, closing, [], harmony=True) == (reasoning, answer)
-    for cut in range(1, len(reply)):  # markers split included
-        assert _fed(reply, closing, [cut], harmony=True) == (reasoning, answer), cut
-    for size in (1, 2, 3, 7):
-        assert _fed(reply, closing, list(range(size, len(reply), size)), harmony=True) == (reasoning, answer), size
+@pytest.mark.parametrize("reply,closing,reasoning,answer,harmony", [(*r, False) for r in REPLIES] + [(*r, True) for r in HARMONY])
+def test_split_whole_and_in_every_piece_size(reply, closing, reasoning, answer, harmony):
+    if not harmony:
+        assert split(reply, closing) == (reasoning, answer)
+    assert _fed(reply, closing, [], harmony) == (reasoning, answer)
+    for cut in range(1, len(reply)):  # two pieces, cut at every position (markers split included)
+        assert _fed(reply, closing, [cut], harmony) == (reasoning, answer), cut
+    for size in (1, 2, 3, 5, 7):  # token-sized pieces
+        assert _fed(reply, closing, list(range(size, len(reply), size)), harmony) == (reasoning, answer), size
 
 
 def test_harmony_header_without_message_marker_is_the_answer():
