@@ -13,7 +13,7 @@
     TTFT of each turn for both, and the prompt tokens the prefix cache served.
 Usage:
     .venv/bin/python -m perf.front_doors [--model PATH] [--concurrency 1,8] [--rounds 3] [--gen-tokens 64] [--turns 6]
-        [--max-others 0.5] [--tries 3]
+        [--max-others 0.5] [--tries 3] [--patience 60]
 """
 
 from __future__ import annotations
@@ -40,8 +40,15 @@ def _busy_seconds() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
+def wait_quiet(max_others: float, patience: float) -> None:
+    """Wait (at most `patience` seconds) until the machine is busy on fewer than `max_others` cores (this bench is idle then)."""
+    deadline = time.monotonic() + patience
+    while psutil.cpu_percent(interval=3) / 100 * psutil.cpu_count() > max_others and time.monotonic() < deadline:
+        pass
+
+
 def measured_cell(url: str, pid: int, route: str, c: int, requests: int, prompt_tokens: int, gen_tokens: int,
-                  max_others: float, tries: int) -> dict:
+                  max_others: float, tries: int, patience: float) -> dict:
     """One cell, repeated (up to `tries` times) while other work used more than `max_others` cores during it.
 
     Records with it the 1-minute load average at its end (what `uptime` shows:
@@ -49,6 +56,7 @@ def measured_cell(url: str, pid: int, route: str, c: int, requests: int, prompt_
     processes kept busy meanwhile (the machine's busy time less this bench's).
     """
     for attempt in range(tries):
+        wait_quiet(max_others, patience)
         busy0 = _busy_seconds()
         cell = http_load.run_cell(url, http_load.make_dialect(route), c, requests, prompt_tokens, gen_tokens, True, pids=[pid], progress=False)
         ours = sum(cell["cpu_seconds"].values()) + cell["client_cpu_seconds"]
@@ -63,7 +71,7 @@ def measured_cell(url: str, pid: int, route: str, c: int, requests: int, prompt_
 
 
 def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, gen_tokens: int, prompt_tokens: int,
-                   max_others: float, tries: int) -> dict:
+                   max_others: float, tries: int, patience: float) -> dict:
     results: dict = {}
     for c in concurrencies:
         requests = 4 * c if c > 1 else 6
@@ -71,7 +79,7 @@ def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, ge
         for r in range(rounds):
             order = ROUTES[r % 3 :] + ROUTES[: r % 3]  # each route goes first in turn
             for route in order:
-                cells[route].append(measured_cell(url, pid, route, c, requests, prompt_tokens, gen_tokens, max_others, tries))
+                cells[route].append(measured_cell(url, pid, route, c, requests, prompt_tokens, gen_tokens, max_others, tries, patience))
         results[c] = {
             route: {
                 "tokens_per_second": statistics.mean(x["tokens_per_second"] for x in cs),
@@ -138,12 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-others", type=float, default=0.5, help="a cell during which other work kept more cores busy is run again")
     ap.add_argument("--tries", type=int, default=3, help="most runs of one cell")
+    ap.add_argument("--patience", type=float, default=60.0, help="seconds to wait for a quiet machine before each run of a cell")
     args = ap.parse_args(argv)
     settings = servers.Settings(resolve_model(args.model), args.threads, 8, 2048)
     with servers.start("cllm", settings, label="cllm-front-doors") as server:
         http_load.warm_up(server.url, http_load.make_dialect("chat"), 8)
         routes = compare_routes(server.url, server.proc.pid, [int(c) for c in args.concurrency.split(",")], args.rounds, args.gen_tokens, args.prompt_tokens,
-                                args.max_others, args.tries)
+                                args.max_others, args.tries, args.patience)
         turns = compare_continuation(server.url, args.turns, args.gen_tokens)
     print(f"\n{args.rounds} rounds, {args.gen_tokens} tokens, streamed, {args.threads} threads; load average {os.getloadavg()[0]:.1f}\n")
     print("| c | route | tok/s | x chat | TTFT p50 (s) | x chat | frontend CPU ms/token | x chat | load (1 min) | others' cores | runs |")
