@@ -121,8 +121,10 @@ class LLMEngine:
                 out = SeqOutput(seq.id, None, "length")
             else:
                 out = self._sample(seq, row)
-            if chunk.scores:  # its first output carries the prompt's
-                out.prompt_logprobs = seq.prompt_logprobs
+            if chunk.start < len(seq.prompt):  # its first output: what the prefix cache served, the prompt's logprobs
+                out.cached_tokens = seq.reused
+                if chunk.scores:
+                    out.prompt_logprobs = seq.prompt_logprobs
             outputs.append(out)
             if out.finish:
                 done.append(seq)

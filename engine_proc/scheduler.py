@@ -162,7 +162,7 @@ class Scheduler:
         if self.cache is None:
             seq.slot = heapq.heappop(self.free_slots)
         else:
-            seq.n_cached = self._reuse_prefix(seq)
+            seq.n_cached = seq.reused = self._reuse_prefix(seq)
         self.running.append(seq)
 
     def _reuse_prefix(self, seq: Sequence) -> int:

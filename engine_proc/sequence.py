@@ -22,6 +22,7 @@ class Sequence:
     sampler: SeqSampler
     slot: int = -1  # its KV stream / llama.cpp seq_id while running
     n_cached: int = 0  # tokens whose KV cells are filled
+    reused: int = 0  # prompt tokens the prefix cache served when it was admitted
     output: list[int] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # when its params ask
     drafting: Drafting | None = None  # its speculation, once it decodes with the engine's drafter

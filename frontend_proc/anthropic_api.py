@@ -10,7 +10,9 @@ the OpenAI route (frontend_proc.tools, frontend_proc.tool_parser). Errors take A
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -54,6 +56,8 @@ from frontend_proc.reasoning import REASONING
 from frontend_proc.tools import Tool, ToolPlan
 
 _PATH = "/v1/messages"
+PING_SECONDS = 5.0  # between pings while a stream waits for its first token, as Anthropic keeps idle streams alive
+_PING = sse_event("ping", {"type": "ping"})
 
 
 def _refuse(block: ImageBlock | DocumentBlock, param: str) -> ApiError:
@@ -199,29 +203,55 @@ def _arguments(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+async def _first(parts: AsyncIterator[list[tuple]]) -> AsyncIterator[bytes | list[tuple]]:
+    """Pings every PING_SECONDS until the first piece of the reply comes (queued, or a long prefill), then that piece.
+
+    Only the wait for the first piece is watched: every later one is awaited
+    as it is, so the pings cost nothing per token.
+    """
+    first = asyncio.ensure_future(anext(parts, []))
+    try:
+        while not (await asyncio.wait((first,), timeout=PING_SECONDS))[0]:
+            yield _PING
+        yield first.result()
+    finally:
+        first.cancel()
+
+
 async def _events(gen: Generation, prompt: ChatPrompt, model: str):
-    """message_start, ping, per block start/deltas/stop, message_delta, message_stop."""
+    """message_start, ping, per block start/deltas/stop, message_delta, message_stop; pings while the reply waits."""
     choice, reply = gen.choices[0], prompt.reply()
+    index, kind = -1, None  # the open block
+
+    def events(parts: list[tuple]) -> bytes:
+        nonlocal index, kind
+        out = []
+        for part_kind, part in parts:
+            opens = part_kind != kind or (kind == CALL and part.id is not None)
+            if opens:
+                if kind is not None:
+                    out.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+                index, kind = index + 1, part_kind
+                block = _block(kind, "" if kind != CALL else part)
+                out.append(sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
+            if kind != CALL or part.arguments:
+                delta = {"type": "content_block_delta", "index": index, "delta": _delta(kind, part)}
+                out.append(sse_event("content_block_delta", delta))
+        return b"".join(out)
+
     try:
         start = _message(gen, model)
         start["usage"]["output_tokens"] = 0
-        yield sse_event("message_start", {"type": "message_start", "message": start}) + sse_event("ping", {"type": "ping"})
-        index, kind = -1, None  # the open block
-        async for parts in reply_parts(gen, reply):
-            out = []
-            for part_kind, part in parts:
-                opens = part_kind != kind or (kind == CALL and part.id is not None)
-                if opens:
-                    if kind is not None:
-                        out.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
-                    index, kind = index + 1, part_kind
-                    block = _block(kind, "" if kind != CALL else part)
-                    out.append(sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
-                if kind != CALL or part.arguments:
-                    delta = {"type": "content_block_delta", "index": index, "delta": _delta(kind, part)}
-                    out.append(sse_event("content_block_delta", delta))
-            if out:
-                yield b"".join(out)
+        yield sse_event("message_start", {"type": "message_start", "message": start}) + _PING
+        parts = reply_parts(gen, reply)
+        async for first in _first(parts):
+            if first is _PING:
+                yield _PING
+            elif out := events(first):
+                yield out
+        async for later in parts:
+            if out := events(later):
+                yield out
         if choice.finish == "error":
             raise generation.engine_refused()
         end = []

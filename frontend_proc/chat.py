@@ -23,7 +23,7 @@ from frontend_proc.errors import ApiError
 from frontend_proc.generation import Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.openai_schemas import ResponseFormat
-from frontend_proc.reasoning import CONTENT, ReasoningSplitter, opened_in_prompt
+from frontend_proc.reasoning import CONTENT, HARMONY_TOKENS, Splitter, is_harmony, splitter_factory
 from frontend_proc.tokenizer import Tokenizer
 from frontend_proc.tool_parser import ToolCall, ToolCallParser
 from frontend_proc.tools import Tool, ToolError, ToolFormat, ToolPlan, generic_messages, plan
@@ -64,12 +64,15 @@ class ChatPrompt:
     def __init__(self, st: AppState, text: str, tool_plan: ToolPlan | None = None):
         self.tokens = st.tokenizer.encode(text)
         self.tool_plan = tool_plan
-        self._split = st.config.reasoning_format == "auto"
-        self._closing = opened_in_prompt(text) if self._split else None
+        harmony = is_harmony(st.chat_template.source)
+        self._new_splitter = splitter_factory(text, harmony) if st.config.reasoning_format == "auto" else None
+        # The reply's text must show the control tokens it is read by: a tool-call opener, harmony's markers.
+        shown = shown_tokens(tool_plan, st.tokenizer) if tool_plan is not None else frozenset()
+        self.shown = (shown | st.tokenizer.control_tokens(HARMONY_TOKENS)) if harmony else shown
 
-    def splitter(self) -> ReasoningSplitter | None:
+    def splitter(self) -> Splitter | None:
         """A splitter for one reply; None when thinking is left in the text (--reasoning-format none)."""
-        return ReasoningSplitter(self._closing) if self._split else None
+        return self._new_splitter() if self._new_splitter is not None else None
 
     def split(self, text: str) -> list[tuple[str, str]]:
         """The reasoning and answer parts of a whole reply."""
@@ -82,9 +85,8 @@ class ChatPrompt:
         return Reply(self.splitter(), self.tool_plan)
 
     async def start(self, st: AppState, sampling: SamplingParams, *, stops: Sequence[str] = (), stream: bool, param: str) -> Generation:
-        """Generate the reply down the one path, with the tool-call opener shown in the text if it is a control token."""
-        shown = shown_tokens(self.tool_plan, st.tokenizer) if self.tool_plan is not None else frozenset()
-        return await generation.start(st, [self.tokens], sampling, stops=stops, stream=stream, prompt_param=param, shown=shown)
+        """Generate the reply down the one path."""
+        return await generation.start(st, [self.tokens], sampling, stops=stops, stream=stream, prompt_param=param, shown=self.shown)
 
 
 async def reply_parts(gen: Generation, reply: Reply) -> AsyncIterator[list[tuple]]:
@@ -108,7 +110,7 @@ def constraint(output: str | None, plan: ToolPlan | None, ignore_eos: bool, form
 class Reply:
     """One reply read piece by piece: thinking apart, then tool calls out of the answer."""
 
-    def __init__(self, splitter: ReasoningSplitter | None, tool_plan: ToolPlan | None):
+    def __init__(self, splitter: Splitter | None, tool_plan: ToolPlan | None):
         self._splitter = splitter
         self._parser = ToolCallParser(tool_plan.format) if tool_plan is not None and tool_plan.parse else None
 

@@ -43,6 +43,7 @@ from cllm.protocol import (
     Hello,
     ModelInfo,
     SamplingParams,
+    SeqOutput,
     StepOutputs,
     Submit,
     TokenLogprobs,
@@ -63,7 +64,8 @@ class RequestStream:
     """Tokens of one request as they arrive from the engine."""
 
     __slots__ = (
-        "id", "owner", "prompt_tokens", "tokens", "logprobs", "prompt_logprobs", "finish", "error", "t_submit", "t_first", "t_done", "timer",
+        "id", "owner", "prompt_tokens", "tokens", "logprobs", "prompt_logprobs", "cached_tokens", "finish", "error", "t_submit", "t_first",
+        "t_done", "timer",
         "_tail", "_event", "_per_step",
     )
 
@@ -74,6 +76,7 @@ class RequestStream:
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprobs] = []  # one per token, when the request asked for them
         self.prompt_logprobs: list[TokenLogprobs] = []  # one per prompt token after the first, when asked
+        self.cached_tokens = 0  # of the prompt, served by the engine's prefix cache
         self.finish: str | None = None
         self.error: ApiError | None = None  # why it ended early: timeout, hang-up, engine death
         self.t_submit = time.perf_counter()
@@ -91,14 +94,18 @@ class RequestStream:
             return None
         return (self.t_done - self.t_first) / (outputs - 1)
 
-    def _push(self, token: int | None, finish: str | None, logprobs: TokenLogprobs | None) -> None:
+    def _push(self, out: SeqOutput) -> None:
+        token, finish = out.token, out.finish
         if token is not None:
             if self.t_first is None:
                 self.t_first = time.perf_counter()
+                self.cached_tokens = out.cached_tokens  # the first output says it
             self.tokens.append(token)
-            if logprobs is not None:
-                self.logprobs.append(logprobs)
+            if out.logprobs is not None:
+                self.logprobs.append(out.logprobs)
         if finish is not None:
+            if self.t_first is None:  # ended at its first output, without a token
+                self.cached_tokens = out.cached_tokens
             self.finish = finish
             self.t_done = time.perf_counter()
             self._tail = token is None
@@ -341,7 +348,7 @@ class EngineClient:
                         if stream is not None:
                             if out.prompt_logprobs is not None:
                                 stream.prompt_logprobs = out.prompt_logprobs
-                            stream._push(out.token, out.finish, out.logprobs)
+                            stream._push(out)
                             if out.finish is not None:
                                 del streams[out.id]
                 elif type(msg) is Embeddings:

@@ -59,7 +59,7 @@ async def start(
         for choice in choices:
             choice.abort()
         raise
-    gen = Generation(choices, sum(map(len, prompts)))
+    gen = Generation(choices, sum(map(len, prompts)), n)
     observe.track(gen)
     return gen
 
@@ -163,13 +163,19 @@ class Choice:
 class Generation:
     """The choices of one request."""
 
-    def __init__(self, choices: list[Choice], prompt_tokens: int):
+    def __init__(self, choices: list[Choice], prompt_tokens: int, n: int = 1):
         self.choices = choices
         self.prompt_tokens = prompt_tokens
+        self._n = n  # choices per prompt
 
     @property
     def completion_tokens(self) -> int:
         return sum(c.n_tokens for c in self.choices)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the engine's prefix cache served (a prompt's first choice says, once it has begun)."""
+        return sum(c.stream.cached_tokens for c in self.choices[:: self._n])
 
     async def texts(self, request: Request) -> list[str]:
         """Every choice's whole text, once all are done; the client hanging up first cancels them."""

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from cllm.protocol import TokenLogprobs
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, model_state, sse, sse_response, state
-from frontend_proc.chat import ChatPrompt, join, shown_tokens, template_context
+from frontend_proc.chat import ChatPrompt, join, template_context
 from frontend_proc.cllm_api import GENERATE_ERRORS
 from frontend_proc.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
@@ -65,7 +65,9 @@ async def _start(
     prompt_param: str,
     tool_plan: ToolPlan | None = None,
     prompt_logprobs: int | None = None,
+    shown: frozenset[int] = frozenset(),
 ) -> Generation:
+    """shown: control tokens the text must show (see ChatPrompt)."""
     n_vocab = st.tokenizer.n_vocab
     for token in body.logit_bias or ():
         if not 0 <= token < n_vocab:
@@ -90,7 +92,7 @@ async def _start(
         stops=body.stops,
         stream=body.stream,
         prompt_param=prompt_param,
-        shown=shown_tokens(tool_plan, st.tokenizer) if tool_plan is not None else frozenset(),
+        shown=shown,
     )
 
 
@@ -99,6 +101,7 @@ def _usage(gen: Generation) -> dict:
         "prompt_tokens": gen.prompt_tokens,
         "completion_tokens": gen.completion_tokens,
         "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": gen.cached_tokens},
     }
 
 
@@ -281,10 +284,10 @@ async def chat_completions(request: Request) -> Response:
     info = generation.engine_info(st)
     tool_plan = chat_plan(body, st.chat_template, st.tokenizer.vocab)
     context = template_context(effort=body.reasoning_effort, kwargs=body.chat_template_kwargs)
-    prompt = ChatPrompt(st, chat_prompt(body, st.chat_template, tool_plan, context))
+    prompt = ChatPrompt(st, chat_prompt(body, st.chat_template, tool_plan, context), tool_plan)
     max_tokens = body.max_completion_tokens or body.max_tokens or info.seq_ctx  # default: what the sequence holds
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    gen = await _start(st, body, [prompt.tokens], max_tokens, logprobs, "messages", tool_plan)
+    gen = await _start(st, body, [prompt.tokens], max_tokens, logprobs, "messages", tool_plan, shown=prompt.shown)
     head = _head(gen, "chatcmpl", "chat.completion.chunk" if body.stream else "chat.completion", st)
     outputs = [ChatOutput(tool_plan) for _ in gen.choices]
     splitters = [prompt.splitter() for _ in gen.choices]  # thinking apart from the answer, which is read for calls

@@ -10,6 +10,11 @@ comparison a piece.
 
 Only a block at the start of the reply is reasoning, as in llama-server: a
 marker the answer mentions later stays in the answer.
+
+gpt-oss writes OpenAI's harmony format instead: messages on channels,
+``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...``.
+Its markers are control tokens, which detokenization drops unless told to
+show them (HARMONY_TOKENS, see ChatPrompt); HarmonySplitter reads them.
 """
 
 from __future__ import annotations
@@ -25,6 +30,20 @@ MARKERS = (
     ("<|START_THINKING|>", "<|END_THINKING|>"),  # Command A reasoning
 )
 _START, _THINKING, _AFTER, _ANSWER = range(4)
+_HEADER, _BODY, _VERBATIM = range(4, 7)  # harmony: a header, a message's text, a call's text (as written)
+
+
+# Harmony's markers: what the frontend must see of the reply (control tokens, written out).
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
+_HARMONY_HEADS = ("<|start|>", "<|channel|>")  # what a harmony message starts with
+_MESSAGE, _END = "<|message|>", "<|end|>"
+_ANALYSIS = "<|channel|>analysis" + _MESSAGE
+_MAX_HEADER = 256  # a header this long without <|message|> is not one: the text is the answer's
+
+
+def is_harmony(template_source: str) -> bool:
+    """The chat template is gpt-oss's harmony format (llama.cpp detects it the same way)."""
+    return "<|channel|>" in template_source
 
 
 def opened_in_prompt(prompt: str) -> str | None:
@@ -91,6 +110,101 @@ class ReasoningSplitter:
         if not held or (self._fresh and not held.strip()):
             return []
         return [(REASONING if self._state == _THINKING else CONTENT, held)]
+
+
+class HarmonySplitter:
+    """Splits a harmony reply fed piece by piece: the analysis channel is reasoning, final and commentary the answer.
+
+    A message addressed to a recipient (`` to=functions.f``, a tool call in
+    harmony's own syntax) is left in the answer as written. Past the final
+    channel's header every piece passes straight through.
+    """
+
+    def __init__(self, in_analysis: bool = False):
+        """in_analysis: the prompt ends with the analysis channel's header (see opened_in_harmony)."""
+        self._state = _BODY if in_analysis else _HEADER
+        self._kind = REASONING
+        self._held = ""
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        if self._state == _ANSWER:
+            return [(CONTENT, text)] if text else []
+        text, self._held = self._held + text, ""
+        parts: list[tuple[str, str]] = []
+        while text:
+            if self._state == _HEADER:
+                text = self._header(text, parts)
+            else:
+                text = self._body(text, parts)
+        return parts
+
+    def _header(self, text: str, parts: list) -> str:
+        """Read a message's header; what follows it is left to read, what cannot be one is the answer."""
+        head = text.lstrip()
+        cut = head.find(_MESSAGE)
+        if not head.startswith(_HARMONY_HEADS) or (cut < 0 and len(head) > _MAX_HEADER):
+            if cut < 0 and any(h.startswith(head) for h in _HARMONY_HEADS):  # only whitespace, or part of a marker
+                self._held = text
+                return ""
+            self._state = _ANSWER
+            parts.append((CONTENT, text))
+            return ""
+        if cut < 0:
+            self._held = text
+            return ""
+        header, body = head[:cut], head[cut + len(_MESSAGE) :]
+        channel = header.rpartition("<|channel|>")[2].split(" ", 1)[0].split("<|", 1)[0]
+        if " to=" in header:  # a call in harmony's syntax: the answer's, as written
+            self._state, self._kind = _VERBATIM, CONTENT
+            parts.append((CONTENT, head[: cut + len(_MESSAGE)]))
+        elif channel == "final":
+            self._state = _ANSWER
+            if body:
+                parts.append((CONTENT, body))
+            return ""
+        else:
+            self._state, self._kind = _BODY, REASONING if channel == "analysis" else CONTENT
+        return body
+
+    def _body(self, text: str, parts: list) -> str:
+        """A message's text up to its <|end|>, holding back what could be the start of one."""
+        cut = text.find(_END)
+        if cut < 0:
+            keep = overlap(text, _END)
+            self._held, body, rest = text[len(text) - keep :], text[: len(text) - keep], ""
+        else:
+            body, rest = text[:cut], text[cut + len(_END) :]
+            if self._state == _VERBATIM:
+                body += _END
+        if body:
+            parts.append((self._kind, body))
+        if cut >= 0:
+            self._state = _HEADER
+        return rest
+
+    def flush(self) -> list[tuple[str, str]]:
+        """What is held back once the reply is over: the open message's, or the answer's."""
+        held, self._held = self._held, ""
+        if not held or (self._state == _HEADER and not held.strip()):
+            return []
+        return [(self._kind if self._state != _HEADER else CONTENT, held)]
+
+
+def opened_in_harmony(prompt: str) -> bool:
+    """The prompt ends inside the analysis channel: its template opened it."""
+    return prompt.rstrip().endswith(_ANALYSIS)
+
+
+Splitter = ReasoningSplitter | HarmonySplitter
+
+
+def splitter_factory(prompt: str, harmony: bool):
+    """Makes a splitter for each reply to this prompt (the prompt may have opened the thinking)."""
+    if harmony:
+        in_analysis = opened_in_harmony(prompt)
+        return lambda: HarmonySplitter(in_analysis)
+    closing = opened_in_prompt(prompt)
+    return lambda: ReasoningSplitter(closing)
 
 
 def split(text: str, closing: str | None = None) -> tuple[str, str]:

@@ -154,6 +154,7 @@ def _finish(st: AppState, response: dict, gen: Generation, output: list[dict], c
     response["output_text"] = "".join(c["text"] for o in output if o["type"] == "message" for c in o["content"])
     response["usage"] = {
         "input_tokens": gen.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": gen.cached_tokens},
         "output_tokens": gen.completion_tokens,
         "total_tokens": gen.prompt_tokens + gen.completion_tokens,
     }

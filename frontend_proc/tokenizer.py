@@ -23,6 +23,7 @@ class Tokenizer:
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._control: dict[tuple[str, ...], frozenset[int]] = {}
 
     def chat_template(self, source: str | None = None) -> ChatTemplate:
         """``source``, else the file's `tokenizer.chat_template` (or a plain fallback), with its BOS and EOS."""
@@ -89,6 +90,13 @@ class Tokenizer:
         """The id of the control token written `text`, if there is one."""
         tokens = self.encode(text, add_special=False)
         return tokens[0] if len(tokens) == 1 and not self.piece(tokens[0]) else None
+
+    def control_tokens(self, texts: tuple[str, ...]) -> frozenset[int]:
+        """The ids of those of `texts` that are control tokens (looked up once)."""
+        found = self._control.get(texts)
+        if found is None:
+            found = self._control[texts] = frozenset(t for text in texts if (t := self.control_token(text)) is not None)
+        return found
 
 
 class Detokenizer:

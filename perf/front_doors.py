@@ -10,9 +10,10 @@
     /v1/responses, streamed, greedy, distinct from their first token (so they
     share no cache). One continues each turn from its stored previous
     response, the other sends its whole history as input items. Prints the
-    TTFT of each turn for both.
+    TTFT of each turn for both, and the prompt tokens the prefix cache served.
 Usage:
     .venv/bin/python -m perf.front_doors [--model PATH] [--concurrency 1,8] [--rounds 3] [--gen-tokens 64] [--turns 6]
+        [--max-others 0.5] [--tries 3] [--patience 60]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import statistics
 import time
 
 import httpx
+import psutil
 
 from cllm.model_file import resolve_model
 from cllm.bench import http_load
@@ -32,7 +34,44 @@ from perf import servers
 ROUTES = ("chat", "messages", "responses")
 
 
-def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, gen_tokens: int, prompt_tokens: int) -> dict:
+def _busy_seconds() -> float:
+    """CPU seconds every core of the machine has spent busy, whoever ran."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def wait_quiet(max_others: float, patience: float) -> None:
+    """Wait (at most `patience` seconds) until the machine is busy on fewer than `max_others` cores (this bench is idle then)."""
+    deadline = time.monotonic() + patience
+    while psutil.cpu_percent(interval=3) / 100 * psutil.cpu_count() > max_others and time.monotonic() < deadline:
+        pass
+
+
+def measured_cell(url: str, pid: int, route: str, c: int, requests: int, prompt_tokens: int, gen_tokens: int,
+                  max_others: float, tries: int, patience: float) -> dict:
+    """One cell, repeated (up to `tries` times) while other work used more than `max_others` cores during it.
+
+    Records with it the 1-minute load average at its end (what `uptime` shows:
+    this bench's own server and client included) and the cores other
+    processes kept busy meanwhile (the machine's busy time less this bench's).
+    """
+    for attempt in range(tries):
+        wait_quiet(max_others, patience)
+        busy0 = _busy_seconds()
+        cell = http_load.run_cell(url, http_load.make_dialect(route), c, requests, prompt_tokens, gen_tokens, True, pids=[pid], progress=False)
+        ours = sum(cell["cpu_seconds"].values()) + cell["client_cpu_seconds"]
+        cell["others_cores"] = max(0.0, (_busy_seconds() - busy0 - ours) / cell["seconds"])
+        cell["load1"] = os.getloadavg()[0]
+        cell["attempts"] = attempt + 1
+        if cell["errors"] or cell["short"]:
+            raise RuntimeError(f"{route} c={c}: {cell['errors']} errors, {cell['short']} short answers ({cell['first_error']})")
+        if cell["others_cores"] <= max_others:
+            break
+    return cell
+
+
+def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, gen_tokens: int, prompt_tokens: int,
+                   max_others: float, tries: int, patience: float) -> dict:
     results: dict = {}
     for c in concurrencies:
         requests = 4 * c if c > 1 else 6
@@ -40,28 +79,26 @@ def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, ge
         for r in range(rounds):
             order = ROUTES[r % 3 :] + ROUTES[: r % 3]  # each route goes first in turn
             for route in order:
-                cell = http_load.run_cell(
-                    url, http_load.make_dialect(route), c, requests, prompt_tokens, gen_tokens, True, pids=[pid], progress=False
-                )
-                if cell["errors"] or cell["short"]:
-                    raise RuntimeError(f"{route} c={c}: {cell['errors']} errors, {cell['short']} short answers ({cell['first_error']})")
-                cells[route].append(cell)
+                cells[route].append(measured_cell(url, pid, route, c, requests, prompt_tokens, gen_tokens, max_others, tries, patience))
         results[c] = {
             route: {
                 "tokens_per_second": statistics.mean(x["tokens_per_second"] for x in cs),
                 "ttft_p50": statistics.mean(x["ttft"]["p50"] for x in cs),
                 # The route's own cost: the frontend's CPU per generated token (the machine's load moves it far less).
                 "frontend_ms": statistics.mean(x["cpu_ms_per_token"]["frontend"] for x in cs),
+                "load1": [round(x["load1"], 2) for x in cs],
+                "others_cores": [round(x["others_cores"], 2) for x in cs],
+                "attempts": sum(x["attempts"] for x in cs),
             }
             for route, cs in cells.items()
         }
     return results
 
 
-def _ttft(client: httpx.Client, body: dict) -> tuple[float, str, str | None]:
-    """(TTFT, the reply's text, the response id) of one streamed /v1/responses request."""
+def _ttft(client: httpx.Client, body: dict) -> tuple[float, str, str | None, tuple[int, int]]:
+    """(TTFT, the reply's text, the response id, (cached, input) tokens) of one streamed /v1/responses request."""
     t0 = time.perf_counter()
-    ttft, text, rid = None, [], None
+    ttft, text, rid, tokens = None, [], None, (0, 0)
     with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -72,8 +109,9 @@ def _ttft(client: httpx.Client, body: dict) -> tuple[float, str, str | None]:
                 ttft = ttft if ttft is not None else time.perf_counter() - t0
                 text.append(event["delta"])
             elif event["type"] in ("response.completed", "response.incomplete"):
-                rid = event["response"]["id"]
-    return ttft, "".join(text), rid
+                rid, usage = event["response"]["id"], event["response"]["usage"]
+                tokens = (usage["input_tokens_details"]["cached_tokens"], usage["input_tokens"])
+    return ttft, "".join(text), rid, tokens
 
 
 def compare_continuation(url: str, turns: int, gen_tokens: int) -> list[dict]:
@@ -87,12 +125,13 @@ def compare_continuation(url: str, turns: int, gen_tokens: int) -> list[dict]:
             chained = {**common, "instructions": "[A] You are a helpful assistant.", "input": question}
             if previous is not None:
                 chained["previous_response_id"] = previous
-            t_chain, _, previous = _ttft(client, chained)
+            t_chain, _, previous, chain_tokens = _ttft(client, chained)
             history.append({"role": "user", "content": question})
             resent = {**common, "instructions": "[B] You are a helpful assistant.", "input": history, "store": False}
-            t_resend, reply, _ = _ttft(client, resent)
+            t_resend, reply, _, resent_tokens = _ttft(client, resent)
             history.append({"role": "assistant", "content": reply})
-            rows.append({"turn": i + 1, "previous_response_id": t_chain, "resent": t_resend})
+            rows.append({"turn": i + 1, "previous_response_id": t_chain, "resent": t_resend, "chain_tokens": chain_tokens,
+                         "resent_tokens": resent_tokens, "load1": os.getloadavg()[0]})
     return rows
 
 
@@ -105,23 +144,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=26)
     ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--max-others", type=float, default=0.5, help="a cell during which other work kept more cores busy is run again")
+    ap.add_argument("--tries", type=int, default=3, help="most runs of one cell")
+    ap.add_argument("--patience", type=float, default=60.0, help="seconds to wait for a quiet machine before each run of a cell")
     args = ap.parse_args(argv)
     settings = servers.Settings(resolve_model(args.model), args.threads, 8, 2048)
     with servers.start("cllm", settings, label="cllm-front-doors") as server:
         http_load.warm_up(server.url, http_load.make_dialect("chat"), 8)
-        routes = compare_routes(server.url, server.proc.pid, [int(c) for c in args.concurrency.split(",")], args.rounds, args.gen_tokens, args.prompt_tokens)
+        routes = compare_routes(server.url, server.proc.pid, [int(c) for c in args.concurrency.split(",")], args.rounds, args.gen_tokens, args.prompt_tokens,
+                                args.max_others, args.tries, args.patience)
         turns = compare_continuation(server.url, args.turns, args.gen_tokens)
     print(f"\n{args.rounds} rounds, {args.gen_tokens} tokens, streamed, {args.threads} threads; load average {os.getloadavg()[0]:.1f}\n")
-    print("| c | route | tok/s | x chat | TTFT p50 (s) | x chat | frontend CPU ms/token | x chat |\n|---|---|---|---|---|---|---|---|")
+    print("| c | route | tok/s | x chat | TTFT p50 (s) | x chat | frontend CPU ms/token | x chat | load (1 min) | others' cores | runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c, by_route in routes.items():
         base = by_route["chat"]
         for route, r in by_route.items():
             print(f"| {c} | {http_load.CHAT_PATHS[route]} | {r['tokens_per_second']:.1f} | {r['tokens_per_second'] / base['tokens_per_second']:.3f}"
                   f" | {r['ttft_p50']:.3f} | {r['ttft_p50'] / base['ttft_p50']:.3f}"
-                  f" | {r['frontend_ms']:.3f} | {r['frontend_ms'] / base['frontend_ms']:.3f} |")
-    print("\n| turn | TTFT previous_response_id (s) | TTFT resent (s) | ratio |\n|---|---|---|---|")
+                  f" | {r['frontend_ms']:.3f} | {r['frontend_ms'] / base['frontend_ms']:.3f}"
+                  f" | {', '.join(map(str, r['load1']))} | {', '.join(map(str, r['others_cores']))} | {r['attempts']} |")
+    print("\n| turn | TTFT previous_response_id (s) | cached/input tokens | TTFT resent (s) | cached/input tokens | ratio | load (1 min) |")
+    print("|---|---|---|---|---|---|---|")
     for row in turns:
-        print(f"| {row['turn']} | {row['previous_response_id']:.3f} | {row['resent']:.3f} | {row['previous_response_id'] / row['resent']:.3f} |")
+        print(f"| {row['turn']} | {row['previous_response_id']:.3f} | {'/'.join(map(str, row['chain_tokens']))} | {row['resent']:.3f}"
+              f" | {'/'.join(map(str, row['resent_tokens']))} | {row['previous_response_id'] / row['resent']:.3f} | {row['load1']:.2f} |")
     return 0
 
 

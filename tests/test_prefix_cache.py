@@ -129,3 +129,20 @@ def test_eviction_under_pressure_drops_the_least_recent(pair):
     assert middle["hits"] == before["hits"] + 1 and reused(before, middle) >= len(prompts[-1])
     complete(on, prompts[0] + tokens(on, " More."), 4)  # the least recent is gone:
     assert reused(middle, on.cache()) < 10  # only the words every prompt here starts with
+
+
+def test_usage_reports_the_prompt_tokens_the_cache_served(pair):
+    """Chat completions' usage.prompt_tokens_details.cached_tokens is the engine's count for that request.
+
+    Last in the module: the entries it leaves made the eviction test above keep an entry it expects gone.
+    """
+    on, off = pair
+    body = {"messages": [{"role": "user", "content": doc("usage", 20)}], "max_tokens": 4}
+    assert on.post("/v1/chat/completions", body)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # a new prompt
+    before = on.cache()
+    usage = on.post("/v1/chat/completions", body)["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == reused(before, on.cache()) == usage["prompt_tokens"] - 1
+    streamed = on.post("/v1/chat/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}, stream=True)
+    assert streamed[-1]["usage"] == usage
+    off.post("/v1/chat/completions", body)
+    assert off.post("/v1/chat/completions", body)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

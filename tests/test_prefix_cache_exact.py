@@ -13,6 +13,7 @@ greedy texts.
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,11 +47,14 @@ class Side:
     tokens: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def post(self, path: str, body: dict) -> dict:
+    def post(self, path: str, body: dict, stream: bool = False) -> dict | list[dict]:
+        """The JSON response; stream: the events of an SSE stream instead."""
         r = self.http.post(path, json={**body, "temperature": 0, "ignore_eos": True})
         assert r.status_code == 200, r.text
         with self.lock:
             self.tokens += body["max_tokens"]
+        if stream:
+            return [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
         return r.json()
 
     def generate(self, prompt: str, max_tokens: int = 12) -> str:

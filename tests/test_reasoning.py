@@ -3,8 +3,8 @@
 No thinking model ships in a package here, so the parser is checked on
 replies in the formats those models write (fed whole, and cut into pieces at
 every position, markers split included), and the routes with a chat template
-that opens a think block as Qwen3's and DeepSeek-R1's do: the embedded model
-then writes its reply inside the block.
+that opens a think block as Qwen3's and DeepSeek-R1's do, or gpt-oss's
+analysis channel: the embedded model then writes its reply inside it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ import anthropic
 import openai
 import pytest
 
-from frontend_proc.reasoning import CONTENT, REASONING, ReasoningSplitter, opened_in_prompt, split
+from cllm.model_file import embedded_model_path
+from frontend_proc.reasoning import (
+    CONTENT, HARMONY_TOKENS, REASONING, HarmonySplitter, ReasoningSplitter, opened_in_harmony, opened_in_prompt, split,
+)
+from frontend_proc.tokenizer import Tokenizer
 from tests.conftest import start_server
 
 # (reply, closing marker the prompt left open, expected reasoning, expected answer)
@@ -42,8 +46,8 @@ REPLIES = [
 ]
 
 
-def _fed(reply: str, closing: str | None, cuts: list[int]) -> tuple[str, str]:
-    splitter = ReasoningSplitter(closing)
+def _fed(reply: str, closing: str | None, cuts: list[int], harmony: bool) -> tuple[str, str]:
+    splitter = HarmonySplitter(closing is not None) if harmony else ReasoningSplitter(closing)
     parts = []
     for start, end in zip([0, *cuts], [*cuts, len(reply)]):
         parts += splitter.feed(reply[start:end])
@@ -52,16 +56,68 @@ def _fed(reply: str, closing: str | None, cuts: list[int]) -> tuple[str, str]:
     return "".join(t for k, t in parts if k == REASONING), "".join(t for k, t in parts if k == CONTENT)
 
 
-@pytest.mark.parametrize("reply,closing,reasoning,answer", REPLIES)
-def test_split_whole_and_in_every_piece_size(reply, closing, reasoning, answer):
-    assert split(reply, closing) == (reasoning, answer)
+# gpt-oss, in the harmony format its template asks for (the prompt ends with "<|start|>assistant"):
+# (reply with its control tokens shown, "<|end|>" if the prompt opened the analysis channel, reasoning, answer).
+HARMONY = [
+    (
+        '<|channel|>analysis<|message|>User asks: "What is the capital of France?" Simple: Paris.<|end|>'
+        "<|start|>assistant<|channel|>final<|message|>The capital of France is **Paris**.",
+        None,
+        'User asks: "What is the capital of France?" Simple: Paris.',
+        "The capital of France is **Paris**.",
+    ),
+    # Low effort, no analysis.
+    ("<|channel|>final<|message|>Paris.", None, "", "Paris."),
+    # Cut by max_tokens while thinking.
+    ("<|channel|>analysis<|message|>We need to count: one, two", None, "We need to count: one, two", ""),
+    # A preamble on the commentary channel is the answer's; the stray commentary prefix gpt-oss-20b writes is dropped.
+    (
+        "<|channel|>commentary<|channel|>analysis<|message|>Plan it.<|end|><|start|>assistant<|channel|>commentary<|message|>"
+        "Let me check. <|end|><|start|>assistant<|channel|>final<|message|>Done: 4 < 5.",
+        None,
+        "Plan it.",
+        "Let me check. Done: 4 < 5.",
+    ),
+    # A call in harmony's own syntax stays in the answer as written, never in the reasoning.
+    (
+        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+        '<|constrain|>json<|message|>{"city": "Paris"}',
+        None,
+        "Need the weather.",
+        '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
+    ),
+    # The template opened the analysis channel.
+    ("Short.<|end|><|start|>assistant<|channel|>final<|message|>Paris.", "<|end|>", "Short.", "Paris."),
+    # A model that does not write harmony: all answer; markers the answer mentions are the answer's.
+    ("Paris <|end|> is the capital.", None, "", "Paris <|end|> is the capital."),
+    ("<|channel|>final<|message|>Write <|end|> or <|start|>.", None, "", "Write <|end|> or <|start|>."),
+    ("<|start|>tail", None, "", "<|start|>tail"),
+]
+
+
+@pytest.mark.parametrize("reply,closing,reasoning,answer,harmony", [(*r, False) for r in REPLIES] + [(*r, True) for r in HARMONY])
+def test_split_whole_and_in_every_piece_size(reply, closing, reasoning, answer, harmony):
+    if not harmony:
+        assert split(reply, closing) == (reasoning, answer)
+    assert _fed(reply, closing, [], harmony) == (reasoning, answer)
     for cut in range(1, len(reply)):  # two pieces, cut at every position (markers split included)
-        assert _fed(reply, closing, [cut]) == (reasoning, answer), cut
-    for size in (1, 2, 3, 5):  # token-sized pieces
-        assert _fed(reply, closing, list(range(size, len(reply), size))) == (reasoning, answer), size
+        assert _fed(reply, closing, [cut], harmony) == (reasoning, answer), cut
+    for size in (1, 2, 3, 5, 7):  # token-sized pieces
+        assert _fed(reply, closing, list(range(size, len(reply), size)), harmony) == (reasoning, answer), size
+
+
+def test_harmony_header_without_message_marker_is_the_answer():
+    """A reply that starts like a header but never becomes one is not held back for long."""
+    reply = "<|channel|>" + "x" * 300
+    splitter = HarmonySplitter()
+    parts = [p for i in range(0, len(reply), 10) for p in splitter.feed(reply[i : i + 10])]
+    assert parts[0][0] == CONTENT and len(parts[0][1]) <= 266  # released once it is longer than a header may be
+    assert "".join(t for _, t in parts + splitter.flush()) == reply
 
 
 def test_opened_in_prompt():
+    assert opened_in_harmony("<|start|>user<|message|>hi<|end|><|start|>assistant<|channel|>analysis<|message|>")
+    assert not opened_in_harmony("<|start|>user<|message|>hi<|end|><|start|>assistant")
     assert opened_in_prompt("<|im_start|>assistant\n<think>\n") == "</think>"
     assert opened_in_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n") is None
     assert opened_in_prompt("<|im_start|>assistant\n") is None
@@ -157,3 +213,42 @@ def test_reasoning_format_none_leaves_the_text(think_server, oai):
             message = raw.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0).choices[0].message
     assert "reasoning_content" not in (message.model_extra or {})
     assert message.content.strip() == reasoning.strip()
+
+
+# The harmony format of gpt-oss's template, whose generation prompt here opens the analysis channel.
+HARMONY_TEMPLATE = (
+    "{% for message in messages %}{{ '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start|>assistant<|channel|>analysis<|message|>' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def harmony_url(tmp_path_factory):
+    path = tmp_path_factory.mktemp("template") / "harmony.jinja"
+    path.write_text(HARMONY_TEMPLATE)
+    with start_server("--parallel", "2", "--ctx-size", "2048", "--chat-template-file", str(path)) as srv:
+        yield srv.url
+
+
+def test_harmony_reasoning_on_every_route(harmony_url):
+    """gpt-oss's analysis channel: reasoning_content, a thinking block, a reasoning item; whole and streamed alike."""
+    with openai.OpenAI(base_url=harmony_url + "/v1", api_key="unused", timeout=120, max_retries=0) as client:
+        message = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0).choices[0].message
+        reasoning = message.model_extra["reasoning_content"]
+        assert reasoning.strip() and message.content == "" and "<|" not in reasoning
+        chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, stream=True))
+        assert "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks) == reasoning
+        r = client.responses.create(model=MODEL, input=QUESTION[0]["content"], max_output_tokens=20, temperature=0)
+        assert [item.type for item in r.output] == ["reasoning", "message"] and r.output[0].content[0].text == reasoning
+    with anthropic.Anthropic(base_url=harmony_url, api_key="unused", max_retries=0) as claude:
+        with claude.messages.stream(model=MODEL, max_tokens=20, messages=QUESTION, extra_body={"temperature": 0}) as stream:
+            final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking"] and final.content[0].thinking == reasoning
+
+
+def test_control_tokens_found_in_the_vocabulary():
+    """Harmony's markers are control tokens of gpt-oss's vocabulary; the reply's text shows those that are."""
+    tok = Tokenizer(embedded_model_path())
+    start = tok.control_token("<|im_start|>")  # a control token of this vocabulary, as <|channel|> is of gpt-oss's
+    assert tok.control_tokens(("<|im_start|>", "<|channel|>", "Hello")) == {start}
+    assert tok.control_tokens(HARMONY_TOKENS) == frozenset()  # SmolLM2 writes them as plain text
