@@ -13,7 +13,7 @@ GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install install-cuda install-metal serve test test-browser bench bench-deps
+.PHONY: install install-cuda install-metal serve test test-ray test-browser bench bench-deps
 
 install: $(STAMP)
 
@@ -39,7 +39,16 @@ serve: install
 	$(VENV)/bin/cllm serve $(ARGS)
 
 test: install
-	$(PY) -m pytest -q tests --ignore=tests/browser
+	$(PY) -m pytest -q tests --ignore=tests/browser -m "not ray"
+
+# Ray Serve (README: Scaling out): the ray extra (~500 MB), then the tests that start a local Ray cluster.
+RAY_STAMP := $(VENV)/.ray-installed
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[ray]'
+	touch $(RAY_STAMP)
+
+test-ray: $(RAY_STAMP)
+	$(PY) -m pytest -q tests --ignore=tests/browser -m ray
 
 # The chat page in headless chromium (Debian's package: no browser download);
 # screenshots land in tests/browser/artifacts/.

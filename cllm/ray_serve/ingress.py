@@ -1,0 +1,56 @@
+"""The HTTP face of the Ray Serve application: reads a request, and hands it to an engine replica.
+
+Ray Serve's proxy sends every HTTP request here (route prefix "/"). The
+ingress reads the body (at most one byte past --max-body-bytes: the replica's
+guard answers 413 from that), takes the text the prompt starts with for the
+router, and calls the engine deployment through its handle, whose request
+router picks the replica. The replica's answer comes back as is: status,
+headers, then the body in the chunks the app wrote, so streams stream. If no
+replica can take the call (one died under it), the client gets cllm's 503.
+"""
+
+from __future__ import annotations
+
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from cllm.ray_serve.call import HttpCall, routing_text, text_blocks
+from frontend_proc.engine_client import RETRY_AFTER
+from frontend_proc.errors import ApiError
+
+
+class Ingress:
+    def __init__(self, engines: DeploymentHandle, max_body_bytes: int):
+        self._engines = engines.options(method_name="call", stream=True)
+        self._max_body = max_body_bytes
+
+    async def __call__(self, request: Request) -> Response:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self._max_body:
+                break
+        prompt = routing_text(bytes(body)) if request.method == "POST" else ""
+        scope = request.scope
+        call = HttpCall(scope["method"], scope["path"], scope.get("query_string", b""), list(scope["headers"]), bytes(body), prompt, text_blocks(prompt))
+        replies = self._engines.remote(call)
+        try:
+            status, headers, first, more = await replies.__anext__()
+        except Exception as e:  # Ray's: the replica died, or none could be reached
+            return ApiError(503, "replica unavailable", f"no cllm replica could serve the request ({type(e).__name__}); retry shortly", RETRY_AFTER).response(call.path)
+        response = StreamingResponse(_rest(first, replies), status) if more else Response(first, status)
+        response.raw_headers = headers
+        return response
+
+
+async def _rest(first: bytes, replies):
+    try:
+        if first:
+            yield first
+        async for chunk in replies:
+            yield chunk
+    except Exception:
+        return  # the replica died mid-stream (its own engine's death is an error event the app already sent)
+    finally:
+        replies.cancel()  # a client that hung up: the replica's app aborts its request
