@@ -8,8 +8,9 @@ in front of N engine replicas (replica.py), each one engine process with the
 settings `cllm serve` takes (`replicas` counts Ray replicas here, each with one
 engine; `threads` unset means every core of the replica's node). `router`
 picks the request router of the engine deployment: cllm's (router.py), Ray's
-default power-of-two choices, or Ray's PrefixCacheAffinityRouter (it needs
-Ray's `llm` extra).
+default power-of-two choices, or Ray's PrefixCacheAffinityRouter (from its
+internal module: the public one imports vLLM or SGLang; its prefix tree is a
+detached actor that needs a free Ray CPU).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from cllm.registry import build_registry
 Router = Literal["cllm", "power-of-two", "ray-prefix"]
 ROUTER_CLASSES = {
     "cllm": "cllm.ray_serve.router:CllmRouter",
-    "ray-prefix": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+    # Its public name (ray.serve.llm.request_router) needs vLLM or SGLang installed; the class itself does not.
+    "ray-prefix": "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router:PrefixCacheAffinityRouter",
 }
 APP_NAME = "cllm"
 

@@ -28,7 +28,7 @@ class HttpCall:
     query: bytes
     headers: list[tuple[bytes, bytes]]
     body: bytes
-    prompt: str = ""  # the conversation as one text: system, messages or prompt, in order
+    prompt: str = ""  # the conversation as one text: system, messages or prompt, in order (else "METHOD /path")
     blocks: list[int] = field(default_factory=list)  # text_blocks(prompt)
 
 

@@ -31,8 +31,9 @@ class Ingress:
             body += chunk
             if len(body) > self._max_body:
                 break
-        prompt = routing_text(bytes(body)) if request.method == "POST" else ""
         scope = request.scope
+        # Ray's PrefixCacheAffinityRouter fails on an empty prompt: a request without one is routed by its path.
+        prompt = (routing_text(bytes(body)) if request.method == "POST" else "") or f"{scope['method']} {scope['path']}"
         call = HttpCall(scope["method"], scope["path"], scope.get("query_string", b""), list(scope["headers"]), bytes(body), prompt, text_blocks(prompt))
         replies = self._engines.remote(call)
         try:

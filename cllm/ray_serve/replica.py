@@ -73,8 +73,14 @@ class EngineReplica:
             raise RuntimeError(f"the engine process exited ({self._engine.returncode})")
 
     def record_routing_stats(self) -> dict:
-        """For cllm's router: the prefixes this replica's engine was sent."""
-        return {"prefixes": frozenset(self._served._blocks)}
+        """For cllm's router: the prefixes this replica's engine was sent; and its cache's figures so far."""
+        registry = self._pool.metrics.registry
+        engine = {"model": self._spec.id, "replica": "0"}
+        return {
+            "prefixes": frozenset(self._served._blocks),
+            "prompt_tokens": registry.get_sample_value("cllm_prompt_tokens_total") or 0.0,
+            "prefix_hit_tokens": registry.get_sample_value("cllm_prefix_cache_hit_tokens_total", engine) or 0.0,
+        }
 
     async def call(self, call: HttpCall):
         """Run one request through the app; yields (status, headers, first body, more?), then body chunks."""
