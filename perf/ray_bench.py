@@ -33,7 +33,7 @@ import psutil
 
 from perf import servers
 from perf.http_load import make_dialect, run_cell, warm_up
-from perf.pool_bench import QUESTIONS, SYSTEM, _first_token_seconds
+from perf.pool_bench import chats
 
 CONCURRENCY = (1, 8, 32)
 ROUTERS = ("cllm", "power-of-two", "ray-prefix")
@@ -84,33 +84,10 @@ def cache_totals() -> tuple[float, float]:
 
 def chat(url: str, conversations: int, turns: int, concurrency: int, gen_tokens: int) -> dict:
     hit0, prompt0 = cache_totals()
-    ttfts: list[float] = []
-    lock = threading.Lock()
-    todo = list(range(conversations))
-
-    def converse() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                n = todo.pop()
-            messages = [{"role": "system", "content": f"Conversation {n}. {SYSTEM}"}]
-            for turn in range(turns):
-                messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
-                seconds, text = _first_token_seconds(url, "any", messages, gen_tokens)
-                messages.append({"role": "assistant", "content": text})
-                with lock:
-                    ttfts.append(seconds)
-
-    workers = [threading.Thread(target=converse) for _ in range(concurrency)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    ttfts = sorted(chats(url, conversations, turns, concurrency, gen_tokens))
     time.sleep(2.5)  # the engines report their cache figures once a second
     hit, prompt = cache_totals()
     hit, prompt = hit - hit0, prompt - prompt0
-    ttfts.sort()
     return {"hit_rate": round(hit / max(1.0, prompt), 4), "ttft_p50": round(ttfts[len(ttfts) // 2], 4),
             "ttft_p90": round(ttfts[int(len(ttfts) * 0.9)], 4), "requests": len(ttfts), "load": load_average()}
 
