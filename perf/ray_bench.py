@@ -4,7 +4,7 @@
               and a DeploymentHandle call from this process straight to a replica (one Ray RPC)
   throughput  streamed /generate at c = 1, 8, 32: Ray Serve with 2 replicas x 1 thread (parallel P each)
               against plain `cllm serve` with 1 engine x 2 threads (parallel 2P): tokens/s and TTFT p50
-  chat        multi-turn chats on 2 replicas (a shared system prompt, each turn resending the conversation):
+  chat        multi-turn chats on 2 replicas (each turn resending the conversation), 1 and 4 at a time:
               prefix-cache hit rate and TTFT with cllm's router, Ray's power-of-two default, Ray's
               PrefixCacheAffinityRouter
   recovery    SIGKILL one replica's engine under a steady load: seconds until Ray serves from two
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--conversations", type=int, default=8)
     ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--chat-concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[1, 4],
+                    help="conversations at a time (at 2, as many as replicas, any router keeps each on one replica)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     args = ap.parse_args(argv)
 
@@ -194,9 +196,10 @@ def main(argv: list[str] | None = None) -> int:
 
         result["chat"] = {}
         for router in ROUTERS:
-            deploy(router)
-            result["chat"][router] = chat(url, args.conversations, args.turns, 2, args.gen_tokens)
-            print(f"  chat, {router} router: {result['chat'][router]}", flush=True)
+            deploy(router)  # fresh replicas: empty caches
+            for c in args.chat_concurrency:
+                result["chat"][f"{router} c={c}"] = chat(url, args.conversations, args.turns, c, args.gen_tokens)
+                print(f"  chat, {router} router, c={c}: {result['chat'][f'{router} c={c}']}", flush=True)
 
         deploy("cllm")
         result["recovery"] = recovery(url)

@@ -5,8 +5,9 @@ ingress reads the body (at most one byte past --max-body-bytes: the replica's
 guard answers 413 from that), takes the text the prompt starts with for the
 router, and calls the engine deployment through its handle, whose request
 router picks the replica. The replica's answer comes back as is: status,
-headers, then the body in the chunks the app wrote, so streams stream. If no
-replica can take the call (one died under it), the client gets cllm's 503.
+headers, then the body in the chunks the app wrote, so streams stream. A call
+whose replica died before answering is sent once more; if that fails too, the
+client gets cllm's 503.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from starlette.responses import Response, StreamingResponse
 from cllm.ray_serve.call import HttpCall, routing_text, text_blocks
 from frontend_proc.engine_client import RETRY_AFTER
 from frontend_proc.errors import ApiError
+
+ATTEMPTS = 2  # a replica that died before answering: once more, on the one the router picks now
 
 
 class Ingress:
@@ -35,11 +38,15 @@ class Ingress:
         # Ray's PrefixCacheAffinityRouter fails on an empty prompt: a request without one is routed by its path.
         prompt = (routing_text(bytes(body)) if request.method == "POST" else "") or f"{scope['method']} {scope['path']}"
         call = HttpCall(scope["method"], scope["path"], scope.get("query_string", b""), list(scope["headers"]), bytes(body), prompt, text_blocks(prompt))
-        replies = self._engines.remote(call)
-        try:
-            status, headers, first, more = await replies.__anext__()
-        except Exception as e:  # Ray's: the replica died, or none could be reached
-            return ApiError(503, "replica unavailable", f"no cllm replica could serve the request ({type(e).__name__}); retry shortly", RETRY_AFTER).response(call.path)
+        for attempt in range(ATTEMPTS):
+            replies = self._engines.remote(call)
+            try:
+                status, headers, first, more = await replies.__anext__()
+                break
+            except Exception as e:  # Ray's: the replica died before answering (nothing ran), or none could be reached
+                failure = e
+        else:
+            return ApiError(503, "replica unavailable", f"no cllm replica could serve the request ({type(failure).__name__}); retry shortly", RETRY_AFTER).response(call.path)
         response = StreamingResponse(_rest(first, replies), status) if more else Response(first, status)
         response.raw_headers = headers
         return response

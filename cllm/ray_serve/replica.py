@@ -8,9 +8,10 @@ no HTTP server and no second HTTP hop on the node. Validation, limits, errors
 (cllm's 4xx JSON), streaming and /metrics are the frontend's own.
 
 Ray restarts, not cllm: an engine that dies fails the requests in flight with
-503 at once (the frontend's path for a dead engine), ``check_health`` then
-fails, and Ray replaces the replica, which starts a new engine. If the replica
-itself dies, the engine's lifeline pipe closes and the engine exits on its own.
+503 at once (the frontend's path for a dead engine), then the replica exits
+(``check_health`` fails too, should it not), and Ray replaces it with a new
+replica and engine. If the replica itself dies, the engine's lifeline pipe
+closes and the engine exits on its own.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from frontend_proc.main import build
 from frontend_proc.prefix_router import PrefixMemory
 
 ENGINE_EXIT_GRACE = 5.0
+EXIT_GRACE = 1.0  # seconds for the 503s of a dead engine's requests to reach their clients
 _SAMPLE = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{)?", re.M)
 
 
@@ -65,8 +67,11 @@ class EngineReplica:
             loop.call_soon_threadsafe(self._engine_died, code)
 
     def _engine_died(self, code: int) -> None:
+        """Fail what runs with 503, then end this replica: Ray's handles see the actor gone at once and send
+        requests elsewhere, where a failing health check would leave it taking (and failing) them for seconds."""
         why = f"its engine exited ({code}); Ray Serve replaces this replica"
         self._pool.engine_exited(EngineExited(0, self._spec.id, 0, restarting=False, reason=why))
+        asyncio.get_running_loop().call_later(EXIT_GRACE, os._exit, 1)
 
     def check_health(self) -> None:
         if self._engine.poll() is not None:
