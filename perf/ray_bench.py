@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
 
         result["chat"] = {}
         for router in ROUTERS:
-            deploy(router)  # fresh replicas: empty caches
             for c in args.chat_concurrency:
+                deploy(router)  # fresh replicas, empty caches: the same conversations run each time
                 result["chat"][f"{router} c={c}"] = chat(url, args.conversations, args.turns, c, args.gen_tokens)
                 print(f"  chat, {router} router, c={c}: {result['chat'][f'{router} c={c}']}", flush=True)
 

@@ -6,11 +6,13 @@ guard answers 413 from that), takes the text the prompt starts with for the
 router, and calls the engine deployment through its handle, whose request
 router picks the replica. The replica's answer comes back as is: status,
 headers, then the body in the chunks the app wrote, so streams stream. A call
-whose replica died before answering is sent once more; if that fails too, the
-client gets cllm's 503.
+whose replica refused it or died before answering (nothing ran) is sent again;
+after three tries the client gets cllm's 503.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
@@ -20,7 +22,8 @@ from cllm.ray_serve.call import HttpCall, routing_text, text_blocks
 from frontend_proc.engine_client import RETRY_AFTER
 from frontend_proc.errors import ApiError
 
-ATTEMPTS = 2  # a replica that died before answering: once more, on the one the router picks now
+ATTEMPTS = 3  # a replica that died (or whose engine did) before answering: again, on the one the router picks then
+RETRY_DELAY = 0.2
 
 
 class Ingress:
@@ -39,6 +42,8 @@ class Ingress:
         prompt = (routing_text(bytes(body)) if request.method == "POST" else "") or f"{scope['method']} {scope['path']}"
         call = HttpCall(scope["method"], scope["path"], scope.get("query_string", b""), list(scope["headers"]), bytes(body), prompt, text_blocks(prompt))
         for attempt in range(ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(RETRY_DELAY * attempt)  # a dying replica is gone by then, and known to be
             replies = self._engines.remote(call)
             try:
                 status, headers, first, more = await replies.__anext__()

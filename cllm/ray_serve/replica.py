@@ -32,7 +32,8 @@ from frontend_proc.main import build
 from frontend_proc.prefix_router import PrefixMemory
 
 ENGINE_EXIT_GRACE = 5.0
-EXIT_GRACE = 1.0  # seconds for the 503s of a dead engine's requests to reach their clients
+EXIT_GRACE = 2.0  # most seconds the 503s of a dead engine's requests get to reach their clients
+FLUSH = 0.1  # seconds for a last answer's end to leave the replica
 _SAMPLE = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{)?", re.M)
 
 
@@ -55,6 +56,8 @@ class EngineReplica:
             config=spec.config, models=[ModelSlot(spec=spec, rings=[rings], loaded=True)], lifeline=self._notices[0], control=self._control[1]
         )
         self.app, self._pool = build(launch)
+        self._active = 0  # calls running
+        self._dead = False  # the engine exited: the replica ends as soon as its calls are answered
         self._served = PrefixMemory(2 * spec.config.ctx_size // 32)  # about what the engine's KV cells hold
         self._lifespan = self.app.router.lifespan_context(self.app)
         loop = asyncio.get_running_loop()
@@ -67,11 +70,16 @@ class EngineReplica:
             loop.call_soon_threadsafe(self._engine_died, code)
 
     def _engine_died(self, code: int) -> None:
-        """Fail what runs with 503, then end this replica: Ray's handles see the actor gone at once and send
-        requests elsewhere, where a failing health check would leave it taking (and failing) them for seconds."""
+        """Fail what runs with 503, then end this replica once those answers are out: Ray's handles see the
+        actor gone at once and send requests elsewhere, where a failing health check would leave it taking
+        (and failing) them for seconds."""
+        self._dead = True
         why = f"its engine exited ({code}); Ray Serve replaces this replica"
         self._pool.engine_exited(EngineExited(0, self._spec.id, 0, restarting=False, reason=why))
-        asyncio.get_running_loop().call_later(EXIT_GRACE, os._exit, 1)
+        loop = asyncio.get_running_loop()
+        loop.call_later(EXIT_GRACE, os._exit, 1)  # at the latest
+        if not self._active:
+            loop.call_later(FLUSH, os._exit, 1)
 
     def check_health(self) -> None:
         if self._engine.poll() is not None:
@@ -89,6 +97,18 @@ class EngineReplica:
 
     async def call(self, call: HttpCall):
         """Run one request through the app; yields (status, headers, first body, more?), then body chunks."""
+        if self._dead:  # nothing ran: the ingress sends it again, by then to another replica
+            raise RuntimeError("this replica's engine is gone")
+        self._active += 1
+        try:
+            async for item in self._run(call):
+                yield item
+        finally:
+            self._active -= 1
+            if self._dead and not self._active:
+                asyncio.get_running_loop().call_later(FLUSH, os._exit, 1)
+
+    async def _run(self, call: HttpCall):
         if call.blocks:
             self._served.add(call.blocks)
         sent = asyncio.Queue()
