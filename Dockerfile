@@ -42,10 +42,11 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin cllm
 COPY --from=build /opt/cllm /opt/cllm
-ENV PATH=/opt/cllm/bin:$PATH PYTHONUNBUFFERED=1
+# CLLM_HEALTH_URL: what the health check asks (set it too when --port changes).
+ENV PATH=/opt/cllm/bin:$PATH PYTHONUNBUFFERED=1 CLLM_HEALTH_URL=http://127.0.0.1:8080/health
 USER cllm
 EXPOSE 8080
 # /health answers 200 once the engine serves, 503 while it starts or restarts.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4).status != 200)"]
+    CMD ["python3", "-c", "import os, sys, urllib.request; sys.exit(urllib.request.urlopen(os.environ['CLLM_HEALTH_URL'], timeout=4).status != 200)"]
 ENTRYPOINT ["cllm", "serve", "--host", "0.0.0.0", "--port", "8080"]
