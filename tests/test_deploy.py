@@ -103,5 +103,5 @@ def test_the_dockerfile_builds_in_two_stages_and_runs_as_a_user_with_a_health_ch
     text = open(os.path.join(ROOT, "Dockerfile")).read()
     assert len(re.findall(r"^FROM ", text, re.M)) == 2 and "COPY --from=build" in text
     assert re.search(r"^USER (?!root)\w+", text, re.M)
-    assert re.search(r"^HEALTHCHECK .*\n?.*/health", text, re.M)
+    assert re.search(r"^HEALTHCHECK .*\n.*CLLM_HEALTH_URL", text, re.M) and "CLLM_HEALTH_URL=http://127.0.0.1:8080/health" in text
     assert "ARG CMAKE_ARGS" in text and '"--host", "0.0.0.0"' in text
