@@ -13,7 +13,7 @@ GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install install-cuda install-metal serve test test-browser bench bench-deps
+.PHONY: install install-cuda install-metal serve test test-ray test-docker test-browser bench bench-deps
 
 install: $(STAMP)
 
@@ -39,7 +39,25 @@ serve: install
 	$(VENV)/bin/cllm serve $(ARGS)
 
 test: install
-	$(PY) -m pytest -q tests --ignore=tests/browser
+	$(PY) -m pytest -q tests --ignore=tests/browser -m "not ray and not docker"
+
+# Ray Serve (README: Scaling out): the ray extra (~500 MB), then the tests that start a local Ray cluster.
+RAY_STAMP := $(VENV)/.ray-installed
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[ray]'
+	touch $(RAY_STAMP)
+
+test-ray: $(RAY_STAMP)
+	$(PY) -m pytest -q tests --ignore=tests/browser -m ray
+
+# The image built and run (needs a Docker daemon). No registry may be reachable, so the base image is
+# made with debootstrap and `docker import` (CLLM_DOCKER_BASE names another). Not in CI: it compiles llama.cpp.
+DOCKER_BASE ?= cllm-base:bookworm
+test-docker: install
+	docker image inspect $(DOCKER_BASE) >/dev/null 2>&1 || { \
+	  root=$$(mktemp -d) && debootstrap --variant=minbase bookworm $$root http://deb.debian.org/debian && \
+	  tar -C $$root -c . | docker import - $(DOCKER_BASE); rc=$$?; rm -rf $$root; exit $$rc; }
+	CLLM_DOCKER_BASE=$(DOCKER_BASE) $(PY) -m pytest -q -m docker tests/test_docker.py
 
 # The chat page in headless chromium (Debian's package: no browser download);
 # screenshots land in tests/browser/artifacts/.

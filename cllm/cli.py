@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from typing import get_args
 
@@ -81,6 +82,11 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-waiting", type=int, help=f"requests that may wait beyond --parallel; more get 429 (default {d.max_waiting})")
     p.add_argument("--request-timeout", type=float, help=f"seconds a request may take before it is cancelled with 408; 0 for none (default {d.request_timeout:g})")
     p.add_argument(
+        "--ray", metavar="ADDRESS|local",
+        help="deploy on a Ray cluster as a Ray Serve application, --replicas Ray replicas of one engine each ('local' starts a cluster here and"
+        " stops it on exit; needs the ray extra; --host/--port are Serve's HTTP proxy's; README: Scaling out)",
+    )
+    p.add_argument(
         "--api-key",
         metavar="KEY",
         default=os.environ.get("CLLM_API_KEY") or None,
@@ -114,17 +120,35 @@ def main(argv: list[str] | None = None) -> int:
         return bench.main(args.args, prog=f"cllm bench {args.target}")
 
     if args.command == "serve":
-        overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+        overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "ray")}
         try:
             config = load_config(args.config, overrides)
             models = build_registry(config)
         except (ConfigError, ModelFileError) as e:
             print(f"cllm: {e}", file=sys.stderr)
             return 2
+        if args.ray is not None:
+            return _serve_ray(config, args.ray)
         from cllm.supervisor import Supervisor
 
         return Supervisor(config, models, pool=is_pool(config)).run()
     return 2
+
+
+def _serve_ray(config: ServeConfig, address: str) -> int:
+    try:
+        from cllm.ray_serve import run
+    except ImportError as e:
+        print(f"cllm: --ray needs Ray Serve: pip install 'cllm[ray]' ({e})", file=sys.stderr)
+        return 2
+    if config.port == 0:  # Serve's proxy takes a fixed port: pick a free one for it
+        with socket.create_server((config.host, 0)) as s:
+            config.port = s.getsockname()[1]
+    try:
+        return run(config, address)
+    except ConfigError as e:
+        print(f"cllm: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import msgspec
@@ -58,6 +59,14 @@ class Launch(msgspec.Struct, kw_only=True):
 
     def argv(self, module: str) -> list[str]:
         return [sys.executable, "-m", module, msgspec.json.encode(self).decode()]
+
+
+def spawn_engine(spec: ModelSpec, rings: EngineRings, replica: int, lifeline: int, generation: int, env: dict[str, str]) -> subprocess.Popen:
+    """Start one engine process on its rings, in its own session (a terminal's Ctrl-C is for its parent)."""
+    launch = Launch(
+        config=spec.config, model_path=spec.path, rings=rings, model_id=spec.id, replica=replica, lifeline=lifeline, generation=generation
+    )
+    return subprocess.Popen(launch.argv("engine_proc"), pass_fds=launch.fds(), env=env, start_new_session=True)
 
 
 def from_argv() -> Launch:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from cllm.config import ServeConfig
-from cllm.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly
+from cllm.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly, spawn_engine
 from cllm.log import setup_logging
 from cllm.protocol import Control, EngineExited, LoadModel
 from cllm.registry import ModelSpec
@@ -128,17 +128,8 @@ class Supervisor:
         return {k: v for k, v in os.environ.items() if k != "CLLM_API_KEY"}
 
     def _start_engine(self, engine: Engine) -> None:
-        requests, outputs = engine.rings
-        launch = Launch(
-            config=engine.spec.config,
-            model_path=engine.spec.path,
-            rings=EngineRings(requests.spec, outputs.spec),
-            model_id=engine.spec.id,
-            replica=engine.replica,
-            lifeline=self.engine_lifeline[0],
-            generation=engine.starts,
-        )
-        engine.proc = subprocess.Popen(launch.argv("engine_proc"), pass_fds=launch.fds(), env=self._env(), start_new_session=True)
+        rings = EngineRings(*(ring.spec for ring in engine.rings))
+        engine.proc = spawn_engine(engine.spec, rings, engine.replica, self.engine_lifeline[0], engine.starts, self._env())
         engine.starts += 1
         engine.stop_by = None
 

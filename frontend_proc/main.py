@@ -15,8 +15,9 @@ import sys
 import anyio
 import msgspec
 import uvicorn
+from starlette.applications import Starlette
 
-from cllm.launch import from_argv
+from cllm.launch import Launch, from_argv
 from cllm.log import setup_logging
 from cllm.protocol import EngineExited
 from cllm.registry import is_pool
@@ -47,10 +48,12 @@ class _Server(uvicorn.Server):
             os.close(self._ready_fd)
 
 
-def main() -> int:
-    launch = from_argv()
+def build(launch: Launch) -> tuple[Starlette, ModelPool]:
+    """The Starlette app of a Launch, attached to its rings once its lifespan starts.
+
+    Also run in-process by a Ray Serve replica (cllm/ray_serve), with no uvicorn of its own.
+    """
     config = launch.config
-    setup_logging(config.log_level, config.log_format)
     metrics = Metrics()
     ids = itertools.count(1)
     clients = [
@@ -90,9 +93,17 @@ def main() -> int:
         loop.remove_reader(launch.lifeline)
         pool.stop()
 
+    return build_app(app_state, lifespan), pool
+
+
+def main() -> int:
+    launch = from_argv()
+    setup_logging(launch.config.log_level, launch.config.log_format)
+    config = launch.config
+    app, _ = build(launch)
     server = _Server(
         uvicorn.Config(
-            build_app(app_state, lifespan),
+            app,
             loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
             http="httptools",
             # Our handler, not uvicorn's; its own records only at debug (requests are logged by observe.py).

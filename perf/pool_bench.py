@@ -50,6 +50,34 @@ def _first_token_seconds(url: str, model: str, messages: list[dict], max_tokens:
     return first if first is not None else time.perf_counter() - t0, "".join(text)
 
 
+def chats(url: str, conversations: int, turns: int, concurrency: int, gen_tokens: int) -> list[float]:
+    """Multi-turn chats sharing a system prompt, `concurrency` at a time: each turn's time to first token."""
+    ttfts: list[float] = []
+    lock = threading.Lock()
+    todo = list(range(conversations))
+
+    def converse() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                n = todo.pop()
+            messages = [{"role": "system", "content": f"Conversation {n}. {SYSTEM}"}]
+            for turn in range(turns):
+                messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
+                seconds, text = _first_token_seconds(url, "any", messages, gen_tokens)
+                messages.append({"role": "assistant", "content": text})
+                with lock:
+                    ttfts.append(seconds)
+
+    workers = [threading.Thread(target=converse) for _ in range(concurrency)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return ttfts
+
+
 def _wait_status(url: str, model: str, value: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -105,30 +133,8 @@ def routing(args) -> dict:
         settings = servers.Settings(args.model, args.threads, args.parallel, args.seq_ctx)
         with servers.start("cllm", settings, args=("--replicas", "2", "--replica-routing", mode, "--log-level", "warning"),
                            label=f"pool-routing-{mode}") as srv:
-            ttfts: list[float] = []
-            lock = threading.Lock()
-            todo = list(range(args.conversations))
-
-            def converse() -> None:
-                while True:
-                    with lock:
-                        if not todo:
-                            return
-                        n = todo.pop()
-                    messages = [{"role": "system", "content": f"Conversation {n}. {SYSTEM}"}]
-                    for turn in range(args.turns):
-                        messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
-                        seconds, text = _first_token_seconds(srv.url, "any", messages, args.gen_tokens)
-                        messages.append({"role": "assistant", "content": text})
-                        with lock:
-                            ttfts.append(seconds)
-
             hit0, prompt0 = _prefix_counts(srv.url)
-            workers = [threading.Thread(target=converse) for _ in range(args.concurrency)]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
+            ttfts = chats(srv.url, args.conversations, args.turns, args.concurrency, args.gen_tokens)
             time.sleep(2.5)  # the engines' figures arrive when they go idle
             hit, prompt = _prefix_counts(srv.url)
             ttfts.sort()
