@@ -32,7 +32,7 @@ import httpx
 import psutil
 
 from perf import servers
-from perf.http_load import make_dialect, run_cell, warm_up
+from cllm.bench.http_load import make_dialect, run_cell, warm_up
 from perf.pool_bench import chats
 
 CONCURRENCY = (1, 8, 32)
