@@ -65,7 +65,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"  # quantized V needs flash attention (llama.cpp's rule)
     # Speculative decoding: tokens drafted from the sequence's own text, verified in the step's batch.
-    spec_type: SpecType = "ngram"
+    spec_type: SpecType = "none"  # on loses at 8 copy-type streams here: perf/results/2026-11-23-speculative.md
     draft_max: Annotated[int, Meta(ge=1, le=MAX_DRAFT)] = 64  # most tokens one sequence drafts in a step
     # Several models (see cllm/registry.py): a directory of GGUF files and/or a list.
     models_dir: str | None = None

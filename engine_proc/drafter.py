@@ -32,7 +32,7 @@ FIRST_DRAFT = 2  # tokens a sequence drafts before it has shown how much it copi
 # Until the engine has timed both kinds of step, a drafted token is taken to cost
 # what a step of one sequence costs (its weights read) about, as on a 2-core CPU.
 VERIFY_COST = 1.0
-COST_MEMORY = 0.9  # weight of the earlier timings in StepCosts' running means
+COST_MEMORY = 0.7  # weight of the earlier timings in StepCosts' running means
 PROBE_STEPS = 64  # steps without drafts, where they do not pay, before trying again
 # Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
 STEP_DRAFT_ROWS = 128
@@ -143,9 +143,8 @@ class StepCosts:
         plain = self.plain.get(n)
         if not drafted:
             self.plain[n] = _mean(plain, seconds)
-        elif plain is not None:  # starting from the prior's figure, so that one noisy step decides nothing
-            start = self.per_draft.get(n, prior(n) * plain / n)
-            self.per_draft[n] = _mean(start, max(seconds - plain, 0.0) / drafted)
+        elif plain is not None:  # a noisy step that stops drafting is corrected by the next probe
+            self.per_draft[n] = _mean(self.per_draft.get(n), max(seconds - plain, 0.0) / drafted)
 
     def break_even(self, n: int) -> float:
         """The share of a draft that must be kept for drafting to pay at n sequences; 1 or more: do not draft.
