@@ -130,7 +130,7 @@ class LLMEngine:
                 done.append(seq)
 
     def _verify(self, chunk: Chunk, last_row: int, outputs: list[SeqOutput], done: list[Sequence]) -> None:
-        """Sample row by row while the draft holds: every token is the one decoding alone would give.
+        """Sample row by row while the draft holds: every token is the one the sampler picks on its row.
 
         Row j follows the draft's first j tokens, so its token is what the
         sequence's own sampler (its seeded draw, grammar and penalties
