@@ -1,10 +1,11 @@
 """Speculative decoding: drafts from the sequence's own text, verified in the step's batch.
 
 A verified token is the one the sequence's sampler picks on that row, so
-speculation may change only the numbers the rows are computed with. With
---flash-attn off and f32 keys in the KV cache it changes none (a query of several
-tokens and a query of one then give the same bits in most rows), and these
-greedy replies must be the same text with speculation on and off.
+speculation may change only the last bits of the rows' logits. With
+--flash-attn off and f32 keys in the KV cache it changes few of them (a query
+of several tokens and a query of one then give the same bits in the first rows
+of a draft), and these greedy replies must be the same text with speculation
+on and off.
 The README ("Speculative decoding") says what differs, where and why.
 """
 
