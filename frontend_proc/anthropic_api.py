@@ -152,7 +152,22 @@ def _message(gen: Generation, model: str) -> dict:
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": gen.prompt_tokens, "output_tokens": gen.completion_tokens},
+        "usage": _usage(gen),
+    }
+
+
+def _usage(gen: Generation) -> dict:
+    """Anthropic's usage: input_tokens are only those the prefix cache did not serve, which it reports apart.
+
+    Nothing is written to a cache on request (cache_control is not needed
+    here: every prompt's prefix is reused), so cache_creation_input_tokens is 0.
+    """
+    cached = gen.cached_tokens
+    return {
+        "input_tokens": gen.prompt_tokens - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": gen.completion_tokens,
     }
 
 
@@ -258,7 +273,8 @@ async def _events(gen: Generation, prompt: ChatPrompt, model: str):
         if kind is not None:
             end.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
         delta = {"stop_reason": _stop_reason(choice, reply), "stop_sequence": choice.stop_string}
-        end.append(sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": gen.completion_tokens}}))
+        # Cumulative, as Anthropic sends it: the cache's hit is known only once the prompt was read, after message_start.
+        end.append(sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": _usage(gen)}))
         end.append(sse_event("message_stop", {"type": "message_stop"}))
         yield b"".join(end)
     except ApiError as e:  # the status line is sent: say what went wrong in the stream

@@ -30,6 +30,11 @@ def greedy(claude, **kw):
     return claude.messages.create(model=MODEL, extra_body={"temperature": 0}, **kw)
 
 
+def prompt_tokens(usage) -> int:
+    """The whole prompt: Anthropic's input_tokens leave out what the cache served."""
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+
+
 def test_plain_message(claude):
     message = greedy(claude)
     assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
@@ -37,7 +42,7 @@ def test_plain_message(claude):
     (block,) = message.content
     assert block.type == "text" and "Paris" in block.text
     assert message.stop_reason == "end_turn" and message.stop_sequence is None
-    assert message.usage.input_tokens > 5 and 0 < message.usage.output_tokens < 40
+    assert prompt_tokens(message.usage) > 5 and 0 < message.usage.output_tokens < 40
 
 
 def test_max_tokens_stop_reason(claude):
@@ -52,7 +57,7 @@ def test_system_prompt_reaches_the_template(claude, server):
     assert blocks.content[0].text == message.content[0].text
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as oai:
         chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": SYSTEM}, *QUESTION], max_tokens=1)
-    assert message.usage.input_tokens == chat.usage.prompt_tokens
+    assert prompt_tokens(message.usage) == chat.usage.prompt_tokens
     assert claude.messages.count_tokens(model=MODEL, system=SYSTEM, messages=QUESTION).input_tokens == chat.usage.prompt_tokens
     assert claude.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens != chat.usage.prompt_tokens  # the template's default system prompt
 
@@ -75,6 +80,19 @@ def test_stream_assembled_by_the_sdk(claude):
     assert events[0] == "message_start" and events[-1] == "message_stop"
     raw = [e for e in events if e in ("content_block_start", "content_block_delta", "content_block_stop", "message_delta")]
     assert raw[0] == "content_block_start" and raw[-2:] == ["content_block_stop", "message_delta"]
+
+
+def test_a_repeated_prompt_is_read_from_the_cache(claude):
+    """The prefix cache's hit: cache_read_input_tokens, and input_tokens only the rest (whole and streamed)."""
+    system = "You answer questions about geography. " * 8  # a prompt no other test sends
+    first = greedy(claude, system=system, max_tokens=2)
+    again = greedy(claude, system=system, max_tokens=2)
+    total = prompt_tokens(first.usage)
+    assert again.usage.cache_creation_input_tokens == 0 and prompt_tokens(again.usage) == total
+    assert again.usage.cache_read_input_tokens > total // 2 and again.usage.input_tokens == total - again.usage.cache_read_input_tokens
+    with claude.messages.stream(model=MODEL, system=system, messages=QUESTION, max_tokens=2, extra_body={"temperature": 0}) as stream:
+        final = stream.get_final_message()  # message_delta's usage, cumulative, completes message_start's
+    assert final.usage.cache_read_input_tokens > total // 2 and prompt_tokens(final.usage) == total
 
 
 def test_raw_stream_events(server):
@@ -112,7 +130,7 @@ def test_a_queued_stream_gets_pings_before_its_first_token():
 
 def test_count_tokens(claude):
     count = claude.messages.count_tokens(model=MODEL, system=HELPFUL, messages=QUESTION)
-    assert count.input_tokens == greedy(claude, max_tokens=1).usage.input_tokens
+    assert count.input_tokens == prompt_tokens(greedy(claude, max_tokens=1).usage)
 
 
 def test_bad_requests_raise_the_sdk_errors(claude):
@@ -196,7 +214,7 @@ def test_two_turn_tool_loop(claude):
     assert second.stop_reason in ("end_turn", "max_tokens") and second.content[0].type == "text"
     # The call and its result reach the prompt (the reply here repeats the result).
     alone = claude.messages.count_tokens(model=MODEL, system=HELPFUL, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice={"type": "none"})
-    assert second.usage.input_tokens > alone.input_tokens + 20
+    assert prompt_tokens(second.usage) > alone.input_tokens + 20
 
 
 def test_bad_tools_are_400s(claude):
