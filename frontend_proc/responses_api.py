@@ -156,6 +156,7 @@ def _finish(st: AppState, response: dict, gen: Generation, output: list[dict], c
         "input_tokens": gen.prompt_tokens,
         "input_tokens_details": {"cached_tokens": gen.cached_tokens},
         "output_tokens": gen.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": _reasoning_tokens(st, gen, output)},
         "total_tokens": gen.prompt_tokens + gen.completion_tokens,
     }
     if response["store"]:
@@ -164,6 +165,14 @@ def _finish(st: AppState, response: dict, gen: Generation, output: list[dict], c
         if calls:
             reply["tool_calls"] = calls
         st.responses.put(response["id"], Stored(response, [*conversation, reply]))
+
+
+def _reasoning_tokens(st: AppState, gen: Generation, output: list[dict]) -> int:
+    """The tokens of the reasoning text, counted once the reply is over (0, at no cost, without reasoning)."""
+    text = "".join(c["text"] for o in output if o["type"] == "reasoning" for c in o["content"])
+    if not text:
+        return 0
+    return min(len(st.tokenizer.encode(text, add_special=False, parse_special=False)), gen.completion_tokens)
 
 
 def _template_call(call_id: str, name: str, arguments: str) -> dict:

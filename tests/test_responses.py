@@ -40,6 +40,7 @@ def test_plain(oai):
     assert message.content[0].text == r.output_text
     assert r.usage.input_tokens > 5 and 0 < r.usage.output_tokens < 40
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.usage.output_tokens_details.reasoning_tokens == 0  # no reasoning parser split any off
 
 
 def test_input_items_and_incomplete(oai):
