@@ -25,7 +25,7 @@ from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.openai_schemas import ResponseFormat
 from frontend_proc.reasoning import CONTENT, HARMONY_TOKENS, Splitter, is_harmony, splitter_factory
 from frontend_proc.tokenizer import Tokenizer
-from frontend_proc.tool_parser import ToolCall, ToolCallParser
+from frontend_proc.tool_parser import ToolCall, call_parser
 from frontend_proc.tools import Tool, ToolError, ToolFormat, ToolPlan, generic_messages, plan
 
 CALL = "call"  # a part that is a ToolCallDelta
@@ -65,7 +65,8 @@ class ChatPrompt:
         self.tokens = st.tokenizer.encode(text)
         self.tool_plan = tool_plan
         harmony = is_harmony(st.chat_template.source)
-        self._new_splitter = splitter_factory(text, harmony) if st.config.reasoning_format == "auto" else None
+        calls = tool_plan is not None and tool_plan.parse
+        self._new_splitter = splitter_factory(text, harmony, calls) if st.config.reasoning_format == "auto" else None
         # The reply's text must show the control tokens it is read by: a tool-call opener, harmony's markers.
         shown = shown_tokens(tool_plan, st.tokenizer) if tool_plan is not None else frozenset()
         self.shown = (shown | st.tokenizer.control_tokens(HARMONY_TOKENS)) if harmony else shown
@@ -112,7 +113,7 @@ class Reply:
 
     def __init__(self, splitter: Splitter | None, tool_plan: ToolPlan | None):
         self._splitter = splitter
-        self._parser = ToolCallParser(tool_plan.format) if tool_plan is not None and tool_plan.parse else None
+        self._parser = call_parser(tool_plan.format) if tool_plan is not None and tool_plan.parse else None
 
     @property
     def calls(self) -> list[ToolCall]:

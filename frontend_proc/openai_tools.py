@@ -14,7 +14,7 @@ from frontend_proc.chat import render
 from frontend_proc.chat_template import ChatTemplate
 from frontend_proc.errors import ApiError
 from frontend_proc.openai_schemas import ChatCompletionRequest, MessageError
-from frontend_proc.tool_parser import ToolCallParser
+from frontend_proc.tool_parser import call_parser
 from frontend_proc.tools import Tool, ToolError, ToolFormat, ToolPlan, plan
 
 
@@ -54,7 +54,7 @@ class ChatOutput:
     """One choice's text read for tool calls, as OpenAI's message or deltas."""
 
     def __init__(self, tool_plan: ToolPlan):
-        self.parser = ToolCallParser(tool_plan.format) if tool_plan.parse else None
+        self.parser = call_parser(tool_plan.format) if tool_plan.parse else None
 
     def message(self, text: str) -> dict:
         if self.parser is None:

@@ -19,6 +19,8 @@ show them (HARMONY_TOKENS, see ChatPrompt); HarmonySplitter reads them.
 
 from __future__ import annotations
 
+import re
+
 from frontend_proc.generation import overlap
 
 REASONING, CONTENT = "reasoning", "content"
@@ -35,8 +37,11 @@ _HEADER, _BODY, _VERBATIM = range(4, 7)  # harmony: a header, a message's text, 
 
 # Harmony's markers: what the frontend must see of the reply (control tokens, written out).
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
-_HARMONY_HEADS = ("<|start|>", "<|channel|>")  # what a harmony message starts with
-_MESSAGE, _END = "<|message|>", "<|end|>"
+# What a harmony message starts with; "to=": the prompt wrote `<|start|>assistant`, the reply names a recipient.
+_HARMONY_HEADS = ("<|start|>", "<|channel|>", "to=")
+_MESSAGE = "<|message|>"
+_ENDS = ("<|end|>", "<|call|>")  # what ends a message that goes on (<|call|>, a call's, also ends generation)
+_RECIPIENT = re.compile(r"to=([^\s<]+)")
 _ANALYSIS = "<|channel|>analysis" + _MESSAGE
 _MAX_HEADER = 256  # a header this long without <|message|> is not one: the text is the answer's
 
@@ -115,15 +120,18 @@ class ReasoningSplitter:
 class HarmonySplitter:
     """Splits a harmony reply fed piece by piece: the analysis channel is reasoning, final and commentary the answer.
 
-    A message addressed to a recipient (`` to=functions.f``, a tool call in
-    harmony's own syntax) is left in the answer as written. Past the final
+    A message to a function (`` to=functions.f``, a tool call) is left in the
+    answer as written, for tool_parser.HarmonyCallParser to read, when the
+    request's tools are read for calls; else, as a message to a built-in tool
+    (`` to=python``), it is dropped, as llama-server does. Past the final
     channel's header every piece passes straight through.
     """
 
-    def __init__(self, in_analysis: bool = False):
-        """in_analysis: the prompt ends with the analysis channel's header (see opened_in_harmony)."""
+    def __init__(self, in_analysis: bool = False, calls: bool = False):
+        """in_analysis: the prompt ends with the analysis channel's header (see opened_in_harmony); calls: keep them."""
         self._state = _BODY if in_analysis else _HEADER
-        self._kind = REASONING
+        self._kind: str | None = REASONING  # of the open message's text; None: dropped
+        self._calls = calls
         self._held = ""
 
     def feed(self, text: str) -> list[tuple[str, str]]:
@@ -154,9 +162,13 @@ class HarmonySplitter:
             return ""
         header, body = head[:cut], head[cut + len(_MESSAGE) :]
         channel = header.rpartition("<|channel|>")[2].split(" ", 1)[0].split("<|", 1)[0]
-        if " to=" in header:  # a call in harmony's syntax: the answer's, as written
-            self._state, self._kind = _VERBATIM, CONTENT
-            parts.append((CONTENT, head[: cut + len(_MESSAGE)]))
+        recipient = _RECIPIENT.search(header)
+        if recipient is not None and recipient.group(1) != "assistant":  # (gpt-oss-20b's stray " to=assistant" is none)
+            if self._calls and recipient.group(1).startswith("functions."):  # a call: the answer's, as written
+                self._state, self._kind = _VERBATIM, CONTENT
+                parts.append((CONTENT, head[: cut + len(_MESSAGE)]))
+            else:
+                self._state, self._kind = _BODY, None
         elif channel == "final":
             self._state = _ANSWER
             if body:
@@ -167,16 +179,16 @@ class HarmonySplitter:
         return body
 
     def _body(self, text: str, parts: list) -> str:
-        """A message's text up to its <|end|>, holding back what could be the start of one."""
-        cut = text.find(_END)
+        """A message's text up to its end, holding back what could be the start of one."""
+        cut, end = min(((i, e) for e in _ENDS if (i := text.find(e)) >= 0), default=(-1, ""))
         if cut < 0:
-            keep = overlap(text, _END)
+            keep = max(overlap(text, e) for e in _ENDS)
             self._held, body, rest = text[len(text) - keep :], text[: len(text) - keep], ""
         else:
-            body, rest = text[:cut], text[cut + len(_END) :]
+            body, rest = text[:cut], text[cut + len(end) :]
             if self._state == _VERBATIM:
-                body += _END
-        if body:
+                body += end
+        if body and self._kind is not None:
             parts.append((self._kind, body))
         if cut >= 0:
             self._state = _HEADER
@@ -185,9 +197,10 @@ class HarmonySplitter:
     def flush(self) -> list[tuple[str, str]]:
         """What is held back once the reply is over: the open message's, or the answer's."""
         held, self._held = self._held, ""
-        if not held or (self._state == _HEADER and not held.strip()):
+        kind = self._kind if self._state != _HEADER else CONTENT
+        if not held or kind is None or (self._state == _HEADER and not held.strip()):
             return []
-        return [(self._kind if self._state != _HEADER else CONTENT, held)]
+        return [(kind, held)]
 
 
 def opened_in_harmony(prompt: str) -> bool:
@@ -198,11 +211,11 @@ def opened_in_harmony(prompt: str) -> bool:
 Splitter = ReasoningSplitter | HarmonySplitter
 
 
-def splitter_factory(prompt: str, harmony: bool):
-    """Makes a splitter for each reply to this prompt (the prompt may have opened the thinking)."""
+def splitter_factory(prompt: str, harmony: bool, calls: bool = False):
+    """Makes a splitter for each reply to this prompt (the prompt may have opened the thinking; calls: read for them)."""
     if harmony:
         in_analysis = opened_in_harmony(prompt)
-        return lambda: HarmonySplitter(in_analysis)
+        return lambda: HarmonySplitter(in_analysis, calls)
     closing = opened_in_prompt(prompt)
     return lambda: ReasoningSplitter(closing)
 

@@ -5,7 +5,8 @@ and `ToolCallDelta`s. A call's first delta carries its index, id and name;
 then its `arguments` come as fragments of their JSON text, as OpenAI streams
 them, so a route can stream both and a whole response is the same events
 joined. Text that may be the start of a call (a prefix of `<tool_call>`) is
-held back until it is clear either way.
+held back until it is clear either way. gpt-oss writes its calls in OpenAI's
+harmony format instead, read by HarmonyCallParser (same interface).
 
 The call object is read one character at a time by a small JSON scanner: it
 only tracks strings and nesting, finds `name`, and the span of the arguments
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 
-from frontend_proc.tools import ToolFormat
+from frontend_proc.tools import HARMONY, ToolFormat
 
 ARGS_KEYS = ("arguments", "parameters")
 
@@ -260,6 +262,109 @@ class ToolCallParser:
             out.append(ToolCallDelta(index, arguments=scanner.arguments()))
         self.calls.append(ToolCall(self._call_id, scanner.name, scanner.arguments()))
         self._scanner, self._sent_args = None, -1
+
+
+def call_parser(fmt: ToolFormat) -> ToolCallParser | HarmonyCallParser:
+    """The parser of the calls a model writes in this format."""
+    return HarmonyCallParser() if fmt is HARMONY else ToolCallParser(fmt)
+
+
+_MESSAGE = "<|message|>"
+# What a message to a function can start with: a header, or (the prompt wrote `<|start|>assistant`) its recipient.
+_HARMONY_HEADS = ("<|start|>", "<|channel|>", "to=functions.")
+_CALL_ENDS = ("<|call|>", "<|end|>")  # <|call|> ends generation (the text stops there); <|end|> parts calls in a row
+_RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
+_MAX_HEADER = 256  # a header this long without <|message|> is not one
+
+
+class HarmonyCallParser:
+    """gpt-oss's calls: a message addressed `to=functions.NAME`, whose text is the arguments.
+
+    The recipient may be in the role's header or the channel's, as OpenAI's
+    harmony format allows (llama.cpp reads both):
+    `<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>` or
+    `<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{...}`. Other messages
+    (with --reasoning-format none, the analysis channel's) stay text, as written.
+    The arguments pass on as they come; the call ends at <|call|>, <|end|> or the text's end.
+    """
+
+    def __init__(self):
+        self.calls: list[ToolCall] = []
+        self._pending = ""
+        self._name: str | None = None  # of the call whose arguments are being read
+        self._id = ""
+        self._args: list[str] = []
+
+    def feed(self, text: str) -> list[str | ToolCallDelta]:
+        out: list[str | ToolCallDelta] = []
+        self._pending += text
+        while self._pending and (self._arguments(out) if self._name is not None else self._text(out)):
+            pass
+        return out
+
+    def finish(self) -> list[str | ToolCallDelta]:
+        """What is left once the output is complete: the last call's end, or text (a header cut short)."""
+        out: list[str | ToolCallDelta] = []
+        if self._name is not None:
+            self._send(self._pending, out)
+            self._end_call(out)
+        elif self._pending:
+            out.append(self._pending)
+        self._pending = ""
+        return out
+
+    def _text(self, out: list) -> bool:
+        """Pass text on up to a header; read the header once whole. False when more text is needed."""
+        text = self._pending
+        at, head = min(((i, h) for h in _HARMONY_HEADS if (i := text.find(h)) >= 0), default=(-1, ""))
+        if at < 0:
+            keep = max(_overlap(text, h) for h in _HARMONY_HEADS)
+            if len(text) > keep:
+                out.append(text[: len(text) - keep])
+            self._pending = text[len(text) - keep :]
+            return False
+        if at:
+            out.append(text[:at])
+        text = text[at:]
+        cut = text.find(_MESSAGE)
+        if cut < 0 and len(text) <= _MAX_HEADER:
+            self._pending = text
+            return False
+        recipient = _RECIPIENT.search(text, 0, cut) if cut >= 0 else None
+        if recipient is None:  # not a call's header: text, as written
+            end = cut + len(_MESSAGE) if cut >= 0 else len(head)
+            out.append(text[:end])
+            self._pending = text[end:]
+            return True
+        self._name, self._id = recipient.group(1), new_call_id()
+        out.append(ToolCallDelta(len(self.calls), self._id, self._name))
+        self._pending = text[cut + len(_MESSAGE) :]
+        return True
+
+    def _arguments(self, out: list) -> bool:
+        """Pass the arguments on up to the call's end, holding back what could be the start of one."""
+        text = self._pending
+        at, end = min(((i, e) for e in _CALL_ENDS if (i := text.find(e)) >= 0), default=(-1, ""))
+        if at < 0:
+            keep = max(_overlap(text, e) for e in _CALL_ENDS)
+            self._send(text[: len(text) - keep], out)
+            self._pending = text[len(text) - keep :]
+            return False
+        self._send(text[:at], out)
+        self._pending = text[at + len(end) :].lstrip()
+        self._end_call(out)
+        return True
+
+    def _send(self, arguments: str, out: list) -> None:
+        if arguments:
+            self._args.append(arguments)
+            out.append(ToolCallDelta(len(self.calls), arguments=arguments))
+
+    def _end_call(self, out: list) -> None:
+        if not "".join(self._args).strip():  # a call without arguments: an empty object, as ToolCallParser gives
+            self._send("{}", out)
+        self.calls.append(ToolCall(self._id, self._name, "".join(self._args)))
+        self._name, self._args = None, []
 
 
 def _overlap(text: str, opener: str) -> int:

@@ -9,7 +9,9 @@ reads the calls back out of the text. Only the formatting is the route's.
 How a model is prompted and which syntax it writes its calls in depends on its
 chat template (`ToolFormat.detect`): Hermes/Qwen templates get the tools and
 write `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, Llama 3.x a bare
-`{"name": ..., "parameters": ...}`, Mistral `[TOOL_CALLS][{...}]`. A template
+`{"name": ..., "parameters": ...}`, Mistral `[TOOL_CALLS][{...}]`, gpt-oss a
+harmony message to the function (`<|channel|>commentary to=functions.f
+<|constrain|>json<|message|>{...}`). A template
 that does not render tools gets the generic form: the tools and the call syntax
 (Hermes's tags) described in the system turn, and earlier calls and results
 written into the conversation as text.
@@ -59,6 +61,8 @@ class ToolFormat:
 
     @staticmethod
     def detect(template_source: str, renders_tools: bool) -> ToolFormat:
+        if renders_tools and "<|channel|>" in template_source:  # harmony, as reasoning.is_harmony
+            return HARMONY
         if renders_tools and "<tool_call>" in template_source:
             return HERMES
         if renders_tools and "[TOOL_CALLS]" in template_source:
@@ -72,6 +76,8 @@ HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments", array=
 LLAMA3 = ToolFormat("llama3", "", "", "parameters", array=False, native=True)
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", array=True, native=True)
 GENERIC = ToolFormat("generic", "<tool_call>", "</tool_call>", "arguments", array=False, native=False)
+# A message's recipient starts the call, its text is the arguments (harmony_grammar, tool_parser.HarmonyCallParser).
+HARMONY = ToolFormat("harmony", "to=functions.", "", "", array=False, native=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +110,10 @@ def plan(tools: list[Tool], choice: str, parallel: bool, fmt: ToolFormat, vocab)
         except GrammarError as e:
             raise ToolError(str(e), f"tools[{i}].function.parameters") from None
     allowed = tuple(t for t in tools if t.name == choice) if choice not in ("auto", "required") else tuple(tools)
-    grammar = call_grammar(allowed, fmt, parallel and choice in ("auto", "required"), vocab)
+    if fmt is HARMONY:  # one call a reply: <|call|> ends the generation
+        grammar = harmony_grammar(allowed, choice == "auto", vocab)
+    else:
+        grammar = call_grammar(allowed, fmt, parallel and choice in ("auto", "required"), vocab)
     triggers = [trigger_pattern(fmt)] if choice == "auto" else None
     if fmt.native:
         return ToolPlan(fmt, [t.as_openai() for t in tools], None, grammar, triggers, parse=True)
@@ -119,6 +128,8 @@ class ToolError(ValueError):
 
 def trigger_pattern(fmt: ToolFormat) -> str:
     """The regex whose match starts the lazy grammar; the grammar reads the text from its first group."""
+    if fmt is HARMONY:  # a recipient right after a header (role's or channel's), not one the reasoning mentions
+        return r"(?:^|<\|start\|>assistant|<\|channel\|>(?:commentary|analysis))\s*(to=functions\.)"
     if fmt.opener:
         return f"({re.escape(fmt.opener)})"
     return r"^\s*(\{)[\s\S]*$"  # Llama 3.x: the output opens with a JSON object
@@ -143,11 +154,8 @@ def call_grammar(tools: tuple[Tool, ...], fmt: ToolFormat, parallel: bool, vocab
         schema = {**schema, "$defs": defs}
     if schema_repeats(schema) > MAX_REPEATS:
         raise ToolError(f"the tools' schemas ask for more than {MAX_REPEATS} repeated items in all", "tools")
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    try:
-        converter.visit(converter.resolve_refs(schema, "tools"), "call")
-    except Exception as e:  # the converter asserts on what it cannot express
-        raise ToolError(f"unsupported JSON schema: {e}", "tools") from None
+    converter = _converter()
+    _visit(converter, schema, "call")
     if fmt.array:
         one = '"[" space call (space "," space call)* space "]"' if parallel else '"[" space call space "]"'
         root = f"{_literal(fmt.opener)} {one}"
@@ -155,6 +163,44 @@ def call_grammar(tools: tuple[Tool, ...], fmt: ToolFormat, parallel: bool, vocab
         one = f"{_literal(fmt.opener)} tool-ws call tool-ws {_literal(fmt.closer)}" if fmt.opener else "call"
         root = f"{one} (tool-ws {one})*" if parallel else one
     converter._add_rule("tool-ws", "[ \\t\\n]{0,3}")  # models write a newline or two around the JSON
+    return _grammar(converter, root, vocab)
+
+
+# After `to=functions.NAME`: the channel (when the role's header named the recipient), then the constraint.
+_HARMONY_HEADER = '("<|channel|>" ("commentary" | "analysis"))? " "? ("<|constrain|>"? "json")? "<|message|>"'
+
+
+@lru_cache(maxsize=64)
+def harmony_grammar(tools: tuple[Tool, ...], lazy: bool, vocab) -> str:
+    """GBNF for one call in harmony's syntax: from its recipient (lazy, the trigger) or the reply's first token."""
+    converter = _converter()
+    calls = []
+    for i, tool in enumerate(tools):
+        params = json.loads(tool.parameters) or {"type": "object"}
+        if schema_repeats(params) > MAX_REPEATS:
+            raise ToolError(f"the tools' schemas ask for more than {MAX_REPEATS} repeated items in all", "tools")
+        args = _visit(converter, params, f"args-{i}")
+        calls.append(converter._add_rule(f"call-{i}", f"{_literal(tool.name)} harmony-header {args}"))
+    converter._add_rule("harmony-header", _HARMONY_HEADER)
+    call = f"{_literal(HARMONY.opener)} ({' | '.join(calls)})"
+    # Forced: the reply (after the prompt's `<|start|>assistant`) is the call, on the commentary channel.
+    return _grammar(converter, call if lazy else f'"<|channel|>commentary " {call}', vocab)
+
+
+def _converter() -> SchemaConverter:
+    return SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
+def _visit(converter: SchemaConverter, schema: dict, name: str) -> str:
+    """The schema's rule, named name; a ToolError for what the converter cannot express."""
+    try:
+        return converter.visit(converter.resolve_refs(schema, "tools"), name)
+    except Exception as e:  # the converter asserts on what it cannot express
+        raise ToolError(f"unsupported JSON schema: {e}", "tools") from None
+
+
+def _grammar(converter: SchemaConverter, root: str, vocab) -> str:
+    """The whole grammar with this root, checked by llama.cpp's parser."""
     converter._add_rule("root", root)
     gbnf = converter.format_grammar()
     try:

@@ -47,7 +47,7 @@ REPLIES = [
 
 
 def _fed(reply: str, closing: str | None, cuts: list[int], harmony: bool) -> tuple[str, str]:
-    splitter = HarmonySplitter(closing is not None) if harmony else ReasoningSplitter(closing)
+    splitter = HarmonySplitter(closing is not None, calls=True) if harmony else ReasoningSplitter(closing)
     parts = []
     for start, end in zip([0, *cuts], [*cuts, len(reply)]):
         parts += splitter.feed(reply[start:end])
@@ -78,7 +78,8 @@ HARMONY = [
         "Plan it.",
         "Let me check. Done: 4 < 5.",
     ),
-    # A call in harmony's own syntax stays in the answer as written, never in the reasoning.
+    # A call in harmony's own syntax stays in the answer as written, for the tool-call parser (test_tool_parser.py),
+    # never in the reasoning.
     (
         "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
         '<|constrain|>json<|message|>{"city": "Paris"}',

@@ -3,13 +3,16 @@
 The embedded SmolLM2's template does not render tools, so these exercise the
 generic form (tools described in the system turn, Hermes-style tags) and the
 grammar that makes every call valid; the native formats' parsing is covered
-by test_tool_parser.py.
+by test_tool_parser.py. A template in gpt-oss's harmony format has the model
+write its calls in harmony's syntax, read back on every route.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
+import anthropic
 import msgspec
 import openai
 import pytest
@@ -22,8 +25,8 @@ from frontend_proc.chat_template import ChatTemplate
 from frontend_proc.openai_schemas import ChatCompletionRequest
 from frontend_proc.openai_tools import chat_plan, chat_prompt
 from frontend_proc.tokenizer import Tokenizer
-from frontend_proc.tools import GENERIC, HERMES
-from tests.conftest import wait_idle
+from frontend_proc.tools import GENERIC, HARMONY, HERMES, trigger_pattern
+from tests.conftest import start_server, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 WEATHER = {
@@ -271,3 +274,75 @@ def test_a_control_token_opener_is_shown_to_the_parser():
     assert tok.detokenizer().feed([start, *hello]) == "Hello"
     assert tok.detokenizer(frozenset([start])).feed([start, *hello]) == "<|im_start|>Hello"
     assert tok.control_token("<tool_call>") is None and tok.control_token("Hello") is None
+
+
+# gpt-oss's harmony format, as its template writes it: the tools as a TypeScript namespace, calls as messages to
+# them; the generation prompt ends with "<|start|>assistant".
+HARMONY_TEMPLATE = """{%- if tools %}<|start|>developer<|message|># Tools
+namespace functions {
+{% for t in tools %}// {{ t.function.description }}
+type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
+{% endfor %}}<|end|>{% endif %}
+{%- for m in messages %}
+{%- if m.tool_calls %}{% for c in m.tool_calls %}<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} \
+<|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}
+{%- elif m.role == 'tool' %}<|start|>functions to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>
+{%- else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}"""
+CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Tokyo", "Paris"]}}, "required": ["city"]}
+
+
+def test_harmony_calls_on_every_route(tmp_path):
+    """A forced call: the grammar has SmolLM2 write it in harmony's syntax (as text: its vocabulary has no such
+    control tokens), and each route gives it back as its own tool call, whole and streamed alike."""
+    template = tmp_path / "harmony.jinja"
+    template.write_text(HARMONY_TEMPLATE)
+    question = [{"role": "user", "content": "What is the weather in Tokyo?"}]
+    body = msgspec.convert({"messages": question, "tools": [WEATHER]}, ChatCompletionRequest)
+    plan = chat_plan(body, ChatTemplate(HARMONY_TEMPLATE), Tokenizer(embedded_model_path()).vocab)
+    assert plan.format is HARMONY and plan.template_tools and plan.triggers  # the template renders the tools; auto is lazy
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": CITY}}
+    with start_server("--parallel", "2", "--ctx-size", "2048", "--chat-template-file", str(template)) as srv:
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=120, max_retries=0) as oai:
+            # SmolLM2 spells the markers out a few characters a token: the header alone takes ~40 tokens.
+            kw = {"model": MODEL, "messages": question, "tools": [tool], "tool_choice": "required", "temperature": 0, "max_tokens": 150}
+            choice = oai.chat.completions.create(**kw).choices[0]
+            assert choice.finish_reason == "tool_calls" and choice.message.content is None
+            (call,) = choice.message.tool_calls
+            args = json.loads(call.function.arguments)
+            assert call.function.name == "get_weather" and args["city"] in ("Tokyo", "Paris")
+            chunks = [c.choices[0] for c in oai.chat.completions.create(**kw, stream=True)]
+            assert not "".join(c.delta.content or "" for c in chunks) and chunks[-1].finish_reason == "tool_calls"
+            streamed = "".join(t.function.arguments or "" for c in chunks for t in c.delta.tool_calls or ())
+            assert streamed == call.function.arguments
+
+            rkw = {"model": MODEL, "input": question[0]["content"], "tool_choice": "required", "temperature": 0, "max_output_tokens": 150,
+                   "tools": [{"type": "function", "name": "get_weather", "parameters": CITY}]}
+            (item,) = oai.responses.create(**rkw).output
+            assert (item.type, item.name, item.arguments, item.status) == ("function_call", "get_weather", call.function.arguments, "completed")
+            events = list(oai.responses.create(**rkw, stream=True))
+            done = [e for e in events if e.type == "response.function_call_arguments.done"]
+            assert [e.arguments for e in done] == [call.function.arguments] and events[-1].type == "response.completed"
+            assert not [e for e in events if e.type == "response.output_text.delta"]
+
+        with anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0) as claude:
+            akw = {"model": MODEL, "max_tokens": 150, "messages": question, "tool_choice": {"type": "any"}, "extra_body": {"temperature": 0},
+                   "tools": [{"name": "get_weather", "description": "The weather in a city", "input_schema": CITY}]}
+            message = claude.messages.create(**akw)
+            assert [(b.type, b.name, b.input) for b in message.content] == [("tool_use", "get_weather", args)]
+            assert message.stop_reason == "tool_use"
+            with claude.messages.stream(**akw) as stream:
+                final = stream.get_final_message()
+            assert [(b.type, b.input) for b in final.content] == [("tool_use", args)] and final.stop_reason == "tool_use"
+
+
+def test_harmony_trigger_is_a_recipient_after_a_header():
+    """auto's lazy grammar starts at a call's recipient in either header, not at one the reasoning mentions."""
+    trigger = re.compile(trigger_pattern(HARMONY))
+    calls = [" to=functions.", "<|channel|>commentary to=functions.", "x<|end|><|start|>assistant to=functions.",
+             "<|end|><|start|>assistant<|channel|>analysis to=functions."]
+    for text in calls:
+        m = trigger.search(text)
+        assert m and text[m.start(1) :] == "to=functions.", text
+    assert trigger.search("<|channel|>analysis<|message|>I will send it to=functions.get_weather") is None
