@@ -99,6 +99,16 @@ def overlap(text: str, stop: str) -> int:
     return 0
 
 
+def cut_at_first(text: str, markers: Sequence[str]) -> tuple[str, str | None, str]:
+    """(before, marker, after) at the first of markers in text; with none, marker is None and after is the
+    end of text that could still be the start of one, to hold back."""
+    at, marker = min(((i, m) for m in markers if (i := text.find(m)) >= 0), default=(-1, None))
+    if marker is None:
+        keep = max(overlap(text, m) for m in markers)
+        return text[: len(text) - keep], None, text[len(text) - keep :]
+    return text[:at], marker, text[at + len(marker) :]
+
+
 class Choice:
     """One sequence of a request: its text, cut at a stop string, and why it ended."""
 

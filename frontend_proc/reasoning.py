@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from frontend_proc.generation import overlap
+from frontend_proc.generation import cut_at_first, overlap
 
 REASONING, CONTENT = "reasoning", "content"
 # (opening, closing) markers, as the models write them.
@@ -180,17 +180,14 @@ class HarmonySplitter:
 
     def _body(self, text: str, parts: list) -> str:
         """A message's text up to its end, holding back what could be the start of one."""
-        cut, end = min(((i, e) for e in _ENDS if (i := text.find(e)) >= 0), default=(-1, ""))
-        if cut < 0:
-            keep = max(overlap(text, e) for e in _ENDS)
-            self._held, body, rest = text[len(text) - keep :], text[: len(text) - keep], ""
-        else:
-            body, rest = text[:cut], text[cut + len(end) :]
-            if self._state == _VERBATIM:
-                body += end
+        body, end, rest = cut_at_first(text, _ENDS)
+        if end is None:
+            self._held, rest = rest, ""
+        elif self._state == _VERBATIM:
+            body += end
         if body and self._kind is not None:
             parts.append((self._kind, body))
-        if cut >= 0:
+        if end is not None:
             self._state = _HEADER
         return rest
 

@@ -22,6 +22,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from frontend_proc.generation import cut_at_first
 from frontend_proc.tools import HARMONY, ToolFormat
 
 ARGS_KEYS = ("arguments", "parameters")
@@ -315,17 +316,13 @@ class HarmonyCallParser:
 
     def _text(self, out: list) -> bool:
         """Pass text on up to a header; read the header once whole. False when more text is needed."""
-        text = self._pending
-        at, head = min(((i, h) for h in _HARMONY_HEADS if (i := text.find(h)) >= 0), default=(-1, ""))
-        if at < 0:
-            keep = max(_overlap(text, h) for h in _HARMONY_HEADS)
-            if len(text) > keep:
-                out.append(text[: len(text) - keep])
-            self._pending = text[len(text) - keep :]
+        before, head, rest = cut_at_first(self._pending, _HARMONY_HEADS)
+        if before:
+            out.append(before)
+        if head is None:
+            self._pending = rest
             return False
-        if at:
-            out.append(text[:at])
-        text = text[at:]
+        text = head + rest
         cut = text.find(_MESSAGE)
         if cut < 0 and len(text) <= _MAX_HEADER:
             self._pending = text
@@ -343,15 +340,12 @@ class HarmonyCallParser:
 
     def _arguments(self, out: list) -> bool:
         """Pass the arguments on up to the call's end, holding back what could be the start of one."""
-        text = self._pending
-        at, end = min(((i, e) for e in _CALL_ENDS if (i := text.find(e)) >= 0), default=(-1, ""))
-        if at < 0:
-            keep = max(_overlap(text, e) for e in _CALL_ENDS)
-            self._send(text[: len(text) - keep], out)
-            self._pending = text[len(text) - keep :]
+        arguments, end, rest = cut_at_first(self._pending, _CALL_ENDS)
+        self._send(arguments, out)
+        if end is None:
+            self._pending = rest
             return False
-        self._send(text[:at], out)
-        self._pending = text[at + len(end) :].lstrip()
+        self._pending = rest.lstrip()
         self._end_call(out)
         return True
 
