@@ -304,12 +304,12 @@ class HarmonyCallParser:
         return out
 
     def finish(self) -> list[str | ToolCallDelta]:
-        """What is left once the output is complete: the last call's end, or text (a header cut short)."""
+        """What is left once the output is complete: the last call's end, or text (a header cut short, unless a call's)."""
         out: list[str | ToolCallDelta] = []
         if self._name is not None:
             self._send(self._pending, out)
             self._end_call(out)
-        elif self._pending:
+        elif self._pending and not (self._pending.startswith("<|") and _RECIPIENT.search(self._pending)):
             out.append(self._pending)
         self._pending = ""
         return out

@@ -201,6 +201,13 @@ def test_harmony_calls_in_text_left_as_written(step):
     assert [(c.id, c.name, c.arguments) for c in whole] == [(c["id"], c["name"], c["arguments"]) for c in calls]
 
 
+def test_harmony_call_cut_short_in_its_header_is_neither_call_nor_text():
+    """max_tokens ending a call before its arguments: nothing to report (the finish_reason says `length`)."""
+    text = "<|channel|>analysis<|message|>Call it.<|end|><|start|>assistant<|channel|>commentary to=functions.get_wea"
+    assert _harmony_reply(text, [20]) == ("Call it.", "", [])
+    assert parse(HARMONY, text, 3)[:2] == ("<|channel|>analysis<|message|>Call it.<|end|>", [])
+
+
 @pytest.mark.parametrize("step", STEPS)
 def test_harmony_text_like_a_header_is_given_back(step):
     for text in ["Use <|start|> to start.", "set to=functions.x later", "<|channel|>" + "x" * 300]:
