@@ -5,15 +5,15 @@
     round so that the machine's drift falls on all of them alike. Prints tok/s
     and TTFT p50 per route, the frontend's CPU time per generated token (the
     routes' own cost, which the machine's load moves far less), and their
-    ratios to chat completions.
+    ratios to chat completions: per round, then the median over rounds.
 (b) previous_response_id against resending: two conversations of T turns on
     /v1/responses, streamed, greedy, distinct from their first token (so they
     share no cache). One continues each turn from its stored previous
     response, the other sends its whole history as input items. Prints the
     TTFT of each turn for both, and the prompt tokens the prefix cache served.
 Usage:
-    .venv/bin/python -m perf.front_doors [--model PATH] [--concurrency 1,8] [--rounds 3] [--gen-tokens 64] [--turns 6]
-        [--max-others 0.5] [--tries 3] [--patience 60]
+    .venv/bin/python -m perf.front_doors [--model PATH] [--concurrency 1,8] [--rounds 3] [--min-requests 24] [--gen-tokens 64]
+        [--turns 6] [--max-others 0.5] [--tries 3] [--patience 60]
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def measured_cell(url: str, pid: int, route: str, c: int, requests: int, prompt_
 
 
 def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, gen_tokens: int, prompt_tokens: int,
-                   max_others: float, tries: int, patience: float) -> dict:
+                   max_others: float, tries: int, patience: float, min_requests: int) -> dict:
     results: dict = {}
     for c in concurrencies:
-        requests = 4 * c if c > 1 else 6
+        requests = max(4 * c, min_requests)
         cells: dict[str, list[dict]] = {route: [] for route in ROUTES}
         for r in range(rounds):
             order = ROUTES[r % 3 :] + ROUTES[: r % 3]  # each route goes first in turn
@@ -82,6 +82,9 @@ def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, ge
                 cells[route].append(measured_cell(url, pid, route, c, requests, prompt_tokens, gen_tokens, max_others, tries, patience))
         results[c] = {
             route: {
+                # Each round's ratio to chat completions, then their median: the machine's drift between rounds cancels.
+                "tps_ratio": statistics.median(x["tokens_per_second"] / b["tokens_per_second"] for x, b in zip(cs, cells["chat"])),
+                "ttft_ratio": statistics.median(x["ttft"]["p50"] / b["ttft"]["p50"] for x, b in zip(cs, cells["chat"])),
                 "tokens_per_second": statistics.mean(x["tokens_per_second"] for x in cs),
                 "ttft_p50": statistics.mean(x["ttft"]["p50"] for x in cs),
                 # The route's own cost: the frontend's CPU per generated token (the machine's load moves it far less).
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--min-requests", type=int, default=24, help="requests a cell at least (else 4 per stream)")
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=26)
     ap.add_argument("--turns", type=int, default=6)
@@ -152,16 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     with servers.start("cllm", settings, label="cllm-front-doors") as server:
         http_load.warm_up(server.url, http_load.make_dialect("chat"), 8)
         routes = compare_routes(server.url, server.proc.pid, [int(c) for c in args.concurrency.split(",")], args.rounds, args.gen_tokens, args.prompt_tokens,
-                                args.max_others, args.tries, args.patience)
+                                args.max_others, args.tries, args.patience, args.min_requests)
         turns = compare_continuation(server.url, args.turns, args.gen_tokens)
     print(f"\n{args.rounds} rounds, {args.gen_tokens} tokens, streamed, {args.threads} threads; load average {os.getloadavg()[0]:.1f}\n")
+    print("x chat: the median over rounds of the route's figure ÷ chat completions' in the same round.\n")
     print("| c | route | tok/s | x chat | TTFT p50 (s) | x chat | frontend CPU ms/token | x chat | load (1 min) | others' cores | runs |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c, by_route in routes.items():
         base = by_route["chat"]
         for route, r in by_route.items():
-            print(f"| {c} | {http_load.CHAT_PATHS[route]} | {r['tokens_per_second']:.1f} | {r['tokens_per_second'] / base['tokens_per_second']:.3f}"
-                  f" | {r['ttft_p50']:.3f} | {r['ttft_p50'] / base['ttft_p50']:.3f}"
+            print(f"| {c} | {http_load.CHAT_PATHS[route]} | {r['tokens_per_second']:.1f} | {r['tps_ratio']:.3f}"
+                  f" | {r['ttft_p50']:.3f} | {r['ttft_ratio']:.3f}"
                   f" | {r['frontend_ms']:.3f} | {r['frontend_ms'] / base['frontend_ms']:.3f}"
                   f" | {', '.join(map(str, r['load1']))} | {', '.join(map(str, r['others_cores']))} | {r['attempts']} |")
     print("\n| turn | TTFT previous_response_id (s) | cached/input tokens | TTFT resent (s) | cached/input tokens | ratio | load (1 min) |")
