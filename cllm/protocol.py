@@ -40,6 +40,9 @@ class Submit(msgspec.Struct, tag=1, array_like=True, gc=False):
     id: int
     prompt: list[int]
     sampling: SamplingParams
+    # The frontend reads every step's token (a stream, stop strings); else only the
+    # first and the last wake it, and the tokens between wait in the ring for them.
+    per_step: bool = True
 
 
 class Abort(msgspec.Struct, tag=2, array_like=True, gc=False):

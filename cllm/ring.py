@@ -12,7 +12,11 @@ Layout: a header of four 64-byte lines, then ``capacity`` data bytes.
 A record is a little-endian u32 length and the payload; either may wrap.
 
 Wake-ups go through pipes, and only when the other side said it is going to
-block, so a busy producer or consumer makes no system call per record.
+block, so a busy producer or consumer makes no system call per record. A
+record nobody waits for may also be put without a wake-up (``wake=False``):
+the consumer finds it with the next record that wakes it, and the ring wakes
+it anyway once it is a quarter full, so the producer never fills it while
+the consumer sleeps.
 """
 
 from __future__ import annotations
@@ -139,8 +143,9 @@ class Ring:
 
     # ---- producer ---------------------------------------------------------
 
-    def try_put(self, payload: bytes) -> bool:
-        """Append one record; False if there is no room for it now."""
+    def try_put(self, payload: bytes, wake: bool = True) -> bool:
+        """Append one record; False if there is no room for it now. ``wake``: a
+        waiting consumer needs it now (else it may sleep on until the next)."""
         need = _LEN.size + len(payload)
         if need > self.capacity:
             raise RecordTooLarge(
@@ -154,17 +159,17 @@ class Ring:
         _fence()
         self._hdr[_TAIL // 8] = tail + need
         _fence()
-        if self._hdr[_READER_WAITING // 8]:
+        if self._hdr[_READER_WAITING // 8] and (wake or 4 * (tail + need - self._hdr[_HEAD // 8]) >= self.capacity):
             _poke(self.spec.data_w)
         return True
 
-    def put(self, payload: bytes, other_fds: tuple[int, ...] = ()) -> list[int]:
+    def put(self, payload: bytes, other_fds: tuple[int, ...] = (), wake: bool = True) -> list[int]:
         """Append one record, blocking while the ring is full (backpressure).
 
         Gives up, without appending, as soon as one of ``other_fds`` is
         readable, and returns those that are; returns [] once appended.
         """
-        while not self.try_put(payload):
+        while not self.try_put(payload, wake):
             if self.arm_space_wait(len(payload)):
                 try:
                     ready, _, _ = select.select([self.spec.space_r, *other_fds], [], [])

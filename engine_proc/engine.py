@@ -40,6 +40,7 @@ class LLMEngine:
         self.runner.info.max_embedding_tokens = self.embedder.max_tokens
         self.embedded: list[Embeddings] = []  # vectors of the last step: the caller sends them
         self.steps = 0
+        self.urgent = True  # the last step's outputs are wanted at once (see step)
         self.generated_tokens = 0
         # Per-step figures gathered until the next stats(): a float and an int a step.
         self.step_seconds: list[float] = []
@@ -51,7 +52,7 @@ class LLMEngine:
             sampler = self.sampler.new(req.sampling, req.prompt)
         except GrammarError:
             return SeqOutput(req.id, finish="error")
-        self.scheduler.add(Sequence(req.id, np.array(req.prompt, np.int32), req.sampling, sampler))
+        self.scheduler.add(Sequence(req.id, np.array(req.prompt, np.int32), req.sampling, sampler, per_step=req.per_step))
         return None
 
     def embed(self, req: Embed) -> None:
@@ -98,6 +99,9 @@ class LLMEngine:
             if step.decode:  # embedding is prefill work: a full budget of it beside decoding streams slows them ~15x
                 budget = min(budget, self.runner.token_budget // EMBED_SHARE)
             self.embedded = self.embedder.step(budget)
+        # The frontend wants this step now if a token is read as it comes, a request
+        # begins (its first token times TTFT) or ends; else the outputs wait in the ring.
+        self.urgent = bool(done) or any(c.seq.per_step for c in step.decode) or any(c.samples for c in step.prefill)
         self.steps += 1
         self.generated_tokens += len(outputs)
         self.step_seconds.append(time.perf_counter() - t0)

@@ -52,10 +52,10 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_term)
     watch = (launch.lifeline, stop_r)
 
-    def send(msg) -> None:
+    def send(msg, wake: bool = True) -> None:
         # Blocks while the frontend is behind; a frontend that died is replaced
         # by one that drains, and meanwhile the lifeline and SIGTERM still count.
-        if outputs.put(encode(msg), watch):
+        if outputs.put(encode(msg), watch, wake):
             raise _Stop
 
     try:
@@ -97,7 +97,8 @@ def main() -> int:
             if refused:
                 send(StepOutputs(refused))
             if engine.has_work():
-                send(StepOutputs(engine.step()))
+                outs = engine.step()
+                send(StepOutputs(outs), engine.urgent)
                 for vectors in engine.embedded:
                     send(vectors)
                 if time.monotonic() >= stats_due:

@@ -26,6 +26,7 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # when its params ask
     drafting: Drafting | None = None  # its speculation, once it decodes with the engine's drafter
+    per_step: bool = True  # the frontend reads each step's token as it comes (Submit.per_step)
 
     @property
     def scored(self) -> bool:

@@ -248,7 +248,7 @@ class EngineClient:
         if self._config.request_timeout:
             stream.timer = self._loop.call_later(self._config.request_timeout, self._time_out, stream)
         try:
-            if not await self._put(self._encode(Submit(stream.id, prompt, sampling)), stream):
+            if not await self._put(self._encode(Submit(stream.id, prompt, sampling, per_step)), stream):
                 raise stream.error or not_ready()
         except BaseException:
             self.abort(stream)

@@ -1,5 +1,6 @@
 import os
 import random
+import select
 import subprocess
 import sys
 import threading
@@ -156,3 +157,32 @@ def test_blocking_put_gives_up_when_another_fd_is_readable(ring):
     assert ring.drain() == [payload]  # nothing was appended
     os.close(r)
     os.close(w)
+
+
+def _woken(ring) -> bool:
+    """Whether the consumer's wake-up pipe holds a wake-up now."""
+    return bool(select.select([ring.data_fd], [], [], 0)[0])
+
+
+def test_record_put_without_wake_waits_for_the_next_that_wakes(ring):
+    assert ring.arm_wait()  # the consumer is about to sleep
+    assert ring.try_put(b"quiet", wake=False)
+    assert not _woken(ring)  # it sleeps on
+    assert ring.try_put(b"loud")
+    assert _woken(ring)
+    ring.end_wait()
+    assert ring.drain() == [b"quiet", b"loud"]  # the quiet one comes with it, in order
+
+
+def test_ring_wakes_a_sleeping_consumer_once_a_quarter_full(ring):
+    assert ring.arm_wait()
+    payload = b"x" * 100
+    used = 0
+    while 4 * (used + 104) < ring.capacity:
+        assert ring.try_put(payload, wake=False)
+        used += 104
+        assert not _woken(ring)
+    assert ring.try_put(payload, wake=False)  # this one fills a quarter: the producer never fills it unseen
+    assert _woken(ring)
+    ring.end_wait()
+    assert len(ring.drain()) == used // 104 + 1

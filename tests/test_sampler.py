@@ -111,3 +111,17 @@ def test_lazy_grammar_applies_from_its_trigger_on(engine, tok):
     assert blue and text[41] == head + " blue and green." and results[41][1] == "stop"
     assert "blue" not in text[42] and text[42].startswith(head)
     assert results[43] == results[40]
+
+
+def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, tok):
+    # A request read whole (no stream, no stop strings) needs its first token (TTFT)
+    # and its last; the steps between leave their outputs in the ring unannounced.
+    prompt = tok.encode("Count from one to twenty:")
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for per_step, expected in ((False, [True, False, False, False, False, True]), (True, [True] * 6)):
+        engine.add(Submit(30 + per_step, prompt, params, per_step=per_step))
+        urgent = []
+        while engine.has_work():
+            if engine.step():
+                urgent.append(engine.urgent)
+        assert urgent == expected
