@@ -6,9 +6,6 @@ its prompt or output, the tokens that followed them there are a draft of
 what comes next. The engine feeds the draft in the step's batch right after
 the sequence's last sampled token; the sampler then checks the draft row by
 row and keeps the tokens it would have sampled anyway (engine.LLMEngine._verify).
-Before its own text, a sequence looks in the index all sequences share
-(ngram_index.NgramIndex): a 24-token window that an earlier answer or
-prompt went on from is a surer guess than a short match in its own text.
 
 Verifying costs prefill work: on a 2-core CPU a draft of 8 tokens makes the
 step about 5x as long as a one-token decode, so a draft pays only when most
@@ -27,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine_proc.ngram_index import NgramIndex
 from engine_proc.sequence import Chunk, Sequence
 
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
@@ -41,11 +37,6 @@ PROBE_STEPS = 64  # steps without drafts, where they do not pay, before trying a
 # Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
 STEP_DRAFT_ROWS = 128
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
-INDEX_EVERY = 32  # output tokens a sequence gathers before they join the shared index
-# The shared index's drafts are long and mostly right, but a changed line costs a
-# whole draft: they are tried only where a drafted token costs at most half what
-# a step saves (alone on this CPU; not 8 sequences, whose step is compute-bound).
-SHARED_NEED = 0.5
 
 
 @dataclass(slots=True)
@@ -58,7 +49,6 @@ class Drafting:
     rate: float = 1.0  # accepted / drafted, recent drafts weighing most
     rest: int = 0  # steps to wait before drafting again after a draft failed outright
     misses: int = 0  # drafts in a row that failed outright
-    indexed: int = 0  # its tokens whose windows are in the shared index
 
 
 class Drafter:
@@ -72,7 +62,6 @@ class Drafter:
         self._drafted = self._accepted = 0  # this step's
         self.costs = StepCosts()
         self._unpaid = 0  # steps since drafting last paid or was tried
-        self.index = NgramIndex()
 
     def draft(self, decode: list[Chunk], budget: int) -> None:
         """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
@@ -85,7 +74,6 @@ class Drafter:
                 return
             need = prior(n)  # now and then, to see whether drafting pays again
         self._unpaid = 0
-        shared = need <= SHARED_NEED
         drafted: list[Chunk] = []
         for chunk in decode:
             seq = chunk.seq
@@ -96,9 +84,6 @@ class Drafter:
                 d = seq.drafting = _start(seq)
             else:
                 _sync(d, seq)
-            if d.n - d.indexed >= INDEX_EVERY or not d.indexed:
-                self.index.add(d, d.indexed, d.n)
-                d.indexed = d.n
             if d.rest:
                 d.rest -= 1
                 continue
@@ -106,8 +91,7 @@ class Drafter:
                 d.rate += (1 - d.rate) / 8  # drift back, to try again once the text may have turned to copying
                 continue
             room = min(d.want, self.draft_max, budget, seq.params.max_tokens - len(seq.output) - 1, self.seq_ctx - chunk.end)
-            if room > 0 and ((shared and (draft := self.index.lookup(d, room)) is not None)
-                             or (draft := lookup(d.tokens[: d.n], room)) is not None):
+            if room > 0 and (draft := lookup(d.tokens[: d.n], room)) is not None:
                 chunk.draft = draft
                 budget -= len(draft)
                 drafted.append(chunk)

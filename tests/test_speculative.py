@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from cllm.config import ConfigError, load_config
-from engine_proc.drafter import Drafting, StepCosts, lookup
-from engine_proc.ngram_index import WINDOW, NgramIndex
+from engine_proc.drafter import StepCosts, lookup
 from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value
 
@@ -142,22 +141,6 @@ def test_lookup_takes_the_longest_then_the_latest_match():
     assert lookup(t, 3) is None  # no match of four tokens
     t = np.array([1, 2, 3, 4, 8, 1, 2, 3, 4, 6, 1, 2, 3, 4], np.int32)
     assert lookup(t, 5).tolist() == [6, 1, 2, 3, 4]  # the latest of two equal matches, up to the text's end
-
-
-def test_the_shared_index_drafts_what_the_latest_text_went_on_with():
-    rng = np.random.default_rng(0)
-    window = rng.integers(0, 1000, WINDOW).astype(np.int32)
-    first = np.concatenate((rng.integers(0, 1000, 10), window, [1, 2, 3, 4])).astype(np.int32)
-    second = np.concatenate((window, [5, 6])).astype(np.int32)
-    index = NgramIndex()
-    for text in (first, second):  # each indexed by another sequence, as it was written
-        index.add(Drafting(text, len(text)), 0, len(text))
-    asking = Drafting(np.concatenate((rng.integers(0, 1000, 7), window)).astype(np.int32), 7 + WINDOW)
-    assert index.lookup(asking, 8).tolist() == [5, 6]  # the latest writer wins, up to its text's end
-    assert index.lookup(asking, 1).tolist() == [5]
-    asking.tokens[-1] += 1  # the tail no longer matches a window
-    assert index.lookup(asking, 8) is None
-    assert index.lookup(Drafting(window[:-1].copy(), WINDOW - 1), 8) is None  # shorter than a window
 
 
 def test_yaml_config_and_bad_settings(tmp_path):
