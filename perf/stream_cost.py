@@ -7,7 +7,8 @@ servers taking turns round by round. For each it prints:
     llama.cpp's two busiest (cllm: its frontend, supervisor and the engine's
     own bookkeeping threads; llama-server: its HTTP and slot threads);
   - llama_decode's own time per token: llama-server's `timings` against
-    cllm's engine driven in this process, the same prompt, one after the other.
+    cllm's engine driven in this process, the same prompt, one after the other
+    (a short one, and the ~700-token one of perf.chat_turns' repeat workload).
 On two cores every millisecond of serving CPU is taken from llama.cpp's two
 threads, so the first two figures are what the last two add up to.
 Usage:
@@ -28,7 +29,7 @@ from cllm.bench.prompts import make_prompts
 from cllm.config import ServeConfig
 from cllm.protocol import SamplingParams, Submit
 from perf import servers
-from perf.prefix_cache import stream
+from perf.prefix_cache import handbook, stream
 
 SYSTEMS = ("cllm", "llama-server")
 COMPUTE_THREADS = 2  # llama.cpp's: the engine's main thread and its one OpenMP worker, with --threads 2
@@ -57,8 +58,9 @@ def streams(client: httpx.Client, prompts: list[str]) -> list:
     return [stream(client, "/v1/completions", {"prompt": p, "max_tokens": 100, "ignore_eos": True}) for p in prompts]
 
 
-def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int) -> tuple[float, float]:
-    """Median ms a token in llama_decode at c=1: llama-server's own timings, and cllm's engine in this process."""
+def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int, context: str) -> tuple[float, float]:
+    """Median ms a token in llama_decode at c=1 after the prompt `context` + a round number: llama-server's own
+    timings, and cllm's engine in this process."""
     from engine_proc import batch
     from engine_proc.engine import LLMEngine
 
@@ -75,7 +77,7 @@ def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int) -> tupl
     theirs, ours = [], []
     try:
         for r in range(rounds):
-            prompt = f"Once upon a time, in a land far away, there lived a {r}"
+            prompt = f"{context} {r}"
             j = peer.post("/completion", json={"prompt": prompt, "n_predict": 200, "ignore_eos": True, "temperature": 0,
                                                "cache_prompt": False}).json()
             theirs.append(j["timings"]["predicted_per_token_ms"])
@@ -119,7 +121,9 @@ def main() -> None:
                     g["rate"].append((x.completion_tokens - 1) / (x.seconds - x.ttft))
                     g["e2e"].append(x.completion_tokens / x.seconds)
                     g["tokens"] += x.completion_tokens
-        theirs, ours = decode_ms(settings.model, settings.threads, b, args.rounds)
+        decode = {name: decode_ms(settings.model, settings.threads, b, args.rounds, context)
+                  for name, context in (("a short prompt", "Once upon a time, in a land far away, there lived a"),
+                                        ("a ~700-token prompt", handbook(3, 32)[:3000]))}
         load1 = os.getloadavg()[0]
     print(f"# {os.path.basename(settings.model)}, c=1, 100 tokens, {args.rounds} rounds of {args.requests}, "
           f"{settings.threads} threads; load average {load0:.1f} at the start, {load1:.1f} at the end\n")
@@ -133,8 +137,9 @@ def main() -> None:
           f"| {statistics.median(c['rate']) / statistics.median(p['rate']):.3f} "
           f"| {statistics.median(c['e2e']) / statistics.median(p['e2e']):.3f} "
           f"| {c['serving'] / c['tokens'] / (p['serving'] / p['tokens']):.2f} |\n")
-    print(f"llama_decode per token (200 tokens, median of {args.rounds}): llama-server {theirs:.3f} ms, "
-          f"cllm's engine {ours:.3f} ms ({ours / theirs:.3f}x)")
+    for name, (theirs, ours) in decode.items():
+        print(f"llama_decode per token, 200 tokens after {name} (median of {args.rounds}): llama-server {theirs:.3f} ms, "
+              f"cllm's engine {ours:.3f} ms ({ours / theirs:.3f}x)")
 
 
 if __name__ == "__main__":
