@@ -39,11 +39,11 @@ _HEADER, _BODY, _VERBATIM = range(4, 7)  # harmony: a header, a message's text, 
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
 # What a harmony message starts with; "to=": the prompt wrote `<|start|>assistant`, the reply names a recipient.
 _HARMONY_HEADS = ("<|start|>", "<|channel|>", "to=")
-_MESSAGE = "<|message|>"
-_ENDS = ("<|end|>", "<|call|>")  # what ends a message that goes on (<|call|>, a call's, also ends generation)
+MESSAGE = "<|message|>"  # ends a message's header (tool_parser.HarmonyCallParser reads these too)
+MESSAGE_ENDS = ("<|end|>", "<|call|>")  # <|end|> parts messages in a row; <|call|>, a call's, also ends generation
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
-_ANALYSIS = "<|channel|>analysis" + _MESSAGE
-_MAX_HEADER = 256  # a header this long without <|message|> is not one: the text is the answer's
+_ANALYSIS = "<|channel|>analysis" + MESSAGE
+MAX_HEADER = 256  # a header this long without <|message|> is not one
 
 
 def is_harmony(template_source: str) -> bool:
@@ -149,8 +149,8 @@ class HarmonySplitter:
     def _header(self, text: str, parts: list) -> str:
         """Read a message's header; what follows it is left to read, what cannot be one is the answer."""
         head = text.lstrip()
-        cut = head.find(_MESSAGE)
-        if not head.startswith(_HARMONY_HEADS) or (cut < 0 and len(head) > _MAX_HEADER):
+        cut = head.find(MESSAGE)
+        if not head.startswith(_HARMONY_HEADS) or (cut < 0 and len(head) > MAX_HEADER):
             if cut < 0 and any(h.startswith(head) for h in _HARMONY_HEADS):  # only whitespace, or part of a marker
                 self._held = text
                 return ""
@@ -160,13 +160,13 @@ class HarmonySplitter:
         if cut < 0:
             self._held = text
             return ""
-        header, body = head[:cut], head[cut + len(_MESSAGE) :]
+        header, body = head[:cut], head[cut + len(MESSAGE) :]
         channel = header.rpartition("<|channel|>")[2].split(" ", 1)[0].split("<|", 1)[0]
         recipient = _RECIPIENT.search(header)
         if recipient is not None and recipient.group(1) != "assistant":  # (gpt-oss-20b's stray " to=assistant" is none)
             if self._calls and recipient.group(1).startswith("functions."):  # a call: the answer's, as written
                 self._state, self._kind = _VERBATIM, CONTENT
-                parts.append((CONTENT, head[: cut + len(_MESSAGE)]))
+                parts.append((CONTENT, head[: cut + len(MESSAGE)]))
             else:
                 self._state, self._kind = _BODY, None
         elif channel == "final":
@@ -180,7 +180,7 @@ class HarmonySplitter:
 
     def _body(self, text: str, parts: list) -> str:
         """A message's text up to its end, holding back what could be the start of one."""
-        body, end, rest = cut_at_first(text, _ENDS)
+        body, end, rest = cut_at_first(text, MESSAGE_ENDS)
         if end is None:
             self._held, rest = rest, ""
         elif self._state == _VERBATIM:

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from frontend_proc.generation import cut_at_first
+from frontend_proc.reasoning import MAX_HEADER, MESSAGE, MESSAGE_ENDS
 from frontend_proc.tools import HARMONY, ToolFormat
 
 ARGS_KEYS = ("arguments", "parameters")
@@ -270,12 +271,9 @@ def call_parser(fmt: ToolFormat) -> ToolCallParser | HarmonyCallParser:
     return HarmonyCallParser() if fmt is HARMONY else ToolCallParser(fmt)
 
 
-_MESSAGE = "<|message|>"
 # What a message to a function can start with: a header, or (the prompt wrote `<|start|>assistant`) its recipient.
 _HARMONY_HEADS = ("<|start|>", "<|channel|>", "to=functions.")
-_CALL_ENDS = ("<|call|>", "<|end|>")  # <|call|> ends generation (the text stops there); <|end|> parts calls in a row
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
-_MAX_HEADER = 256  # a header this long without <|message|> is not one
 
 
 class HarmonyCallParser:
@@ -323,24 +321,24 @@ class HarmonyCallParser:
             self._pending = rest
             return False
         text = head + rest
-        cut = text.find(_MESSAGE)
-        if cut < 0 and len(text) <= _MAX_HEADER:
+        cut = text.find(MESSAGE)
+        if cut < 0 and len(text) <= MAX_HEADER:
             self._pending = text
             return False
         recipient = _RECIPIENT.search(text, 0, cut) if cut >= 0 else None
         if recipient is None:  # not a call's header: text, as written
-            end = cut + len(_MESSAGE) if cut >= 0 else len(head)
+            end = cut + len(MESSAGE) if cut >= 0 else len(head)
             out.append(text[:end])
             self._pending = text[end:]
             return True
         self._name, self._id = recipient.group(1), new_call_id()
         out.append(ToolCallDelta(len(self.calls), self._id, self._name))
-        self._pending = text[cut + len(_MESSAGE) :]
+        self._pending = text[cut + len(MESSAGE) :]
         return True
 
     def _arguments(self, out: list) -> bool:
         """Pass the arguments on up to the call's end, holding back what could be the start of one."""
-        arguments, end, rest = cut_at_first(self._pending, _CALL_ENDS)
+        arguments, end, rest = cut_at_first(self._pending, MESSAGE_ENDS)
         self._send(arguments, out)
         if end is None:
             self._pending = rest
