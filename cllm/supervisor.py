@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from cllm.config import ServeConfig
-from cllm.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly, spawn_engine
+from cllm.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, child_env, close_quietly, spawn_engine
 from cllm.log import setup_logging
 from cllm.protocol import Control, EngineExited, LoadModel
 from cllm.registry import ModelSpec
@@ -124,12 +124,9 @@ class Supervisor:
                     ring.close()
                     ring.close_fds()
 
-    def _env(self) -> dict[str, str]:
-        return {k: v for k, v in os.environ.items() if k != "CLLM_API_KEY"}
-
     def _start_engine(self, engine: Engine) -> None:
         rings = EngineRings(*(ring.spec for ring in engine.rings))
-        engine.proc = spawn_engine(engine.spec, rings, engine.replica, self.engine_lifeline[0], engine.starts, self._env())
+        engine.proc = spawn_engine(engine.spec, rings, engine.replica, self.engine_lifeline[0], engine.starts)
         engine.starts += 1
         engine.stop_by = None
 
@@ -160,11 +157,10 @@ class Supervisor:
             control=control_w,
             generation=self.frontend.starts,
         )
-        env = self._env()
-        if self.config.api_key is not None:
-            env["CLLM_API_KEY"] = self.config.api_key
         try:
-            self.frontend.proc = subprocess.Popen(launch.argv("frontend_proc"), pass_fds=launch.fds(), env=env, start_new_session=True)
+            self.frontend.proc = subprocess.Popen(
+                launch.argv("frontend_proc"), pass_fds=launch.fds(), env=child_env(self.config.api_key), start_new_session=True
+            )
         finally:
             for fd in (lifeline_r, ready_w, control_w):
                 os.close(fd)

@@ -48,8 +48,7 @@ class EngineReplica:
         # serves one model, always loaded, and tells the frontend of its engine's death itself.
         self._notices = os.pipe()
         self._control = os.pipe()
-        env = {k: v for k, v in os.environ.items() if k != "CLLM_API_KEY"}
-        self._engine = spawn_engine(spec, rings, 0, self._engine_lifeline[0], 0, env)
+        self._engine = spawn_engine(spec, rings, 0, self._engine_lifeline[0], 0)
         if api_key is not None:
             os.environ["CLLM_API_KEY"] = api_key  # the frontend takes it from there (and removes it)
         launch = Launch(
