@@ -19,9 +19,26 @@ so that unrelated requests spread.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 BLOCK = 32  # tokens per hashed block: prefixes shorter than this are not worth steering for
+K = TypeVar("K", bound=Hashable)
+
+
+def pick(lengths: Mapping[K, int], loads: Mapping[K, int], slack: int, idle: Sequence[K]) -> K:
+    """The rule: the replica with the longest cached prefix (the less loaded of equals), unless it has
+    more than ``slack`` requests in flight beyond the least loaded; else ``idle[0]``, a least loaded one.
+
+    lengths and loads: per candidate replica; idle: the least loaded ones, in the order to take them.
+    """
+    best, best_len = idle[0], 0
+    for replica, length in lengths.items():
+        if length > best_len or (length == best_len and length and loads[replica] < loads[best]):
+            best, best_len = replica, length
+    if best_len and loads[best] - min(loads.values()) <= slack:
+        return best
+    return idle[0]
 
 
 def block_hashes(tokens: Sequence[int]) -> list[int]:
@@ -85,15 +102,8 @@ class PrefixRouter:
         start = self._next
         self._next = (start + 1) % n
         idle = [i for i in ((start + k) % n for k in range(n)) if i in candidates and loads[i] == least]
-        best, best_len = idle[0], 0
-        if hashes:
-            for i in candidates:
-                length = self.memories[i].longest(hashes)
-                if length > best_len or (length == best_len and length and loads[i] < loads[best]):
-                    best, best_len = i, length
-        if best_len and loads[best] - least <= self.slack:
-            return best
-        return idle[0]
+        lengths = {i: self.memories[i].longest(hashes) for i in candidates} if hashes else {}
+        return pick(lengths, {i: loads[i] for i in candidates}, self.slack, idle)
 
     def sent(self, replica: int, hashes: list[int]) -> None:
         """Remember that the replica got (or generated) these blocks."""

@@ -26,7 +26,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from cllm.ray_serve.call import HttpCall
-from frontend_proc.prefix_router import PrefixMemory
+from frontend_proc.prefix_router import PrefixMemory, pick
 
 
 def call_of(pending: PendingRequest | None) -> HttpCall | None:
@@ -55,8 +55,9 @@ class CllmRouter(RequestRouter):
         self._in_flight: Counter[ReplicaID] = Counter()
         self._owners: dict[str, ReplicaID] = {}  # internal request id -> the replica it was sent to
 
-    def _load(self, replica: RunningReplica) -> int:
-        return self._in_flight[replica.replica_id]
+    def _remembered(self, replica_id: ReplicaID, blocks: list[int]) -> int:
+        memory = self._memories.get(replica_id)
+        return memory.longest(blocks) if memory else 0
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -65,21 +66,13 @@ class CllmRouter(RequestRouter):
             return []
         call = call_of(pending_request)
         blocks = call.blocks if call is not None else []
-        loads = {r.replica_id: self._load(r) for r in candidate_replicas}
+        by_id = {r.replica_id: r for r in candidate_replicas}
+        loads = {rid: self._in_flight[rid] for rid in by_id}
         least = min(loads.values())
-        best, best_len = None, 0
-        if blocks:
-            for r in candidate_replicas:
-                memory = self._memories.get(r.replica_id)
-                length = max(memory.longest(blocks) if memory else 0, reported_longest(r.routing_stats, blocks))
-                if length > best_len or (length == best_len and length and loads[r.replica_id] < loads[best.replica_id]):
-                    best, best_len = r, length
-        idle = [r for r in candidate_replicas if loads[r.replica_id] == least]
+        lengths = {rid: max(self._remembered(rid, blocks), reported_longest(r.routing_stats, blocks)) for rid, r in by_id.items()} if blocks else {}
+        idle = [rid for rid in by_id if loads[rid] == least]
         random.shuffle(idle)
-        if best is not None and loads[best.replica_id] - least <= self._slack:
-            first = [best]
-        else:
-            first = idle[:1]
+        first = [by_id[pick(lengths, loads, self._slack, idle)]]
         if pending_request is not None:
             self._chosen(pending_request, first[0].replica_id, blocks)
         rest = sorted((r for r in candidate_replicas if r is not first[0]), key=lambda r: loads[r.replica_id])
