@@ -29,9 +29,9 @@ from cllm.bench.prompts import make_prompts
 from cllm.config import ServeConfig
 from cllm.protocol import SamplingParams, Submit
 from perf import servers
+from perf.chat_turns import SYSTEMS, alternate
 from perf.prefix_cache import handbook, stream
 
-SYSTEMS = ("cllm", "llama-server")
 COMPUTE_THREADS = 2  # llama.cpp's: the engine's main thread and its one OpenMP worker, with --threads 2
 
 
@@ -108,9 +108,9 @@ def main() -> None:
         for client, _ in clients.values():
             streams(client, ["Warm up the graphs."])
         load0 = os.getloadavg()[0]
-        for r in range(args.rounds):
+        for r, order in enumerate(alternate(args.rounds)):
             prompts = make_prompts(args.requests, 32, seed=1000 + r)
-            for system in SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]:
+            for system in order:
                 client, pid = clients[system]
                 before = thread_seconds(pid)
                 done = streams(client, prompts)
