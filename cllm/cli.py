@@ -43,6 +43,10 @@ def _serve_parser(sub) -> None:
         help="KV streams beyond --parallel that keep finished conversations for the prefix cache, each the size of a sequence's (default: as many as --parallel)",
     )
     p.add_argument(
+        "--cache-ram", type=int, metavar="MIB",
+        help=f"host RAM for prefix-cache entries the KV streams have no room for, restored instead of prefilled again; 0 turns it off (default {d.cache_ram})",
+    )
+    p.add_argument(
         "--flash-attn", choices=get_args(FlashAttn),
         help=f"llama.cpp's flash attention; off is ~10%% slower here, but then the attention of a decode step does not depend on the other requests in it (README: What is exact; default {d.flash_attn})",
     )

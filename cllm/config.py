@@ -32,6 +32,7 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, renam
     batch_size: Annotated[int, Meta(ge=1)] | None = None
     flash_attn: FlashAttn | None = None
     prefix_cache: bool | None = None
+    cache_ram: Annotated[int, Meta(ge=0)] | None = None
     n_gpu_layers: Annotated[int, Meta(ge=0)] | None = None
     cache_type_k: CacheType | None = None
     cache_type_v: CacheType | None = None
@@ -57,6 +58,8 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     # KV streams beyond --parallel that keep finished sequences' cells for
     # the cache (None: as many as --parallel), each as large as a sequence's.
     cache_slots: Annotated[int, Meta(ge=0, le=255)] | None = None
+    # MiB of host RAM for the cache's entries the streams have no room for; 0: none.
+    cache_ram: Annotated[int, Meta(ge=0)] = 8192
     # llama.cpp's flash attention: faster, but then a decode step's logits
     # depend on the other sequences in the step (see the README, "What is exact").
     flash_attn: FlashAttn = "auto"

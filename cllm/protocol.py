@@ -137,6 +137,9 @@ class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):
     misses: int = 0  # admissions that found nothing to reuse (none while the cache is off)
     hit_tokens: int = 0  # prompt tokens not prefilled thanks to the cache
     cells: int = 0  # KV cells held by cache entries
+    restored: int = 0  # hits served from host RAM (--cache-ram)
+    host_cells: int = 0  # KV cells held in host RAM
+    host_bytes: int = 0
 
 
 class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):

@@ -32,6 +32,7 @@ class LLMEngine:
             self.runner,
             config.prefix_cache,
             config.prefix_cache_exact,
+            config.cache_ram << 20,
         )
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
         self.runner.info.spec_type, self.runner.info.draft_max = config.spec_type, config.draft_max

@@ -35,6 +35,9 @@ FLASH_ATTN = {
 CACHE_TYPES = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
 
 
+_BYTES = ctypes.POINTER(ctypes.c_ubyte)
+
+
 class ModelLoadError(RuntimeError):
     pass
 
@@ -76,6 +79,7 @@ class ModelRunner:
         self.eog_tokens = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
 
         self._b = Batch(self.token_budget)
+        self._moving: set[int] = set()  # streams a copy asked since the last llama_decode reads or writes
         self._positions = np.arange(self.seq_ctx, dtype=np.int32)
 
         self.info = ModelInfo(
@@ -127,6 +131,7 @@ class ModelRunner:
             else:
                 rows.append(-1)
         b.decode(self.ctx, i)
+        self._moving.clear()
         return rows
 
     # The scheduler's KvStreams: one stream per slot.
@@ -139,12 +144,28 @@ class ModelRunner:
         """
         L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
         L.llama_memory_seq_rm(self.memory, dst, keep, -1)
+        self._moving.update((src, dst))
 
     def swap(self, a: int, b: int) -> None:
         """Trade two streams' cells, through the scratch stream no sequence uses."""
         for src, dst in ((a, self.scratch), (b, a), (self.scratch, b)):
             L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
         self.clear(self.scratch)
+        self._moving.update((a, b))
+
+    def settled(self, slot: int) -> bool:
+        """Whether the stream's data is what its cells say: no copy from or to it waits for the next decode."""
+        return slot not in self._moving
+
+    def save(self, slot: int) -> np.ndarray:
+        """The stream's cells, as host bytes (a settled stream's only: see settled)."""
+        data = np.empty(L.llama_state_seq_get_size(self.ctx, slot), np.uint8)
+        n = L.llama_state_seq_get_data(self.ctx, data.ctypes.data_as(_BYTES), data.nbytes, slot)
+        return data[:n]
+
+    def restore(self, slot: int, data: np.ndarray) -> bool:
+        """Stream ``slot`` := the cells ``save`` took (at once, not at the next decode); False if they do not fit."""
+        return L.llama_state_seq_set_data(self.ctx, data.ctypes.data_as(_BYTES), data.nbytes, slot) == data.nbytes
 
     def trim(self, slot: int, keep: int) -> None:
         L.llama_memory_seq_rm(self.memory, slot, keep, -1)

@@ -16,6 +16,8 @@ In exact mode (``unit`` = the scheduler's prefill block) only whole prompt
 blocks are kept and reused: a block is always prefilled at the same
 positions, in a llama_decode of its own, so its cells hold the same bits
 whether computed now or for an earlier request.
+
+Entries the streams have no room for are kept in host RAM (host_cache).
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ import numpy as np
 from msgspec.structs import replace
 
 from cllm.protocol import PrefixCacheStats
+from engine_proc.host_cache import HostCache, Stored
+from engine_proc.sequence import common_prefix
 
 
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
+# Tokens a host RAM entry must serve beyond what the streams do to be brought
+# back. Copying it back is cheap (~1 ms for 900 tokens of the embedded model,
+# about half a token's prefill), but it pushes a stream's entry out: a few
+# shared tokens, a chat template's opening, are no reason to.
+RESTORE_GAIN = 16
 
 
 @dataclass(slots=True)
@@ -41,24 +46,29 @@ class Entry:
 
 
 class PrefixCache:
-    def __init__(self, unit: int):
+    def __init__(self, unit: int, host_bytes: int = 0):
         self.unit = unit  # a reused prefix is a multiple of it
         self.entries: dict[int, Entry] = {}  # slot -> what its stream holds
+        self.host = HostCache(host_bytes) if host_bytes else None
         self._stats = PrefixCacheStats()
         self._clock = 0
 
     def stats(self) -> PrefixCacheStats:
-        return replace(self._stats, cells=sum(len(e.tokens) for e in self.entries.values()))
+        stats = replace(self._stats, cells=sum(len(e.tokens) for e in self.entries.values()))
+        if self.host is not None:
+            stats.host_cells, stats.host_bytes = self.host.cells(), self.host.bytes
+        return stats
 
     def keep(self, slot: int, tokens: np.ndarray) -> None:
         self._clock += 1
         self.entries[slot] = Entry(tokens, self._clock)
 
-    def lookup(self, prompt: np.ndarray, running: dict[int, np.ndarray]) -> tuple[int, int]:
-        """(slot, tokens) of the longest reusable prefix of ``prompt`` among the
+    def lookup(self, prompt: np.ndarray, running: dict[int, np.ndarray], host: bool = True) -> tuple[int, int, Stored | None]:
+        """(slot, tokens, None) of the longest reusable prefix of ``prompt`` among the
         entries and the running sequences' reusable tokens (``running``: slot -> tokens);
-        (-1, 0) if there is none. Ties go to an entry, which can be used in
-        place, the shortest one: the fewest cells to move out of the way.
+        (-1, tokens, stored) if an entry in host RAM (when ``host``) has a longer one;
+        (-1, 0, None) if there is none. Ties go to an entry, which can be used in place, the
+        shortest one: the fewest cells to move out of the way.
 
         The prompt's last token is always left to prefill: its logits pick the
         first new token.
@@ -72,27 +82,39 @@ class PrefixCache:
             if n and (n, is_entry, -len(tokens)) > best:
                 src, best = slot, (n, is_entry, -len(tokens))
         reuse = best[0]
-        if reuse == 0:
-            self._stats.misses += 1
-            return -1, 0
-        self._stats.hits += 1
-        self._stats.hit_tokens += reuse
+        stored, n = self.host.lookup(prompt, longest, self.unit) if host and self.host is not None else (None, 0)
+        if n >= reuse + RESTORE_GAIN:
+            return -1, n, stored
         entry = self.entries.get(src)
         if entry is not None and reuse * 2 >= len(entry.tokens):  # a few shared words are no use of it
             self._clock += 1
             entry.last_used = self._clock
-        return src, reuse
+        return src, reuse, None
 
-    def rehome(self, entry: Entry, free_slots: list[int], running: dict[int, np.ndarray]) -> int:
-        """A free slot for ``entry``, whose own slot a running sequence takes; -1 drops it.
+    def count(self, reuse: int, restored: bool) -> None:
+        """Count an admission that reused ``reuse`` cached tokens, ``restored`` from host RAM or not."""
+        if reuse == 0:
+            self._stats.misses += 1
+            return
+        self._stats.hits += 1
+        self._stats.hit_tokens += reuse
+        self._stats.restored += restored
+
+    def rehome(self, entry: Entry, free_slots: list[int], running: dict[int, np.ndarray]) -> tuple[int, Entry | None]:
+        """A free slot for ``entry``, whose own slot a running sequence takes (-1: none), and the entry
+        that loses its stream: the one that was in that slot, or ``entry`` itself.
 
         It goes to the free slot worth least (see victim), if that is worth less than itself.
         """
         dst = self.victim(free_slots, running)
         if dst < 0 or self._worth(self.entries.get(dst), running) >= self._worth(entry, running):
-            return -1
-        self.entries[dst] = entry
-        return dst
+            return -1, entry
+        lost, self.entries[dst] = self.entries.get(dst), entry
+        return dst, lost
+
+    def worth_keeping(self, entry: Entry, running: dict[int, np.ndarray]) -> bool:
+        """Whether an entry losing its stream has cells no running sequence holds and host RAM does not."""
+        return self._worth(entry, running) >= 0 and self.host is not None and not self.host.holds(entry.tokens)
 
     def victim(self, free_slots: list[int], running: dict[int, np.ndarray]) -> int:
         """The free slot whose loss costs the cache least, the lowest of equals; -1 if there is none.

@@ -39,6 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
+from engine_proc.host_cache import Stored
 from engine_proc.prefix_cache import Entry, PrefixCache
 from engine_proc.sequence import Chunk, Sequence
 
@@ -57,6 +58,11 @@ class KvStreams(Protocol):
     def swap(self, a: int, b: int) -> None: ...  # trade the two streams' cells
     def trim(self, slot: int, keep: int) -> None: ...  # drop the cells from position `keep` on
     def clear(self, slot: int) -> None: ...
+    # Host RAM copies, at once rather than at the next decode: only of a stream
+    # no copy or swap asked this step reads or writes (a settled one).
+    def settled(self, slot: int) -> bool: ...
+    def save(self, slot: int) -> np.ndarray: ...
+    def restore(self, slot: int, data: np.ndarray) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -67,7 +73,15 @@ class Step:
 
 class Scheduler:
     def __init__(
-        self, parallel: int, slots: int, token_budget: int, seq_ctx: int, kv: KvStreams, prefix_cache: bool, exact: bool
+        self,
+        parallel: int,
+        slots: int,
+        token_budget: int,
+        seq_ctx: int,
+        kv: KvStreams,
+        prefix_cache: bool,
+        exact: bool,
+        host_bytes: int = 0,
     ):
         self.parallel = parallel
         self.token_budget = token_budget
@@ -77,7 +91,7 @@ class Scheduler:
         # what exact mode must match bit for bit.
         self.exact = exact or not prefix_cache
         self.kv = kv
-        self.cache = PrefixCache(self.block if exact else 1) if prefix_cache else None
+        self.cache = PrefixCache(self.block if exact else 1, host_bytes) if prefix_cache else None
         self.free_slots = list(range(slots))  # a heap: the lowest slot first
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -174,11 +188,18 @@ class Scheduler:
         holds, so no entry is lost. Otherwise the sequence gets a copy of the
         shared prefix, and an entry that shares only its start with the
         prompt (a system prompt, say) keeps the rest for its own conversation.
+        An entry in host RAM that serves the prompt better than any stream is
+        first brought back into a free stream (see _fetch).
         """
         cache = self.cache
         held = self._held()
-        # A scored prompt needs every token's logits: it reuses nothing.
-        src, reuse = cache.lookup(seq.prompt[:1] if seq.scored else seq.prompt, held)
+        prompt = seq.prompt[:1] if seq.scored else seq.prompt  # a scored prompt needs every token's logits
+        src, reuse, stored = cache.lookup(prompt, held)
+        if stored is not None:
+            src = self._fetch(stored, held)
+            if src < 0:  # no stream can take it this step: the best a stream holds, then
+                src, reuse, stored = cache.lookup(prompt, held, host=False)
+        cache.count(reuse, stored is not None)
         slot = seq.slot = heapq.heappop(self.free_slots)
         entry = cache.entries.get(src)
         if entry is not None and (len(entry.tokens) - reuse) * 8 <= reuse:
@@ -208,10 +229,33 @@ class Scheduler:
             self.cache.entries[a] = eb
 
     def _rehome(self, slot: int, entry: Entry, held: dict[int, np.ndarray], exclude: int) -> None:
-        """Move the entry out of ``slot`` before it is overwritten, or let it go."""
-        dst = self.cache.rehome(entry, [s for s in self.free_slots if s != exclude], held)
+        """Move the entry out of ``slot`` before it is overwritten, or let it go (to host RAM if it has room)."""
+        dst, lost = self.cache.rehome(entry, [s for s in self.free_slots if s != exclude], held)
+        if lost is not None:
+            self._stash(slot if dst < 0 else dst, lost, held)
         if dst >= 0:
             self.kv.copy(slot, dst, len(entry.tokens))
+
+    def _stash(self, slot: int, entry: Entry, held: dict[int, np.ndarray]) -> None:
+        """Copy the cells of an entry about to lose its stream to host RAM, if they are worth it."""
+        if self.cache.worth_keeping(entry, held) and self.kv.settled(slot):
+            self.cache.host.put(entry.tokens, self.kv.save(slot))
+
+    def _fetch(self, stored: Stored, held: dict[int, np.ndarray]) -> int:
+        """Bring an entry back from host RAM into the settled free slot worth least; that slot, -1 if none."""
+        cache = self.cache
+        dst = cache.victim([s for s in self.free_slots if self.kv.settled(s)], held)
+        if dst < 0:
+            return -1
+        cache.host.take(stored)  # first: room for what it displaces
+        lost = cache.entries.pop(dst, None)
+        if lost is not None:
+            self._stash(dst, lost, held)
+        if not self.kv.restore(dst, stored.data):
+            self.kv.clear(dst)
+            return -1
+        cache.keep(dst, stored.tokens)
+        return dst
 
     def _compact(self) -> None:
         """Move decoding sequences above slot n-1 down into the free slots below.

@@ -67,3 +67,10 @@ class Chunk:
     def scores(self) -> bool:
         """Prompt tokens of a sequence that asks for their logprobs: a logits row for each."""
         return self.start < len(self.seq.prompt) and self.seq.scored
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many first tokens two token arrays share."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n

@@ -64,7 +64,9 @@ async def health(request: Request) -> Response:
     if level == "full" and client.info is not None:
         data.model = client.info
         cache = stats.prefix_cache if stats else PrefixCacheStats()
-        data.prefix_cache = PrefixCacheFigures(st.config.prefix_cache, cache.hits, cache.misses, cache.hit_tokens, cache.cells)
+        data.prefix_cache = PrefixCacheFigures(
+            st.config.prefix_cache, cache.hits, cache.misses, cache.hit_tokens, cache.cells, cache.restored, cache.host_cells, cache.host_bytes
+        )
     return json_response(Ok(data=data), 200 if healthy else 503)
 
 

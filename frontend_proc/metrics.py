@@ -70,7 +70,11 @@ class Metrics:
         self.cache_lookups = Counter(
             "cllm_prefix_cache_lookups_total", "Prefix cache lookups, one per admitted request, by result", [*ENGINE, "result"], registry=r
         )
-        self.cache_cells = Gauge("cllm_prefix_cache_cells", "KV cells held by the prefix cache", ENGINE, registry=r)
+        self.cache_cells = Gauge("cllm_prefix_cache_cells", "KV cells held by the prefix cache in KV streams", ENGINE, registry=r)
+        self.cache_restored = Counter(
+            "cllm_prefix_cache_restored_total", "Prefix cache hits served from host RAM (--cache-ram)", ENGINE, registry=r
+        )
+        self.cache_host_bytes = Gauge("cllm_prefix_cache_host_bytes", "Host RAM held by the prefix cache's entries", ENGINE, registry=r)
         self.drafted = Counter(
             "cllm_spec_drafted_tokens_total", "Tokens drafted by speculative decoding and verified", ENGINE, registry=r
         )
@@ -128,6 +132,8 @@ class Metrics:
         self.cache_lookups.labels(*key, "miss").inc(cache.misses - last.misses)
         self.cache_hit_tokens.labels(*key).inc(cache.hit_tokens - last.hit_tokens)
         self.cache_cells.labels(*key).set(cache.cells)
+        self.cache_restored.labels(*key).inc(cache.restored - last.restored)
+        self.cache_host_bytes.labels(*key).set(cache.host_bytes)
         seen.cache = cache
         self.drafted.labels(*key).inc(stats.drafted_tokens - seen.drafted)
         self.accepted.labels(*key).inc(stats.accepted_tokens - seen.accepted)

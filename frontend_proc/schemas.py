@@ -106,7 +106,10 @@ class PrefixCacheFigures(msgspec.Struct):
     hits: int  # requests that reused cached KV cells
     misses: int
     hit_tokens: int  # prompt tokens not prefilled thanks to the cache
-    cells: int  # KV cells the cache holds
+    cells: int  # KV cells the cache holds in KV streams
+    restored: int  # hits served from host RAM (--cache-ram)
+    host_cells: int  # KV cells the cache holds in host RAM
+    host_bytes: int
 
 
 class EngineStatus(msgspec.Struct):

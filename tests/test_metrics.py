@@ -30,6 +30,8 @@ FAMILIES = {
     "cllm_prefix_cache_hit_tokens": "counter",
     "cllm_prefix_cache_lookups": "counter",
     "cllm_prefix_cache_cells": "gauge",
+    "cllm_prefix_cache_restored": "counter",
+    "cllm_prefix_cache_host_bytes": "gauge",
     "cllm_spec_drafted_tokens": "counter",
     "cllm_spec_accepted_tokens": "counter",
     "cllm_spec_step_drafted_tokens": "histogram",
@@ -202,16 +204,19 @@ def test_engine_ready_after_the_first_counts_as_a_restart():
 def test_prefix_cache_counters_follow_the_engine_counts_across_a_restart():
     m = Metrics()
     m.engine_ready(now=0.0, generation=0)
-    for hits, misses, hit_tokens, cells in ((1, 2, 128, 256), (3, 2, 512, 384)):
-        m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(hits, misses, hit_tokens, cells)), kv_total=1024, now=1.0)
+    for hits, misses, hit_tokens, cells, restored in ((1, 2, 128, 256, 0), (3, 2, 512, 384, 2)):
+        cache = PrefixCacheStats(hits, misses, hit_tokens, cells, restored, host_bytes=1000)
+        m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=cache), kv_total=1024, now=1.0)
     m.engine_ready(now=2.0, generation=1)  # the new engine counts from zero
-    m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(1, 1, 128, 128)), kv_total=1024, now=3.0)
+    m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(1, 1, 128, 128, 1, host_bytes=500)), kv_total=1024, now=3.0)
     text = m.exposition().decode()
     engine = 'model="",replica="0"'
     assert f'cllm_prefix_cache_lookups_total{{{engine},result="hit"}} 4.0' in text
     assert f'cllm_prefix_cache_lookups_total{{{engine},result="miss"}} 3.0' in text
     assert f"cllm_prefix_cache_hit_tokens_total{{{engine}}} 640.0" in text
     assert f"cllm_prefix_cache_cells{{{engine}}} 128.0" in text
+    assert f"cllm_prefix_cache_restored_total{{{engine}}} 3.0" in text
+    assert f"cllm_prefix_cache_host_bytes{{{engine}}} 500.0" in text
 
 
 def test_token_rate_over_the_last_minute():

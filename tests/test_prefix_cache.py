@@ -116,19 +116,39 @@ def test_conversations_outnumbering_the_running_slots_keep_their_cells():
         assert reused(before, after) >= sum(len(p) for p in prompts)
 
 
-def test_eviction_under_pressure_drops_the_least_recent(pair):
-    on, _ = pair
+def test_eviction_under_pressure_moves_the_least_recent_to_host_ram(pair):
+    on, off = pair
     streams = PARALLEL + CACHE_SLOTS
     prompts = [tokens(on, doc(f"subject {i}", 12)) for i in range(streams + 2)]
-    for prompt in prompts:  # each leaves an entry; the oldest go
+    for prompt in prompts:  # each leaves an entry; the oldest leave the streams
         complete(on, prompt, 4)
     before = on.cache()
-    assert 0 < before["cells"] <= streams * SEQ_CTX
-    complete(on, prompts[-1] + tokens(on, " More."), 4)  # the most recent is still there
+    assert 0 < before["cells"] <= streams * SEQ_CTX and before["host_cells"] >= len(prompts[0])
+    complete(on, prompts[-1] + tokens(on, " More."), 4)  # the most recent is still in a stream
     middle = on.cache()
-    assert middle["hits"] == before["hits"] + 1 and reused(before, middle) >= len(prompts[-1])
-    complete(on, prompts[0] + tokens(on, " More."), 4)  # the least recent is gone:
-    assert reused(middle, on.cache()) < 10  # only the words every prompt here starts with
+    assert middle["hits"] == before["hits"] + 1 and middle["restored"] == before["restored"]
+    assert reused(before, middle) >= len(prompts[-1])
+    later = prompts[0] + tokens(on, " More.")
+    assert complete(on, later) == complete(off, later)  # the least recent comes back from host RAM, bit for bit
+    after = on.cache()
+    assert after["restored"] == middle["restored"] + 1 and reused(middle, after) >= len(prompts[0])
+
+
+def test_without_host_ram_eviction_drops_the_least_recent():
+    with start_server(*args(), "--cache-ram", "0") as server, server.client() as http:
+        side = Side(http)
+        # Nothing shared from the first token on: each prompt's entry is used by no later one.
+        words = ("Apples", "Rivers", "Clocks", "Ships", "Lamps", "Roads")
+        prompts = [tokens(side, f"{word}: " + doc(word, 12)) for word in words[: PARALLEL + CACHE_SLOTS + 2]]
+        for prompt in prompts:
+            complete(side, prompt, 4)
+        before = side.cache()
+        assert before["host_cells"] == 0 and before["misses"] == len(prompts)
+        complete(side, prompts[-1] + tokens(side, " More."), 4)  # the most recent is there
+        middle = side.cache()
+        assert reused(before, middle) >= len(prompts[-1])
+        complete(side, prompts[0] + tokens(side, " More."), 4)  # the least recent is gone
+        assert reused(middle, side.cache()) == 0
 
 
 def test_usage_reports_the_prompt_tokens_the_cache_served(pair):
@@ -138,7 +158,9 @@ def test_usage_reports_the_prompt_tokens_the_cache_served(pair):
     """
     on, off = pair
     body = {"messages": [{"role": "user", "content": doc("usage", 20)}], "max_tokens": 4}
-    assert on.post("/v1/chat/completions", body)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # a new prompt
+    before = on.cache()
+    cached = on.post("/v1/chat/completions", body)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == reused(before, on.cache()) < 8  # a new prompt: at most the chat template's opening tokens
     before = on.cache()
     usage = on.post("/v1/chat/completions", body)["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == reused(before, on.cache()) == usage["prompt_tokens"] - 1

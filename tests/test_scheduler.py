@@ -1,10 +1,13 @@
 """The scheduler's books on the KV streams, against a fake that holds each stream's tokens.
 
-The fake carries out copy, swap, trim and clear in the order asked, as
-llama.cpp does at the next decode, and every chunk a step decodes writes its
-tokens at its positions. After every step each running sequence's stream
-must hold exactly its known tokens so far, and each cache entry's stream
-exactly its entry's tokens: a slot mixed up anywhere shows as a mismatch.
+The fake keeps each stream as llama.cpp does: how many cells it says it
+holds (changed at once by every call) and what those cells hold (a copy or
+swap reaches them only at the next decode, after the ones asked before it;
+a host RAM restore at once). Every chunk a step decodes writes its tokens at
+its positions. After every step each running sequence's stream must hold
+exactly its known tokens so far, each cache entry's stream exactly its
+entry's tokens, and each copy in host RAM its entry's tokens: a slot mixed
+up anywhere, or a copy taken or restored out of turn, shows as a mismatch.
 No model is involved; tests/test_prefix_cache.py checks the same on llama.cpp.
 """
 
@@ -13,28 +16,59 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from cllm.protocol import SamplingParams
+from engine_proc.host_cache import HostCache
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Sequence
 
 
 class FakeStreams:
     def __init__(self, n: int):
-        self.cells: list[list[int]] = [[] for _ in range(n + 1)]  # and the scratch stream, last
+        self.n = [0] * (n + 1)  # cells each stream says it holds; the scratch stream last
+        self.data: list[list[int]] = [[] for _ in range(n + 1)]  # what they hold
         self.scratch = n
+        self.queued: list[tuple[int, int]] = []  # stream copies (src, dst) the next decode carries out
 
     def copy(self, src: int, dst: int, keep: int) -> None:
-        self.cells[dst] = self.cells[src][:keep]
+        self.n[dst] = min(self.n[src], keep)
+        self.queued.append((src, dst))
 
     def swap(self, a: int, b: int) -> None:
-        self.cells[a], self.cells[b] = self.cells[b], self.cells[a]
+        self.n[a], self.n[b] = self.n[b], self.n[a]
+        self.queued += [(a, self.scratch), (b, a), (self.scratch, b)]
 
     def trim(self, slot: int, keep: int) -> None:
-        del self.cells[slot][keep:]
+        self.n[slot] = min(self.n[slot], keep)
 
     def clear(self, slot: int) -> None:
-        self.cells[slot] = []
+        self.n[slot] = 0
+
+    def settled(self, slot: int) -> bool:
+        return all(slot not in pair for pair in self.queued)
+
+    def save(self, slot: int) -> np.ndarray:
+        assert self.settled(slot)
+        return np.array(self.held(slot), np.int32)
+
+    def restore(self, slot: int, data: np.ndarray) -> bool:
+        assert self.settled(slot)
+        self.data[slot], self.n[slot] = data.tolist(), len(data)
+        return True
+
+    def decode(self) -> None:
+        for src, dst in self.queued:
+            self.data[dst] = list(self.data[src])
+        self.queued.clear()
+
+    def held(self, slot: int) -> list[int]:
+        return self.data[slot][: self.n[slot]]
+
+    def write(self, slot: int, start: int, tokens: list[int]) -> None:
+        assert self.n[slot] == start
+        self.data[slot][start:] = tokens
+        self.n[slot] = start + len(tokens)
 
 
 def run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], rng: random.Random) -> None:
@@ -43,10 +77,11 @@ def run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], rng: random.Ran
         sched.add(seq)
     while sched.has_work():
         step = sched.schedule()
+        kv.decode()
         for chunk in [*step.decode, *step.prefill]:
             seq = chunk.seq
-            assert kv.cells[seq.slot] == seq.known(chunk.start).tolist()
-            kv.cells[seq.slot] += seq.known(chunk.end)[chunk.start :].tolist()
+            assert kv.held(seq.slot) == seq.known(chunk.start).tolist()
+            kv.write(seq.slot, chunk.start, seq.known(chunk.end)[chunk.start :].tolist())
             seq.n_cached = chunk.end
         done = set()
         for seq in sched.running:  # as the engine samples: a token for every sequence past its known ones
@@ -56,9 +91,12 @@ def run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], rng: random.Ran
                     done.add(seq.id)
         sched.remove(done)
         for seq in sched.running:
-            assert kv.cells[seq.slot][: seq.n_cached] == seq.known(seq.n_cached).tolist()
+            assert kv.held(seq.slot)[: seq.n_cached] == seq.known(seq.n_cached).tolist()
         for slot, entry in sched.cache.entries.items():
-            assert kv.cells[slot] == entry.tokens.tolist(), slot
+            assert kv.held(slot) == entry.tokens.tolist(), slot
+        if sched.cache.host is not None:
+            for stored in sched.cache.host.entries.values():
+                assert stored.data.tolist() == stored.tokens.tolist()
 
 
 def conversation_turns(rng: random.Random, conversations: int, turns: int) -> list[list[list[int]]]:
@@ -74,11 +112,12 @@ def conversation_turns(rng: random.Random, conversations: int, turns: int) -> li
     return out
 
 
-def test_books_stay_right_through_conversations_outnumbering_the_streams():
+@pytest.mark.parametrize("host_bytes", [0, 4 * 300, 1 << 20], ids=["no-host-ram", "little-host-ram", "host-ram"])
+def test_books_stay_right_through_conversations_outnumbering_the_streams(host_bytes):
     rng = random.Random(1)
     parallel, slots = 3, 6
     kv = FakeStreams(slots)
-    sched = Scheduler(parallel, slots, 64, 4096, kv, prefix_cache=True, exact=False)
+    sched = Scheduler(parallel, slots, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes)
     ids = iter(range(10**6))
     convs = conversation_turns(rng, 8, 5)
     for turn in range(5):
@@ -87,6 +126,7 @@ def test_books_stay_right_through_conversations_outnumbering_the_streams():
         run(sched, kv, batch[:4], rng)
         run(sched, kv, batch[4:], rng)
     assert sched.cache.stats().hit_tokens > 0
+    assert (sched.cache.stats().restored > 0) == (host_bytes > 0)
 
 
 def test_a_conversation_continued_reuses_its_reply():
@@ -111,3 +151,45 @@ def test_exact_mode_reuses_only_whole_prompt_blocks():
     before = sched.cache.stats().hit_tokens
     run(sched, kv, [Sequence(2, np.arange(310, dtype=np.int32), SamplingParams(max_tokens=5), None)], rng)
     assert sched.cache.stats().hit_tokens - before == 256
+
+
+@pytest.mark.parametrize("host_bytes", [0, 1 << 20], ids=["no-host-ram", "host-ram"])
+def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(host_bytes):
+    """Six conversations take turns on three streams: with host RAM each turn reuses all of the previous one."""
+    rng = random.Random(4)
+    kv = FakeStreams(3)
+    sched = Scheduler(2, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes)
+    history = [np.array([rng.randrange(100) for _ in range(40)], np.int32) for _ in range(6)]
+    ids = iter(range(10**6))
+    full = 0  # later turns that reused all the previous turn's cells
+    for turn in range(3):
+        for c in range(6):
+            prompt = np.concatenate((history[c], np.array([rng.randrange(100) for _ in range(5)], np.int32)))
+            seq = Sequence(next(ids), prompt, SamplingParams(max_tokens=4), None)
+            before = sched.cache.stats().hit_tokens
+            run(sched, kv, [seq], rng)
+            full += turn > 0 and sched.cache.stats().hit_tokens - before == len(history[c]) - 1
+            history[c] = seq.known(len(seq.prompt) + len(seq.output))
+    stats = sched.cache.stats()
+    if host_bytes:
+        assert full == 12 and stats.restored >= 12 - 3
+        assert 0 < stats.host_bytes <= host_bytes and stats.host_cells > 0
+    else:
+        assert full <= 3 and stats.restored == 0  # only what the three streams held
+
+
+def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes():
+    host = HostCache(max_bytes=4 * 10)
+    a = np.arange(4, dtype=np.int32)
+    host.put(a, a.copy())
+    host.put(a[:2], a[:2].copy())  # a prefix of what it holds: nothing new
+    assert [e.tokens.tolist() for e in host.entries.values()] == [[0, 1, 2, 3]]
+    b = np.arange(6, dtype=np.int32)
+    host.put(b, b.copy())  # holds all of a's cells: a goes
+    assert [e.tokens.tolist() for e in host.entries.values()] == [b.tolist()]
+    c = np.array([9, 9, 9, 9, 9], np.int32)
+    host.put(c, c.copy())  # 11 tokens of 4 bytes: the oldest goes
+    assert [e.tokens.tolist() for e in host.entries.values()] == [c.tolist()] and host.bytes == 20
+    stored, n = host.lookup(np.array([9, 9, 9, 1], np.int32), longest=3, unit=1)
+    assert stored is not None and n == 3
+    assert host.lookup(np.array([7], np.int32), longest=0, unit=1) == (None, 0)

@@ -1,0 +1,65 @@
+"""Host-RAM copies of the prefix cache's entries that the KV streams had no room for.
+
+The streams hold the running sequences and ``--cache-slots`` entries. An
+entry pushed out of them (more conversations than slots, or a long
+document between two of its questions) is copied to host memory
+(llama_state_seq_get_data), and a prompt it serves better than any stream
+gets it back (llama_state_seq_set_data): a memory copy of its cells instead
+of prefilling them again, as llama-server's ``--cache-ram`` does. Past the
+byte budget the least recently stored entry goes first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine_proc.sequence import common_prefix
+
+
+@dataclass(slots=True, eq=False)
+class Stored:
+    tokens: np.ndarray  # the tokens whose KV cells ``data`` holds, position by position
+    data: np.ndarray  # bytes, as llama_state_seq_get_data wrote them
+
+
+class HostCache:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[int, Stored] = OrderedDict()  # id(stored) -> stored, oldest first
+        self.bytes = 0
+
+    def holds(self, tokens: np.ndarray) -> bool:
+        """Whether an entry has all of ``tokens``' cells (they are its prefix)."""
+        n = len(tokens)
+        return any(len(e.tokens) >= n and common_prefix(e.tokens, tokens) == n for e in self.entries.values())
+
+    def put(self, tokens: np.ndarray, data: np.ndarray) -> None:
+        """Keep the cells; entries whose tokens are a prefix of these go, as they add nothing."""
+        if data.nbytes > self.max_bytes or self.holds(tokens):
+            return
+        for e in [e for e in self.entries.values() if common_prefix(e.tokens, tokens) == len(e.tokens)]:
+            self.take(e)
+        stored = Stored(tokens, data)
+        self.entries[id(stored)] = stored
+        self.bytes += data.nbytes
+        while self.bytes > self.max_bytes:
+            self.take(next(iter(self.entries.values())))
+
+    def lookup(self, prompt: np.ndarray, longest: int, unit: int) -> tuple[Stored | None, int]:
+        """The entry sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its length."""
+        best, n_best = None, 0
+        for e in self.entries.values():
+            n = min(common_prefix(prompt, e.tokens), longest) // unit * unit
+            if n > n_best:
+                best, n_best = e, n
+        return best, n_best
+
+    def take(self, stored: Stored) -> None:
+        del self.entries[id(stored)]
+        self.bytes -= stored.data.nbytes
+
+    def cells(self) -> int:
+        return sum(len(e.tokens) for e in self.entries.values())
