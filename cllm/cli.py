@@ -31,6 +31,11 @@ def _serve_parser(sub) -> None:
     p.add_argument("--threads", type=int, help="CPU threads for llama.cpp (default: one per core)")
     p.add_argument("--batch-size", type=int, help=f"token budget of one engine step, prompt chunks included (default {d.batch_size})")
     p.add_argument(
+        "--stream-interval-ms", type=float, metavar="MS",
+        help="how long a streamed token may wait for the next ones, so that one wake-up of the frontend sends a few; "
+        f"0 sends every token as it comes (README: Streaming; default {d.stream_interval_ms:g})",
+    )
+    p.add_argument(
         "--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
         help="prefill every prompt in full instead of reusing the KV cells of earlier prompts that share its start",
     )

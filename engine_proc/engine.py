@@ -42,6 +42,8 @@ class LLMEngine:
         self.embedded: list[Embeddings] = []  # vectors of the last step: the caller sends them
         self.steps = 0
         self.urgent = True  # the last step's outputs are wanted at once (see step)
+        self.stream_interval = config.stream_interval_ms / 1000
+        self._woke = 0.0  # when the last urgent step ended
         self.generated_tokens = 0
         # Per-step figures gathered until the next stats(): a float and an int a step.
         self.step_seconds: list[float] = []
@@ -100,12 +102,23 @@ class LLMEngine:
             if step.decode:  # embedding is prefill work: a full budget of it beside decoding streams slows them ~15x
                 budget = min(budget, self.runner.token_budget // EMBED_SHARE)
             self.embedded = self.embedder.step(budget)
-        # The frontend wants this step now if a token is read as it comes, a request
-        # begins (its first token times TTFT) or ends; else the outputs wait in the ring.
-        self.urgent = bool(done) or any(c.seq.per_step for c in step.decode) or any(c.samples for c in step.prefill)
+        # The frontend wants this step now if a request begins (its first token
+        # times TTFT) or ends. A token read as it comes (per_step) may wait in the
+        # ring while the next step, if it takes as long as this one, still ends
+        # within the stream interval of the last wake-up: one wake-up of the
+        # frontend then carries a few tokens, and its CPU goes to llama.cpp.
+        t1 = time.perf_counter()
+        streams = any(c.seq.per_step for c in step.decode)
+        self.urgent = (
+            bool(done)
+            or any(c.samples for c in step.prefill)
+            or (streams and 2 * t1 - t0 - self._woke >= self.stream_interval)
+        )
+        if self.urgent:
+            self._woke = t1
         self.steps += 1
         self.generated_tokens += len(outputs)
-        self.step_seconds.append(time.perf_counter() - t0)
+        self.step_seconds.append(t1 - t0)
         self.batch_sizes.append(len(step.decode) + len({id(c.seq) for c in step.prefill}))
         return outputs
 

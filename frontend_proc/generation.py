@@ -142,22 +142,23 @@ class Choice:
         return self._detok.feed(tokens) + self._detok.flush()
 
     async def pieces(self) -> AsyncIterator[str]:
-        """The text as it grows, at most one piece per token; whole UTF-8 characters only."""
+        """The text as it grows, at most one piece per update (the tokens of one engine wake-up); whole UTF-8
+        characters only."""
         detok, stop = self._detok, self._stop
         async for new in self.stream.updates():
-            for token in new:
-                self.n_tokens += 1
-                piece = detok.feed((token,))
-                if stop is not None:
-                    piece, hit = stop.feed(piece)
-                    if hit:
-                        self.finish = "stop"
-                        self.abort()
-                        if piece:
-                            yield piece
-                        return
-                if piece:
-                    yield piece
+            if stop is None:
+                self.n_tokens += len(new)
+                piece = detok.feed(new)
+            else:
+                piece, hit = self._feed_until_stop(new)
+                if hit:
+                    self.finish = "stop"
+                    self.abort()
+                    if piece:
+                        yield piece
+                    return
+            if piece:
+                yield piece
         piece = detok.flush()
         self.finish = self.stream.finish
         if stop is not None:
@@ -168,6 +169,18 @@ class Choice:
                 piece += stop.flush()
         if piece:
             yield piece
+
+
+    def _feed_until_stop(self, tokens: list[int]) -> tuple[str, bool]:
+        """The text of the tokens up to a stop string, and whether one ended it; n_tokens counts those used."""
+        text, hit = [], False
+        for token in tokens:
+            self.n_tokens += 1
+            piece, hit = self._stop.feed(self._detok.feed((token,)))
+            text.append(piece)
+            if hit:
+                break
+        return "".join(text), hit
 
 
 class Generation:

@@ -116,12 +116,19 @@ def test_lazy_grammar_applies_from_its_trigger_on(engine, tok):
 def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, tok):
     # A request read whole (no stream, no stop strings) needs its first token (TTFT)
     # and its last; the steps between leave their outputs in the ring unannounced.
+    # A stream's are announced at every step with no stream interval, and with
+    # one longer than the request, only as a whole request's.
     prompt = tok.encode("Count from one to twenty:")
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    for per_step, expected in ((False, [True, False, False, False, False, True]), (True, [True] * 6)):
-        engine.add(Submit(30 + per_step, prompt, params, per_step=per_step))
-        urgent = []
-        while engine.has_work():
-            if engine.step():
-                urgent.append(engine.urgent)
-        assert urgent == expected
+    ends = [True, False, False, False, False, True]
+    try:
+        for i, (per_step, interval, expected) in enumerate(((False, 0.0, ends), (True, 0.0, [True] * 6), (True, 60.0, ends))):
+            engine.stream_interval = interval
+            engine.add(Submit(30 + i, prompt, params, per_step=per_step))
+            urgent = []
+            while engine.has_work():
+                if engine.step():
+                    urgent.append(engine.urgent)
+            assert urgent == expected
+    finally:
+        engine.stream_interval = ServeConfig().stream_interval_ms / 1000
