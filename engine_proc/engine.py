@@ -33,6 +33,8 @@ class LLMEngine:
             config.prefix_cache,
             config.prefix_cache_exact,
             config.cache_ram << 20,
+            # On a GPU a batch of many prompt tokens costs little more than one of a few: there prompts share a step.
+            admit_per_step=0 if self.runner.info.gpu_layers else 1,
         )
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
         self.runner.info.spec_type, self.runner.info.draft_max = config.spec_type, config.draft_max

@@ -6,6 +6,12 @@ admitted ones) while they fit the token budget, each in a llama_decode of
 its own. Sequences leave the moment they finish, and their slot goes to the
 next waiting request in the same step.
 
+A step may start a bounded number of new requests (admit_per_step). On a
+CPU it is one: llama.cpp's prefill costs about the same per token in a batch
+of 64 tokens as of 256, so prompts prefilled together only make each wait
+for all of them, and a conversation's next turn (a few dozen new tokens)
+gets its first token sooner alone.
+
 A prompt chunk is as long as the budget allows, from wherever the cached
 prefix ends. A scored prompt (see SCORED_ROWS) is prefilled whole, in
 chunks of at most SCORED_ROWS tokens; in exact mode its cells are not
@@ -82,8 +88,10 @@ class Scheduler:
         prefix_cache: bool,
         exact: bool,
         host_bytes: int = 0,
+        admit_per_step: int = 0,
     ):
         self.parallel = parallel
+        self.admit_per_step = admit_per_step  # new requests a step may start; 0: as many as its budget holds
         self.token_budget = token_budget
         self.seq_ctx = seq_ctx
         self.block = min(PREFILL_BLOCK, token_budget)
@@ -132,7 +140,14 @@ class Scheduler:
                 budget = self._prefill(seq, budget, prefill)
         # A request is admitted when its first block can go in this step: one
         # that waits a step may find more of its prompt in a running sequence.
-        while self.waiting and len(self.running) < self.parallel and (budget >= self.block or not prefill):
+        admitted = 0
+        while (
+            self.waiting
+            and len(self.running) < self.parallel
+            and (budget >= self.block or not prefill)
+            and (not self.admit_per_step or admitted < self.admit_per_step)
+        ):
+            admitted += 1
             seq = self.waiting.popleft()
             self._admit(seq)
             budget = self._prefill(seq, budget, prefill)

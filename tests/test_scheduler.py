@@ -193,3 +193,25 @@ def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes():
     stored, n = host.lookup(np.array([9, 9, 9, 1], np.int32), longest=3, unit=1)
     assert stored is not None and n == 3
     assert host.lookup(np.array([7], np.int32), longest=0, unit=1) == (None, 0)
+
+
+def test_a_step_starts_at_most_admit_per_step_new_requests():
+    kv = FakeStreams(4)
+    sched = Scheduler(4, 4, 512, 4096, kv, prefix_cache=True, exact=False, admit_per_step=1)
+    for i in range(3):
+        sched.add(Sequence(i, np.arange(100 * i, 100 * i + 20, dtype=np.int32), SamplingParams(max_tokens=8), None))
+    started = []
+    for _ in range(3):
+        step = sched.schedule()
+        kv.decode()
+        started.append([c.seq.id for c in step.prefill])
+        for chunk in [*step.decode, *step.prefill]:
+            kv.write(chunk.seq.slot, chunk.start, chunk.seq.known(chunk.end)[chunk.start :].tolist())
+            chunk.seq.n_cached = chunk.end
+            if not chunk.seq.prefilling:
+                chunk.seq.output.append(7)
+    assert started == [[0], [1], [2]]
+    unbounded = Scheduler(4, 4, 512, 4096, FakeStreams(4), prefix_cache=True, exact=False)
+    for i in range(3):
+        unbounded.add(Sequence(i, np.arange(100 * i, 100 * i + 20, dtype=np.int32), SamplingParams(max_tokens=8), None))
+    assert [c.seq.id for c in unbounded.schedule().prefill] == [0, 1, 2]
