@@ -19,6 +19,12 @@ import numpy as np
 from engine_proc.sequence import common_prefix
 
 
+# Entries are filed under their first HEAD tokens, so that a lookup compares a
+# prompt only with entries that start as it does; shorter ones are not kept
+# (they prefill in a fraction of a second).
+HEAD = 32
+
+
 @dataclass(slots=True, eq=False)
 class Stored:
     tokens: np.ndarray  # the tokens whose KV cells ``data`` holds, position by position
@@ -29,21 +35,30 @@ class HostCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.entries: OrderedDict[int, Stored] = OrderedDict()  # id(stored) -> stored, oldest first
+        self._by_head: dict[bytes, dict[int, Stored]] = {}
         self.bytes = 0
+
+    def _alike(self, tokens: np.ndarray) -> list[Stored]:
+        """The entries that start as ``tokens`` do (none if it is shorter than HEAD)."""
+        if len(tokens) < HEAD:
+            return []
+        return list(self._by_head.get(tokens[:HEAD].tobytes(), {}).values())
 
     def holds(self, tokens: np.ndarray) -> bool:
         """Whether an entry has all of ``tokens``' cells (they are its prefix)."""
         n = len(tokens)
-        return any(len(e.tokens) >= n and common_prefix(e.tokens, tokens) == n for e in self.entries.values())
+        return any(len(e.tokens) >= n and common_prefix(e.tokens, tokens) == n for e in self._alike(tokens))
 
     def put(self, tokens: np.ndarray, data: np.ndarray) -> None:
         """Keep the cells; entries whose tokens are a prefix of these go, as they add nothing."""
-        if data.nbytes > self.max_bytes or self.holds(tokens):
+        if len(tokens) < HEAD or data.nbytes > self.max_bytes or self.holds(tokens):
             return
-        for e in [e for e in self.entries.values() if common_prefix(e.tokens, tokens) == len(e.tokens)]:
-            self.take(e)
+        for e in self._alike(tokens):
+            if common_prefix(e.tokens, tokens) == len(e.tokens):
+                self.take(e)
         stored = Stored(tokens, data)
         self.entries[id(stored)] = stored
+        self._by_head.setdefault(tokens[:HEAD].tobytes(), {})[id(stored)] = stored
         self.bytes += data.nbytes
         while self.bytes > self.max_bytes:
             self.take(next(iter(self.entries.values())))
@@ -51,7 +66,7 @@ class HostCache:
     def lookup(self, prompt: np.ndarray, longest: int, unit: int) -> tuple[Stored | None, int]:
         """The entry sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its length."""
         best, n_best = None, 0
-        for e in self.entries.values():
+        for e in self._alike(prompt):
             n = min(common_prefix(prompt, e.tokens), longest) // unit * unit
             if n > n_best:
                 best, n_best = e, n
@@ -59,6 +74,11 @@ class HostCache:
 
     def take(self, stored: Stored) -> None:
         del self.entries[id(stored)]
+        head = stored.tokens[:HEAD].tobytes()
+        alike = self._by_head[head]
+        del alike[id(stored)]
+        if not alike:
+            del self._by_head[head]
         self.bytes -= stored.data.nbytes
 
     def cells(self) -> int:

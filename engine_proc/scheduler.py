@@ -6,11 +6,13 @@ admitted ones) while they fit the token budget, each in a llama_decode of
 its own. Sequences leave the moment they finish, and their slot goes to the
 next waiting request in the same step.
 
-A step may start a bounded number of new requests (admit_per_step). On a
-CPU it is one: llama.cpp's prefill costs about the same per token in a batch
-of 64 tokens as of 256, so prompts prefilled together only make each wait
-for all of them, and a conversation's next turn (a few dozen new tokens)
-gets its first token sooner alone.
+A step may start a bounded number of new requests (admit_per_step), and
+besides them any that has waited MAX_WAIT steps. On a CPU the bound is one:
+llama.cpp's prefill costs about the same per token in a batch of 64 tokens
+as of 256, so prompts prefilled together only make each wait for all of
+them, and a conversation's next turn (a few dozen new tokens) gets its first
+token sooner alone. The wait bound keeps a burst of requests from filling
+the decode batch one step at a time.
 
 A prompt chunk is as long as the budget allows, from wherever the cached
 prefix ends. A scored prompt (see SCORED_ROWS) is prefilled whole, in
@@ -57,6 +59,8 @@ PREFILL_BLOCK = 128
 # logprobs) may hold: each gets a logits row in llama.cpp's output buffer,
 # n_vocab floats (64 rows of gemma-3's 262k: 64 MiB).
 SCORED_ROWS = 64
+# Steps a request may wait beyond admit_per_step's bound before it is started anyway.
+MAX_WAIT = 4
 
 
 class KvStreams(Protocol):
@@ -100,6 +104,7 @@ class Scheduler:
         self.exact = exact or not prefix_cache
         self.kv = kv
         self.cache = PrefixCache(self.block if exact else 1, host_bytes) if prefix_cache else None
+        self.steps = 0  # schedule() calls
         self.free_slots = list(range(slots))  # a heap: the lowest slot first
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -108,6 +113,7 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     def add(self, seq: Sequence) -> None:
+        seq.arrived = self.steps
         self.waiting.append(seq)
 
     def remove(self, ids: set[int]) -> list[Sequence]:
@@ -132,6 +138,7 @@ class Scheduler:
         return gone + running
 
     def schedule(self) -> Step:
+        self.steps += 1
         decode = [Chunk(seq, seq.n_cached, seq.n_cached + 1) for seq in self.running if not seq.prefilling]
         budget = self.token_budget - len(decode)
         prefill: list[Chunk] = []
@@ -145,7 +152,7 @@ class Scheduler:
             self.waiting
             and len(self.running) < self.parallel
             and (budget >= self.block or not prefill)
-            and (not self.admit_per_step or admitted < self.admit_per_step)
+            and (not self.admit_per_step or admitted < self.admit_per_step or self.steps - self.waiting[0].arrived > MAX_WAIT)
         ):
             admitted += 1
             seq = self.waiting.popleft()

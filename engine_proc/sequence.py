@@ -27,6 +27,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # when its params ask
     drafting: Drafting | None = None  # its speculation, once it decodes with the engine's drafter
     per_step: bool = True  # the frontend reads each step's token as it comes (Submit.per_step)
+    arrived: int = 0  # the scheduler's step count when it was queued
 
     @property
     def scored(self) -> bool:

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from cllm.protocol import SamplingParams
-from engine_proc.host_cache import HostCache
-from engine_proc.scheduler import Scheduler
+from engine_proc.host_cache import HEAD, HostCache
+from engine_proc.scheduler import MAX_WAIT, Scheduler
 from engine_proc.sequence import Sequence
 
 
@@ -179,20 +179,27 @@ def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(ho
 
 
 def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes():
-    host = HostCache(max_bytes=4 * 10)
-    a = np.arange(4, dtype=np.int32)
+    head = np.arange(HEAD, dtype=np.int32)
+    host = HostCache(max_bytes=4 * (2 * HEAD + 10))
+
+    def held() -> list[list[int]]:
+        return [e.tokens.tolist() for e in host.entries.values()]
+
+    a = np.concatenate((head, [1, 2]))
     host.put(a, a.copy())
-    host.put(a[:2], a[:2].copy())  # a prefix of what it holds: nothing new
-    assert [e.tokens.tolist() for e in host.entries.values()] == [[0, 1, 2, 3]]
-    b = np.arange(6, dtype=np.int32)
+    host.put(a[:-1], a[:-1].copy())  # a prefix of what it holds: nothing new
+    host.put(head[:-1], head[:-1].copy())  # too short to keep
+    assert held() == [a.tolist()]
+    b = np.concatenate((a, [3, 4]))
     host.put(b, b.copy())  # holds all of a's cells: a goes
-    assert [e.tokens.tolist() for e in host.entries.values()] == [b.tolist()]
-    c = np.array([9, 9, 9, 9, 9], np.int32)
-    host.put(c, c.copy())  # 11 tokens of 4 bytes: the oldest goes
-    assert [e.tokens.tolist() for e in host.entries.values()] == [c.tolist()] and host.bytes == 20
-    stored, n = host.lookup(np.array([9, 9, 9, 1], np.int32), longest=3, unit=1)
-    assert stored is not None and n == 3
-    assert host.lookup(np.array([7], np.int32), longest=0, unit=1) == (None, 0)
+    assert held() == [b.tolist()]
+    c = np.concatenate((head[::-1], [5, 6, 7, 8]))
+    host.put(c, c.copy())  # 72 tokens of 4 bytes, past the budget: the oldest goes
+    assert held() == [c.tolist()] and host.bytes == c.nbytes
+    stored, n = host.lookup(np.concatenate((c[:-2], [0])), longest=HEAD + 1, unit=1)
+    assert stored is not None and n == HEAD + 1
+    assert host.lookup(b, longest=len(b), unit=1) == (None, 0)  # gone
+    assert host.lookup(c[:HEAD - 1], longest=HEAD - 1, unit=1) == (None, 0)  # shorter than the head
 
 
 def test_a_step_starts_at_most_admit_per_step_new_requests():
@@ -211,6 +218,17 @@ def test_a_step_starts_at_most_admit_per_step_new_requests():
             if not chunk.seq.prefilling:
                 chunk.seq.output.append(7)
     assert started == [[0], [1], [2]]
+    # A burst: one a step, then every request that has waited MAX_WAIT steps at once.
+    burst = Scheduler(8, 8, 512, 4096, FakeStreams(8), prefix_cache=True, exact=False, admit_per_step=1)
+    for i in range(8):
+        burst.add(Sequence(i, np.arange(100 * i, 100 * i + 20, dtype=np.int32), SamplingParams(max_tokens=50), None))
+    counts = []
+    for _ in range(MAX_WAIT + 1):
+        step = burst.schedule()
+        counts.append(len(step.prefill))
+        for chunk in step.prefill:
+            chunk.seq.n_cached = chunk.end
+    assert counts == [1] * MAX_WAIT + [8 - MAX_WAIT]
     unbounded = Scheduler(4, 4, 512, 4096, FakeStreams(4), prefix_cache=True, exact=False)
     for i in range(3):
         unbounded.add(Sequence(i, np.arange(100 * i, 100 * i + 20, dtype=np.int32), SamplingParams(max_tokens=8), None))
