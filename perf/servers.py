@@ -37,6 +37,7 @@ class Settings:
     threads: int
     parallel: int
     seq_ctx: int  # KV cells per sequence
+    cllm_args: tuple[str, ...] = ()  # more `cllm serve` options (its own knobs, which the peers lack)
 
 
 @dataclass
@@ -72,10 +73,11 @@ def add_arguments(ap, seq_ctx: int) -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--seq-ctx", type=int, default=seq_ctx, help="KV cells per sequence")
+    ap.add_argument("--cllm-args", default="", help="more `cllm serve` options, as one string (e.g. '--stream-interval-ms 0')")
 
 
 def settings_of(args) -> Settings:
-    return Settings(resolve_model(args.model), args.threads, args.parallel, args.seq_ctx)
+    return Settings(resolve_model(args.model), args.threads, args.parallel, args.seq_ctx, tuple(args.cllm_args.split()))
 
 
 def free_port() -> int:
@@ -88,7 +90,7 @@ def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
     """The command line that starts `system`, and the path that answers 200 once it serves."""
     if system == "cllm":
         return [sys.executable, "-m", "cllm.cli", "serve", "--model", s.model, "--port", str(port), "--threads", str(s.threads),
-                "--parallel", str(s.parallel), "--ctx-size", str(s.parallel * s.seq_ctx)], "/health"
+                "--parallel", str(s.parallel), "--ctx-size", str(s.parallel * s.seq_ctx), *s.cllm_args], "/health"
     if system == "llama-server":
         return [LLAMA_SERVER, "--model", s.model, "--host", "127.0.0.1", "--port", str(port), "--threads", str(s.threads),
                 "--threads-batch", str(s.threads), "--parallel", str(s.parallel), "--ctx-size", str(s.parallel * s.seq_ctx),
