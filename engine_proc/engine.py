@@ -33,7 +33,8 @@ class LLMEngine:
             config.prefix_cache,
             config.prefix_cache_exact,
             config.cache_ram << 20,
-            # On a GPU a batch of many prompt tokens costs little more than one of a few: there prompts share a step.
+            # On a GPU a batch of many prompt tokens should cost little more than one of a few (no GPU here to
+            # measure it), so there prompts share a step as before.
             admit_per_step=0 if self.runner.info.gpu_layers else 1,
         )
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
