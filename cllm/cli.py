@@ -31,6 +31,11 @@ def _serve_parser(sub) -> None:
     p.add_argument("--threads", type=int, help="CPU threads for llama.cpp (default: one per core)")
     p.add_argument("--batch-size", type=int, help=f"token budget of one engine step, prompt chunks included (default {d.batch_size})")
     p.add_argument(
+        "--admit-per-step", type=int, metavar="N",
+        help="new requests one engine step may start, besides any that waited 4 steps; 1 gives chat turns their first token "
+        f"sooner, at some cost in throughput under bursts; 0: as many as the step's budget holds (README: Scheduling; default {d.admit_per_step})",
+    )
+    p.add_argument(
         "--stream-interval-ms", type=float, metavar="MS",
         help="how long a streamed token may wait for the next ones, so that one wake-up of the frontend sends a few; "
         f"0 sends every token as it comes (README: Streaming; default {d.stream_interval_ms:g})",

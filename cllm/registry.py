@@ -19,7 +19,7 @@ from cllm.model_file import resolve_model
 
 # What a `models:` entry may set for its own engines.
 ENGINE_FIELDS = (
-    "ctx_size", "parallel", "threads", "batch_size", "flash_attn", "prefix_cache", "cache_ram",
+    "ctx_size", "parallel", "threads", "batch_size", "admit_per_step", "flash_attn", "prefix_cache", "cache_ram",
     "n_gpu_layers", "cache_type_k", "cache_type_v", "spec_type", "draft_max", "replicas", "keep_alive",
 )
 

@@ -33,9 +33,7 @@ class LLMEngine:
             config.prefix_cache,
             config.prefix_cache_exact,
             config.cache_ram << 20,
-            # On a GPU a batch of many prompt tokens should cost little more than one of a few (no GPU here to
-            # measure it), so there prompts share a step as before.
-            admit_per_step=0 if self.runner.info.gpu_layers else 1,
+            config.admit_per_step,
         )
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
         self.runner.info.spec_type, self.runner.info.draft_max = config.spec_type, config.draft_max
