@@ -139,19 +139,40 @@ class ModelRunner:
     def copy(self, src: int, dst: int, keep: int) -> None:
         """Stream ``dst`` := the first ``keep`` cells of ``src``, at the same indices.
 
-        llama.cpp copies the whole stream's data at the start of the next
-        llama_decode, after the copies asked before this one.
+        llama.cpp copies the whole stream's data, every cell of it (~7 ms for
+        4096 cells of the embedded model here), at the start of the next
+        llama_decode, after the copies asked before this one. Between settled
+        streams a short sequence's cells are saved and restored at once
+        instead (~2.7 ms for 600 tokens): see _cheaper_at_once.
         """
-        L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+        if not (self._cheaper_at_once((src,), (src, dst), 1) and self.restore(dst, self.save(src))):
+            L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+            self._moving.update((src, dst))
         L.llama_memory_seq_rm(self.memory, dst, keep, -1)
-        self._moving.update((src, dst))
 
     def swap(self, a: int, b: int) -> None:
-        """Trade two streams' cells, through the scratch stream no sequence uses."""
+        """Trade two streams' cells: at once between settled streams, else through the scratch stream."""
+        if self._cheaper_at_once((a, b), (a, b), 3):  # through the scratch stream: three copies
+            data_a, data_b = self.save(a), self.save(b)
+            if not (self.restore(a, data_b) and self.restore(b, data_a)):
+                raise RuntimeError(f"llama.cpp could not swap KV streams {a} and {b}")
+            return
         for src, dst in ((a, self.scratch), (b, a), (self.scratch, b)):
             L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
         self.clear(self.scratch)
         self._moving.update((a, b))
+
+    def _cheaper_at_once(self, moved: tuple[int, ...], settled: tuple[int, ...], whole_copies: int) -> bool:
+        """Whether saving and restoring the cells of the ``moved`` streams costs less than ``whole_copies``
+        whole-stream copies; only between ``settled`` streams.
+
+        Both copy the same K and V rows; measured here, a saved and restored
+        cell cost about 2.6x a cell of a whole-stream copy.
+        """
+        if not all(map(self.settled, settled)):
+            return False
+        held = sum(L.llama_memory_seq_pos_max(self.memory, s) + 1 for s in moved)
+        return held * 2.6 < self.seq_ctx * whole_copies
 
     def settled(self, slot: int) -> bool:
         """Whether the stream's data is what its cells say: no copy from or to it waits for the next decode."""
