@@ -151,7 +151,7 @@ class ModelRunner:
         L.llama_memory_seq_rm(self.memory, dst, keep, -1)
 
     def swap(self, a: int, b: int) -> None:
-        """Trade two streams' cells: at once between settled streams, else through the scratch stream."""
+        """Trade two streams' cells: saved and restored at once when that is cheaper, else through the scratch stream."""
         if self._cheaper_at_once((a, b), (a, b), 3):  # through the scratch stream: three copies
             data_a, data_b = self.save(a), self.save(b)
             if not (self.restore(a, data_b) and self.restore(b, data_a)):
