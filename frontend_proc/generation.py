@@ -170,7 +170,6 @@ class Choice:
         if piece:
             yield piece
 
-
     def _feed_until_stop(self, tokens: list[int]) -> tuple[str, bool]:
         """The text of the tokens up to a stop string, and whether one ended it; n_tokens counts those used."""
         text, hit = [], False
