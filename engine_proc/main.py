@@ -64,6 +64,7 @@ def main() -> int:
         log.error("%s", e)
         return EXIT_LOAD_FAILED
     _log_start(engine.runner.info, f"{launch.model_id}#{launch.replica}")
+    engine.emit = lambda outs: send(StepOutputs(outs))  # first tokens, before their step ends
 
     session = None  # records before the first Hello were meant for a dead engine
     stats_due = 0.0

@@ -2,8 +2,8 @@
 
 A step decodes one token for every decoding sequence in one llama_decode,
 then prompt chunks (of running sequences still prefilling, then of newly
-admitted ones) while they fit the token budget, each in a llama_decode of
-its own. Sequences leave the moment they finish, and their slot goes to the
+admitted ones) while they fit the token budget (the engine groups them into
+llama_decode calls). Sequences leave the moment they finish, and their slot goes to the
 next waiting request in the same step.
 
 A step may start a bounded number of new requests (admit_per_step, by
