@@ -133,16 +133,17 @@ class LLMEngine:
     def _prefill_runs(self, chunks: list[Chunk]) -> tuple[list[list[Chunk]], list[list[Chunk]]]:
         """The step's prompt chunks as llama_decode calls: those to run before the decode batch, and after it.
 
-        Chunks share a call (llama.cpp batches them far better than one by
-        one), but for exact mode's blocks and scored chunks (every row's
-        logits). A burst of streamed turns would otherwise all wait for the
-        whole burst's prefill and the decode batch: 6 prompts of 27 tokens
-        took 494 ms in one call here, and as three calls of two 501 ms in all,
-        their first tokens coming after 338 ms on average. So with an emit,
-        the streamed prompts that end in this step go first, shortest first,
-        in calls of at least FIRST_TOKEN_GROUP tokens, and each call's tokens
-        are sent at once. The decode batch's tokens are sent when the step
-        ends either way.
+        Chunks share a call (tiny calls cost a few percent more), but for
+        exact mode's blocks and scored chunks (every row's logits), which
+        alone may be several of one sequence's. A burst of streamed turns
+        would otherwise all wait for the whole burst's prefill and the decode
+        batch: 6 prompts of 27 tokens took 494 ms in one call here, and as
+        three calls of two 501 ms in all, their first tokens coming after
+        338 ms on average. So with an emit, the streamed prompts that end in
+        this step (a shared chunk is its sequence's only one this step) go
+        first, shortest first, in calls of at least FIRST_TOKEN_GROUP tokens,
+        and each call's tokens are sent at once. The decode batch's tokens
+        are sent when the step ends either way.
         """
         alone = [[c] for c in chunks if self.scheduler.exact or c.scores]
         shared = [c for c in chunks if not (self.scheduler.exact or c.scores)]

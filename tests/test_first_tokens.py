@@ -2,28 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
-from cllm.config import ServeConfig
-from cllm.model_file import resolve_model
 from cllm.protocol import SamplingParams, SeqOutput, Submit
-from engine_proc.engine import FIRST_TOKEN_GROUP, LLMEngine
-from frontend_proc.tokenizer import Tokenizer
-
-
-@pytest.fixture(scope="module")
-def engine():
-    eng = LLMEngine(resolve_model(None), ServeConfig(parallel=4, ctx_size=2048))
-    try:
-        yield eng
-    finally:
-        eng.close()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return Tokenizer(resolve_model(None))
-
+from engine_proc.engine import FIRST_TOKEN_GROUP
 
 TOPICS = {1: "Lighthouses", 2: "Dragons", 3: "Apples", 4: "Rivers", 11: "Castles", 12: "Bees", 13: "Comets",
           14: "Trains", 15: "Owls", 16: "Glaciers"}

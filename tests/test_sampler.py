@@ -3,27 +3,9 @@
 from __future__ import annotations
 
 import msgspec
-import pytest
 
 from cllm.config import ServeConfig
-from cllm.model_file import resolve_model
 from cllm.protocol import SamplingParams, Submit
-from engine_proc.engine import LLMEngine
-from frontend_proc.tokenizer import Tokenizer
-
-
-@pytest.fixture(scope="module")
-def engine():
-    eng = LLMEngine(resolve_model(None), ServeConfig(parallel=4, ctx_size=1024))
-    try:
-        yield eng
-    finally:
-        eng.close()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return Tokenizer(resolve_model(None))
 
 
 def run(engine, submits) -> dict[int, tuple[list[int], str]]:
