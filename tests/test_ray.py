@@ -37,7 +37,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def ray_server():
     temp = tempfile.mkdtemp(prefix="cllm-t", dir="/tmp")  # short: Ray's socket paths live under it
-    srv = start_server("--ray", "local", "--replicas", "2", "--threads", "1", "--parallel", "4", "--ctx-size", "4096", env={"TMPDIR": temp, "CLLM_API_KEY": KEY})
+    # Every token its own event (no stream interval), so that a stream's pieces count its tokens.
+    srv = start_server("--ray", "local", "--replicas", "2", "--threads", "1", "--parallel", "4", "--ctx-size", "4096",
+                       "--stream-interval-ms", "0", env={"TMPDIR": temp, "CLLM_API_KEY": KEY})
     procs = family(srv.proc)
     try:
         yield srv
@@ -88,7 +90,8 @@ def test_openai_client_and_streams_through_the_serve_proxy(ray_server):
         for c in client.completions.create(model="any", prompt="Once upon a time", max_tokens=16, temperature=0, stream=True)
         if c.choices
     ]
-    assert len(pieces) >= 8 and "".join(pieces).strip()
+    # A frontend that falls behind the engine still writes what one wake-up finds as one event.
+    assert len(pieces) >= 6 and "".join(pieces).strip()
 
 
 def test_bad_requests_are_cllm_errors_not_ray_tracebacks(http):
