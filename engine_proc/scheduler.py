@@ -7,13 +7,12 @@ llama_decode calls). Sequences leave the moment they finish, and their slot goes
 next waiting request in the same step.
 
 A step may start a bounded number of new requests (admit_per_step, by
-default none), and besides them any that has waited MAX_WAIT steps. With a
-bound of one, a conversation's next turn (a few dozen new tokens) gets its
-first token sooner alone: on a CPU llama.cpp's prefill costs about the same
-per token in a batch of 64 tokens as of 256, so prompts prefilled together
-only make each wait for all of them. But a burst of requests then fills the
-decode batch over several steps, which costs throughput; the wait bound
-keeps that to a few steps.
+default none), and besides them any that has waited MAX_WAIT steps. The
+engine already sends a step's first tokens call by call (see
+LLMEngine._prefill_runs); with a bound of one, conversations whose turns
+arrive together also drift apart instead of meeting again every turn. But a
+burst of requests then fills the decode batch over several steps, which
+costs throughput; the wait bound keeps that to a few steps.
 
 A prompt chunk is as long as the budget allows, from wherever the cached
 prefix ends. A scored prompt (see SCORED_ROWS) is prefilled whole, in
