@@ -145,6 +145,9 @@ class LLMEngine:
         and each call's tokens are sent at once. The decode batch's tokens
         are sent when the step ends either way.
         """
+        if not chunks:
+            return [], []
+        by_slot = lambda c: c.seq.slot  # noqa: E731
         alone = [[c] for c in chunks if self.scheduler.exact or c.scores]
         shared = [c for c in chunks if not (self.scheduler.exact or c.scores)]
         first: list[list[Chunk]] = []
@@ -152,12 +155,14 @@ class LLMEngine:
             starting = sorted((c for c in shared if c.samples and c.seq.per_step), key=lambda c: c.end - c.start)
             shared = [c for c in shared if not (c.samples and c.seq.per_step)]
             group: list[Chunk] = []
-            for c in starting:
-                group.append(c)
-                if sum(g.end - g.start for g in group) >= FIRST_TOKEN_GROUP or c is starting[-1]:
-                    first.append(sorted(group, key=lambda c: c.seq.slot))
-                    group = []
-        later = [sorted(shared, key=lambda c: c.seq.slot)] if shared else []
+            tokens = 0
+            for chunk in starting:
+                group.append(chunk)
+                tokens += chunk.end - chunk.start
+                if tokens >= FIRST_TOKEN_GROUP or chunk is starting[-1]:
+                    first.append(sorted(group, key=by_slot))
+                    group, tokens = [], 0
+        later = [sorted(shared, key=by_slot)] if shared else []
         return first, later + alone
 
     def _run(self, chunks: list[Chunk], outputs: list[SeqOutput], done: list[Sequence]) -> None:
