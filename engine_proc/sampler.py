@@ -39,6 +39,12 @@ PENALTY_LAST_N = 64  # tokens the penalties look back over, prompt included, as 
 MIN_TEMPERATURE = 1e-5
 MAX_TRIGGER_RETRIES = 8  # tokens refused for running past a lazy grammar's trigger, before giving up
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+# llama_get_logits_ith returning the row's address as an int: a numpy view of it
+# then costs ~1 us, where np.ctypeslib.as_array on llama-cpp-python's float pointer
+# costs ~6 us, and several times that right after a llama_decode, with the caches cold.
+_logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
+    ctypes.cast(L.llama_get_logits_ith, ctypes.c_void_p).value
+)
 
 
 class GrammarError(ValueError):
@@ -70,6 +76,7 @@ class Sampler:
         self._ban_eog = dict.fromkeys(sorted(eog_tokens), float("-inf"))
         self._eog = np.array(sorted(eog_tokens), dtype=np.intp)
         self._scratch = np.empty(n_vocab, np.float32)
+        self._row = ctypes.c_float * n_vocab
         # Candidate arrays for grammar sequences: the whole vocabulary, and one token.
         self._ids = np.arange(n_vocab, dtype=np.int32)
         self._cur = np.zeros(n_vocab, TOKEN_DATA)
@@ -225,7 +232,7 @@ class Sampler:
         return token
 
     def _logits(self, row: int) -> np.ndarray:
-        return np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
+        return np.frombuffer(self._row.from_address(_logits_ith(self.ctx, row)), np.float32)
 
     @staticmethod
     def free(s: SeqSampler) -> None:
