@@ -57,7 +57,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
     # A stream's tokens may wait in the engine's ring this long (ms) for the
     # ones after them, so that one wake-up of the frontend sends a few; 0: every token at once.
-    stream_interval_ms: Annotated[float, Meta(ge=0, le=1000)] = 20.0
+    stream_interval_ms: Annotated[float, Meta(ge=0, le=1000)] = 50.0
     prefix_cache: bool = True  # reuse the KV cells of earlier prompts that share a prefix
     # Reuse only whole prompt blocks, prefilled at fixed positions: with the
     # cache on, every cell is then the same bits as with it off.

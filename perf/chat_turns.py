@@ -16,6 +16,7 @@ sequence, and run one after the other, never at once, in alternating order
 
 Prints a Markdown table per workload with the ratio cllm / llama-server. Usage:
     .venv/bin/python -m perf.chat_turns [--workloads chat,repeat,stream] [--conversations 1,8,16] [--rounds 2]
+        [--also '--stream-interval-ms 20']   (another cllm server, its options added, in the same rounds)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import random
 import statistics
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 
 import httpx
 
@@ -68,31 +70,40 @@ def p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
 
 
-def alternate(rounds: int) -> list[tuple[str, str]]:
-    return [SYSTEMS if r % 2 == 0 else SYSTEMS[::-1] for r in range(rounds)]
+def alternate(rounds: int, systems: tuple[str, ...] = SYSTEMS) -> list[tuple[str, ...]]:
+    return [systems if r % 2 == 0 else systems[::-1] for r in range(rounds)]
 
 
 def run_chat(clients: dict, args) -> str:
+    """A row per conversation count and cllm server: its TTFT of turns 2+ against llama-server's."""
     lines = ["| conversations | llama-server TTFT mean / p90 | cllm TTFT mean / p90 | cllm ÷ llama-server: mean / p90 |",
              "|---|---|---|---|"]
+    cllms = [s for s in clients if s != "llama-server"]
     for c in args.conversations:
-        got = {s: [] for s in SYSTEMS}
-        for r, order in enumerate(alternate(args.rounds)):
-            for system in order:  # each round its own customers: turn 1 is new to both servers
+        got = {s: [] for s in clients}
+        for r, order in enumerate(alternate(args.rounds, tuple(clients))):
+            for system in order:  # each round its own customers: turn 1 is new to every server
                 got[system] += chat(clients[system], c, args.turns, args.max_tokens, seed=c * 100 + r)
-        (l_mean, l_p90), (c_mean, c_p90) = ((statistics.mean(got[s]), p90(got[s])) for s in SYSTEMS[::-1])
-        lines.append(f"| {c} | {l_mean:.3f} / {l_p90:.3f} s | {c_mean:.3f} / {c_p90:.3f} s | {c_mean / l_mean:.2f} / {c_p90 / l_p90:.2f} |")
+        l_mean, l_p90 = statistics.mean(got["llama-server"]), p90(got["llama-server"])
+        for s in cllms:
+            c_mean, c_p90 = statistics.mean(got[s]), p90(got[s])
+            name = "" if len(cllms) == 1 else f"{s}: "
+            lines.append(f"| {c} | {l_mean:.3f} / {l_p90:.3f} s | {name}{c_mean:.3f} / {c_p90:.3f} s | {c_mean / l_mean:.2f} / {c_p90 / l_p90:.2f} |")
     return "\n".join(lines)
 
 
 def run_rate(clients: dict, args, prompts_of_round, max_tokens: int) -> str:
-    lines = ["| round | llama-server tok/s | cllm tok/s | cllm ÷ llama-server |", "|---|---|---|---|"]
-    ratios = []
-    for r, order in enumerate(alternate(args.rounds)):
+    """A row per round: each server's tok/s, and each cllm server's ratio to llama-server's; then the median ratios."""
+    cllms = [s for s in clients if s != "llama-server"]
+    lines = ["| round | llama-server tok/s | " + " | ".join(f"{s} tok/s | {s} ÷ llama-server" for s in cllms) + " |",
+             "|---|---|" + "---|---|" * len(cllms)]
+    ratios = {s: [] for s in cllms}
+    for r, order in enumerate(alternate(args.rounds, tuple(clients))):
         rate = {s: tok_per_s(clients[s], prompts_of_round(r), max_tokens) for s in order}
-        ratios.append(rate["cllm"] / rate["llama-server"])
-        lines.append(f"| {r + 1} | {rate['llama-server']:.1f} | {rate['cllm']:.1f} | {ratios[-1]:.3f} |")
-    lines.append(f"| median | | | {statistics.median(ratios):.3f} |")
+        for s in cllms:
+            ratios[s].append(rate[s] / rate["llama-server"])
+        lines.append(f"| {r + 1} | {rate['llama-server']:.1f} | " + " | ".join(f"{rate[s]:.1f} | {ratios[s][-1]:.3f}" for s in cllms) + " |")
+    lines.append("| median | | " + " | ".join(f"| {statistics.median(ratios[s]):.3f}" for s in cllms) + " |")
     return "\n".join(lines)
 
 
@@ -105,13 +116,20 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens in a chat reply")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each workload, the servers' order alternating")
     ap.add_argument("--requests", type=int, default=12, help="requests a round of repeat and stream")
+    ap.add_argument("--also", action="append", default=[], metavar="ARGS",
+                    help="one more cllm server in the same rounds, with these `cllm serve` options too (e.g. '--stream-interval-ms 20')")
     args = ap.parse_args()
     settings = servers.settings_of(args)
     workloads = args.workloads.split(",")
     long_prompt = handbook(3, 32)[:3000]
-    with (servers.start("cllm", settings) as cllm, servers.start("llama-server", settings) as peer,
-          httpx.Client(base_url=cllm.url, timeout=TIMEOUT) as a, httpx.Client(base_url=peer.url, timeout=TIMEOUT) as b):
-        clients = {"cllm": a, "llama-server": b}
+    # cllm with --cllm-args, then one more for each --also, then llama-server
+    variants = {"cllm": (), **{f"cllm {a}": tuple(a.split()) for a in args.also}}
+    with ExitStack() as stack:
+        clients = {}
+        for i, (name, extra) in enumerate([*variants.items(), ("llama-server", ())]):
+            system = "llama-server" if name == "llama-server" else "cllm"
+            server = stack.enter_context(servers.start(system, settings, args=extra, label=f"{system}-{i}" if args.also else None))
+            clients[name] = stack.enter_context(httpx.Client(base_url=server.url, timeout=TIMEOUT))
         for client in clients.values():  # the first decodes build llama.cpp's graphs; the long prompt is cached
             stream(client, "/v1/completions", {"prompt": long_prompt, "max_tokens": 4})
         print(f"# {os.path.basename(settings.model)}: --parallel {args.parallel}, {args.seq_ctx} cells a sequence, "
