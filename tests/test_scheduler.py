@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from cllm.protocol import SamplingParams
-from engine_proc.host_cache import HEAD, HostCache
+from engine_proc.host_cache import HEAD, MIN_CELLS, HostCache
 from engine_proc.scheduler import MAX_WAIT, Scheduler
 from engine_proc.sequence import Sequence
 
@@ -117,7 +117,7 @@ def test_books_stay_right_through_conversations_outnumbering_the_streams(host_by
     rng = random.Random(1)
     parallel, slots = 3, 6
     kv = FakeStreams(slots)
-    sched = Scheduler(parallel, slots, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes)
+    sched = Scheduler(parallel, slots, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes, host_min_cells=HEAD)
     ids = iter(range(10**6))
     convs = conversation_turns(rng, 8, 5)
     for turn in range(5):
@@ -158,7 +158,7 @@ def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(ho
     """Six conversations take turns on three streams: with host RAM each turn reuses all of the previous one."""
     rng = random.Random(4)
     kv = FakeStreams(3)
-    sched = Scheduler(2, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes)
+    sched = Scheduler(2, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes, host_min_cells=HEAD)
     history = [np.array([rng.randrange(100) for _ in range(40)], np.int32) for _ in range(6)]
     ids = iter(range(10**6))
     full = 0  # later turns that reused all the previous turn's cells
@@ -180,7 +180,7 @@ def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(ho
 
 def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes():
     head = np.arange(HEAD, dtype=np.int32)
-    host = HostCache(max_bytes=4 * (2 * HEAD + 10))
+    host = HostCache(max_bytes=4 * (2 * HEAD + 10), min_cells=HEAD)
 
     def held() -> list[list[int]]:
         return [e.tokens.tolist() for e in host.entries.values()]
@@ -200,6 +200,16 @@ def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes():
     assert stored is not None and n == HEAD + 1
     assert host.lookup(b, longest=len(b), unit=1) == (None, 0)  # gone
     assert host.lookup(c[:HEAD - 1], longest=HEAD - 1, unit=1) == (None, 0)  # shorter than the head
+
+
+def test_host_ram_keeps_no_entry_shorter_than_its_minimum():
+    """A short entry (a one-off request's, most often) is not worth its copy's fresh pages."""
+    host = HostCache(max_bytes=1 << 20)
+    assert host.min_cells == MIN_CELLS > HEAD
+    short, enough = np.arange(MIN_CELLS - 1, dtype=np.int32), np.arange(1000, 1000 + MIN_CELLS, dtype=np.int32)
+    host.put(short, short.copy())
+    host.put(enough, enough.copy())
+    assert [e.tokens.tolist() for e in host.entries.values()] == [enough.tolist()]
 
 
 def test_a_step_starts_at_most_admit_per_step_new_requests():
