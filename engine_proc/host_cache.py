@@ -25,9 +25,9 @@ HEAD = 32
 
 # Entries shorter than this are not kept. A copy costs its pages' first
 # touch whether or not it ever comes back: measured in the engine here,
-# 2.3-3.5 ms for the 1.6 MB of a 76-cell entry of the embedded model, 20x
-# the copy into memory used before, ~2% of a c=32 load of fresh short
-# requests, whose entries never come back. Documents and conversations,
+# 2.3-3.5 ms for the 1.6 MB of a 76-cell entry of the embedded model, 20-30x
+# the copy into memory used before, ~2% of the engine's time under a c=32
+# load of fresh short requests, whose entries never come back. Documents and conversations,
 # which do come back, are mostly longer; a shorter entry prefills again in
 # one block.
 MIN_CELLS = 128
@@ -58,9 +58,13 @@ class HostCache:
         n = len(tokens)
         return any(len(e.tokens) >= n and common_prefix(e.tokens, tokens) == n for e in self._alike(tokens))
 
+    def wants(self, tokens: np.ndarray) -> bool:
+        """Whether ``put`` would keep these tokens' cells (asked before they are copied out)."""
+        return len(tokens) >= self.min_cells and not self.holds(tokens)
+
     def put(self, tokens: np.ndarray, data: np.ndarray) -> None:
         """Keep the cells; entries whose tokens are a prefix of these go, as they add nothing."""
-        if len(tokens) < self.min_cells or data.nbytes > self.max_bytes or self.holds(tokens):
+        if data.nbytes > self.max_bytes or not self.wants(tokens):
             return
         for e in self._alike(tokens):
             if common_prefix(e.tokens, tokens) == len(e.tokens):

@@ -113,8 +113,8 @@ class PrefixCache:
         return dst, lost
 
     def worth_keeping(self, entry: Entry, running: dict[int, np.ndarray]) -> bool:
-        """Whether an entry losing its stream has cells no running sequence holds and host RAM does not."""
-        return self._worth(entry, running) >= 0 and self.host is not None and not self.host.holds(entry.tokens)
+        """Whether an entry losing its stream has cells no running sequence holds and host RAM would keep."""
+        return self._worth(entry, running) >= 0 and self.host is not None and self.host.wants(entry.tokens)
 
     def victim(self, free_slots: list[int], running: dict[int, np.ndarray]) -> int:
         """The free slot whose loss costs the cache least, the lowest of equals; -1 if there is none.

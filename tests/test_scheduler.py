@@ -153,12 +153,17 @@ def test_exact_mode_reuses_only_whole_prompt_blocks():
     assert sched.cache.stats().hit_tokens - before == 256
 
 
-@pytest.mark.parametrize("host_bytes", [0, 1 << 20], ids=["no-host-ram", "host-ram"])
-def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(host_bytes):
-    """Six conversations take turns on three streams: with host RAM each turn reuses all of the previous one."""
+@pytest.mark.parametrize(
+    "host_bytes, min_cells", [(0, HEAD), (1 << 20, HEAD), (1 << 20, MIN_CELLS)], ids=["no-host-ram", "host-ram", "host-ram-too-short"]
+)
+def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(host_bytes, min_cells):
+    """Six conversations take turns on three streams: with host RAM each turn reuses all of the previous one,
+    unless their turns (40-60 cells) are too short for it: then nothing is even copied out."""
     rng = random.Random(4)
     kv = FakeStreams(3)
-    sched = Scheduler(2, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes, host_min_cells=HEAD)
+    sched = Scheduler(2, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes, host_min_cells=min_cells)
+    saves = []
+    kv.save = lambda slot, save=kv.save: saves.append(slot) or save(slot)
     history = [np.array([rng.randrange(100) for _ in range(40)], np.int32) for _ in range(6)]
     ids = iter(range(10**6))
     full = 0  # later turns that reused all the previous turn's cells
@@ -171,11 +176,12 @@ def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(ho
             full += turn > 0 and sched.cache.stats().hit_tokens - before == len(history[c]) - 1
             history[c] = seq.known(len(seq.prompt) + len(seq.output))
     stats = sched.cache.stats()
-    if host_bytes:
+    if host_bytes and min_cells == HEAD:
         assert full == 12 and stats.restored >= 12 - 3
         assert 0 < stats.host_bytes <= host_bytes and stats.host_cells > 0
     else:
         assert full <= 3 and stats.restored == 0  # only what the three streams held
+        assert stats.host_cells == 0 and not saves
 
 
 def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes():
@@ -207,6 +213,7 @@ def test_host_ram_keeps_no_entry_shorter_than_its_minimum():
     host = HostCache(max_bytes=1 << 20)
     assert host.min_cells == MIN_CELLS > HEAD
     short, enough = np.arange(MIN_CELLS - 1, dtype=np.int32), np.arange(1000, 1000 + MIN_CELLS, dtype=np.int32)
+    assert not host.wants(short) and host.wants(enough)
     host.put(short, short.copy())
     host.put(enough, enough.copy())
     assert [e.tokens.tolist() for e in host.entries.values()] == [enough.tolist()]
