@@ -27,9 +27,9 @@ HEAD = 32
 # touch whether or not it ever comes back: measured in the engine here,
 # 2.3-3.5 ms for the 1.6 MB of a 76-cell entry of the embedded model, 20-30x
 # the copy into memory used before, ~2% of the engine's time under a c=32
-# load of fresh short requests, whose entries never come back. Documents and conversations,
-# which do come back, are mostly longer; a shorter entry prefills again in
-# one block.
+# load of fresh short requests, whose entries never come back. Documents
+# and conversations, which do come back, are mostly longer; a shorter entry
+# prefills again in one block. (At least HEAD.)
 MIN_CELLS = 128
 
 
@@ -40,9 +40,8 @@ class Stored:
 
 
 class HostCache:
-    def __init__(self, max_bytes: int, min_cells: int = MIN_CELLS):
+    def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.min_cells = max(min_cells, HEAD)
         self.entries: OrderedDict[int, Stored] = OrderedDict()  # id(stored) -> stored, oldest first
         self._by_head: dict[bytes, dict[int, Stored]] = {}
         self.bytes = 0
@@ -60,7 +59,7 @@ class HostCache:
 
     def wants(self, tokens: np.ndarray) -> bool:
         """Whether ``put`` would keep these tokens' cells (asked before they are copied out)."""
-        return len(tokens) >= self.min_cells and not self.holds(tokens)
+        return len(tokens) >= MIN_CELLS and not self.holds(tokens)
 
     def put(self, tokens: np.ndarray, data: np.ndarray) -> None:
         """Keep the cells; entries whose tokens are a prefix of these go, as they add nothing."""

@@ -28,7 +28,7 @@ import numpy as np
 from msgspec.structs import replace
 
 from cllm.protocol import PrefixCacheStats
-from engine_proc.host_cache import MIN_CELLS, HostCache, Stored
+from engine_proc.host_cache import HostCache, Stored
 from engine_proc.sequence import common_prefix
 
 
@@ -46,10 +46,10 @@ class Entry:
 
 
 class PrefixCache:
-    def __init__(self, unit: int, host_bytes: int = 0, host_min_cells: int = MIN_CELLS):
+    def __init__(self, unit: int, host_bytes: int = 0):
         self.unit = unit  # a reused prefix is a multiple of it
         self.entries: dict[int, Entry] = {}  # slot -> what its stream holds
-        self.host = HostCache(host_bytes, host_min_cells) if host_bytes else None
+        self.host = HostCache(host_bytes) if host_bytes else None
         self._stats = PrefixCacheStats()
         self._clock = 0
 

@@ -47,7 +47,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine_proc.host_cache import MIN_CELLS, Stored
+from engine_proc.host_cache import Stored
 from engine_proc.prefix_cache import Entry, PrefixCache
 from engine_proc.sequence import Chunk, Sequence
 
@@ -93,7 +93,6 @@ class Scheduler:
         exact: bool,
         host_bytes: int = 0,
         admit_per_step: int = 0,
-        host_min_cells: int = MIN_CELLS,
     ):
         self.parallel = parallel
         self.admit_per_step = admit_per_step  # new requests a step may start; 0: as many as its budget holds
@@ -104,7 +103,7 @@ class Scheduler:
         # what exact mode must match bit for bit.
         self.exact = exact or not prefix_cache
         self.kv = kv
-        self.cache = PrefixCache(self.block if exact else 1, host_bytes, host_min_cells) if prefix_cache else None
+        self.cache = PrefixCache(self.block if exact else 1, host_bytes) if prefix_cache else None
         self.steps = 0  # schedule() calls
         self.free_slots = list(range(slots))  # a heap: the lowest slot first
         self.waiting: deque[Sequence] = deque()

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from cllm.protocol import SamplingParams
+from engine_proc import host_cache
 from engine_proc.host_cache import HEAD, MIN_CELLS, HostCache
 from engine_proc.scheduler import MAX_WAIT, Scheduler
 from engine_proc.sequence import Sequence
@@ -113,11 +114,12 @@ def conversation_turns(rng: random.Random, conversations: int, turns: int) -> li
 
 
 @pytest.mark.parametrize("host_bytes", [0, 4 * 300, 1 << 20], ids=["no-host-ram", "little-host-ram", "host-ram"])
-def test_books_stay_right_through_conversations_outnumbering_the_streams(host_bytes):
+def test_books_stay_right_through_conversations_outnumbering_the_streams(host_bytes, monkeypatch):
+    monkeypatch.setattr(host_cache, "MIN_CELLS", HEAD)  # these conversations are short
     rng = random.Random(1)
     parallel, slots = 3, 6
     kv = FakeStreams(slots)
-    sched = Scheduler(parallel, slots, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes, host_min_cells=HEAD)
+    sched = Scheduler(parallel, slots, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes)
     ids = iter(range(10**6))
     convs = conversation_turns(rng, 8, 5)
     for turn in range(5):
@@ -156,12 +158,13 @@ def test_exact_mode_reuses_only_whole_prompt_blocks():
 @pytest.mark.parametrize(
     "host_bytes, min_cells", [(0, HEAD), (1 << 20, HEAD), (1 << 20, MIN_CELLS)], ids=["no-host-ram", "host-ram", "host-ram-too-short"]
 )
-def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(host_bytes, min_cells):
+def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(host_bytes, min_cells, monkeypatch):
     """Six conversations take turns on three streams: with host RAM each turn reuses all of the previous one,
     unless their turns (40-60 cells) are too short for it: then nothing is even copied out."""
+    monkeypatch.setattr(host_cache, "MIN_CELLS", min_cells)
     rng = random.Random(4)
     kv = FakeStreams(3)
-    sched = Scheduler(2, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes, host_min_cells=min_cells)
+    sched = Scheduler(2, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes)
     saves = []
     kv.save = lambda slot, save=kv.save: saves.append(slot) or save(slot)
     history = [np.array([rng.randrange(100) for _ in range(40)], np.int32) for _ in range(6)]
@@ -184,9 +187,10 @@ def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(ho
         assert stats.host_cells == 0 and not saves
 
 
-def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes():
+def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes(monkeypatch):
+    monkeypatch.setattr(host_cache, "MIN_CELLS", HEAD)
     head = np.arange(HEAD, dtype=np.int32)
-    host = HostCache(max_bytes=4 * (2 * HEAD + 10), min_cells=HEAD)
+    host = HostCache(max_bytes=4 * (2 * HEAD + 10))
 
     def held() -> list[list[int]]:
         return [e.tokens.tolist() for e in host.entries.values()]
@@ -211,7 +215,7 @@ def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes():
 def test_host_ram_keeps_no_entry_shorter_than_its_minimum():
     """A short entry (a one-off request's, most often) is not worth its copy's fresh pages."""
     host = HostCache(max_bytes=1 << 20)
-    assert host.min_cells == MIN_CELLS > HEAD
+    assert MIN_CELLS > HEAD
     short, enough = np.arange(MIN_CELLS - 1, dtype=np.int32), np.arange(1000, 1000 + MIN_CELLS, dtype=np.int32)
     assert not host.wants(short) and host.wants(enough)
     host.put(short, short.copy())
