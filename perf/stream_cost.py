@@ -83,7 +83,8 @@ def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int, context
             theirs.append(j["timings"]["predicted_per_token_ms"])
             tokens = peer.post("/tokenize", json={"content": prompt}).json()["tokens"]
             engine.add(Submit(r + 1, tokens, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)))
-            engine.step()  # the prompt: llama-server's figure leaves it out too
+            while not engine.step():  # the prompt, in as many chunks as the budget cuts: llama-server's figure leaves it out too
+                pass
             spent[0], n = 0.0, 0
             while engine.has_work():
                 n += len(engine.step())
