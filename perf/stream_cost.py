@@ -83,7 +83,8 @@ def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int, context
             theirs.append(j["timings"]["predicted_per_token_ms"])
             tokens = peer.post("/tokenize", json={"content": prompt}).json()["tokens"]
             engine.add(Submit(r + 1, tokens, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)))
-            while not engine.step():  # the prompt, in as many chunks as the budget cuts: llama-server's figure leaves it out too
+            # The prompt, in as many steps as the budget cuts it into: llama-server's figure leaves it out too.
+            while not engine.step():
                 pass
             spent[0], n = 0.0, 0
             while engine.has_work():
