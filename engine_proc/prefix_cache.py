@@ -63,12 +63,15 @@ class PrefixCache:
         self._clock += 1
         self.entries[slot] = Entry(tokens, self._clock)
 
-    def lookup(self, prompt: np.ndarray, running: dict[int, np.ndarray], host: bool = True) -> tuple[int, int, Stored | None]:
+    def lookup(
+        self, prompt: np.ndarray, running: dict[int, np.ndarray], host: bool = True, into: int = -1
+    ) -> tuple[int, int, Stored | None]:
         """(slot, tokens, None) of the longest reusable prefix of ``prompt`` among the
         entries and the running sequences' reusable tokens (``running``: slot -> tokens);
         (-1, tokens, stored) if an entry in host RAM (when ``host``) has a longer one;
-        (-1, 0, None) if there is none. Ties go to an entry, which can be used in place, the
-        shortest one: the fewest cells to move out of the way.
+        (-1, 0, None) if there is none. Ties go to an entry, which can be used in place:
+        the one in ``into``, the slot the prompt's sequence will take (nothing to copy
+        into it), else the shortest one (the fewest cells to move out of the way).
 
         The prompt's last token is always left to prefill: its logits pick the
         first new token.
@@ -79,8 +82,9 @@ class PrefixCache:
         src, best = -1, (0,)
         for slot, tokens, is_entry in candidates:
             n = min(common_prefix(prompt, tokens), longest) // self.unit * self.unit
-            if n and (n, is_entry, -len(tokens)) > best:
-                src, best = slot, (n, is_entry, -len(tokens))
+            rank = (n, is_entry, slot == into, -len(tokens))
+            if n and rank > best:
+                src, best = slot, rank
         reuse = best[0]
         stored, n = self.host.lookup(prompt, longest, self.unit) if host and self.host is not None else (None, 0)
         if n >= reuse + RESTORE_GAIN:
@@ -105,7 +109,12 @@ class PrefixCache:
         that loses its stream: the one that was in that slot, or ``entry`` itself.
 
         It goes to the free slot worth least (see victim), if that is worth less than itself.
+        An entry whose cells another entry holds too is let go without loss (a
+        prompt asked again, greedy, leaves the same tokens behind): (-1, None).
         """
+        n = len(entry.tokens)
+        if any(len(e.tokens) >= n and common_prefix(entry.tokens, e.tokens) == n for e in self.entries.values()):
+            return -1, None
         dst = self.victim(free_slots, running)
         if dst < 0 or self._worth(self.entries.get(dst), running) >= self._worth(entry, running):
             return -1, entry

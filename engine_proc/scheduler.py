@@ -216,11 +216,11 @@ class Scheduler:
         cache = self.cache
         held = self._held()
         prompt = seq.prompt[:1] if seq.scored else seq.prompt  # a scored prompt needs every token's logits
-        src, reuse, stored = cache.lookup(prompt, held)
+        src, reuse, stored = cache.lookup(prompt, held, into=self.free_slots[0])
         if stored is not None:
             src = self._fetch(stored, held)
             if src < 0:  # no stream can take it this step: the best a stream holds, then
-                src, reuse, stored = cache.lookup(prompt, held, host=False)
+                src, reuse, stored = cache.lookup(prompt, held, host=False, into=self.free_slots[0])
         cache.count(reuse, stored is not None)
         slot = seq.slot = heapq.heappop(self.free_slots)
         entry = cache.entries.get(src)

@@ -2,7 +2,8 @@
 
 Both servers get the same GGUF file, threads, --parallel and KV cells per
 sequence, and run one after the other, never at once, in alternating order
-(A B, then B A, ...). Everything goes through /v1/chat/completions or
+(A B, then B A, ...: a round at a time for chat, a request at a time for
+repeat and stream). Everything goes through /v1/chat/completions or
 /v1/completions, streamed, greedy.
 
   chat    C conversations at once, each T turns: a shared ~300-token system
@@ -57,13 +58,20 @@ def chat(client: httpx.Client, conversations: int, turns: int, max_tokens: int, 
         return [t for ttfts in pool.map(converse, range(conversations)) for t in ttfts]
 
 
-def tok_per_s(client: httpx.Client, prompts: list[str], max_tokens: int) -> float:
-    """Output tokens per second of the requests, one after the other."""
-    tokens = seconds = 0.0
-    for prompt in prompts:
-        r = stream(client, "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True})
-        tokens, seconds = tokens + r.completion_tokens, seconds + r.seconds
-    return tokens / seconds
+def tok_per_s(clients: dict[str, httpx.Client], order: tuple[str, ...], prompts: list[str], max_tokens: int) -> dict[str, float]:
+    """Each server's output tokens per second over the requests, at c=1.
+
+    The servers take each prompt in turn, their order alternating request by
+    request, so a drift of this machine's speed (it moves by several percent
+    within minutes) falls on all of them alike.
+    """
+    tokens, seconds = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0.0)
+    for i, prompt in enumerate(prompts):
+        for s in order if i % 2 == 0 else order[::-1]:
+            r = stream(clients[s], "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True})
+            tokens[s] += r.completion_tokens
+            seconds[s] += r.seconds
+    return {s: tokens[s] / seconds[s] for s in order}
 
 
 def p90(values: list[float]) -> float:
@@ -99,7 +107,7 @@ def run_rate(clients: dict, args, prompts_of_round, max_tokens: int) -> str:
              "|---|---|" + "---|---|" * len(cllms)]
     ratios = {s: [] for s in cllms}
     for r, order in enumerate(alternate(args.rounds, tuple(clients))):
-        rate = {s: tok_per_s(clients[s], prompts_of_round(r), max_tokens) for s in order}
+        rate = tok_per_s(clients, order, prompts_of_round(r), max_tokens)
         for s in cllms:
             ratios[s].append(rate[s] / rate["llama-server"])
         lines.append(f"| {r + 1} | {rate['llama-server']:.1f} | " + " | ".join(f"{rate[s]:.1f} | {ratios[s][-1]:.3f}" for s in cllms) + " |")

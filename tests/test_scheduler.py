@@ -145,6 +145,24 @@ def test_a_conversation_continued_reuses_its_reply():
     assert sched.cache.stats().hit_tokens - before == len(history) - 1
 
 
+def test_a_prompt_asked_again_with_the_same_reply_moves_no_cells():
+    """Greedy asks of one prompt leave the same tokens behind: the third on, the entry in the slot
+    the request takes serves it in place, and the one it displaces is let go, held by another."""
+    kv = FakeStreams(4)
+    sched = Scheduler(2, 4, 64, 4096, kv, prefix_cache=True, exact=False)
+    moves = []
+    for name in ("copy", "swap", "save", "restore"):
+        method = getattr(kv, name)
+        setattr(kv, name, lambda *a, _m=method, _n=name: moves.append(_n) or _m(*a))
+    prompt = np.arange(50, dtype=np.int32)
+    for i in range(4):
+        moves.clear()
+        run(sched, kv, [Sequence(i, prompt, SamplingParams(max_tokens=10), None)], random.Random(5))  # the same reply
+        assert sched.cache.stats().hit_tokens == 49 * i
+        assert moves == ([] if i != 1 else ["copy"])  # the second keeps the first's reply: it was the only one
+    assert len(sched.cache.entries) == 2
+
+
 def test_exact_mode_reuses_only_whole_prompt_blocks():
     rng = random.Random(3)
     kv = FakeStreams(2)
