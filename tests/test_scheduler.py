@@ -205,6 +205,33 @@ def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(ho
         assert stats.host_cells == 0 and not saves
 
 
+def test_a_short_entry_goes_to_host_ram_rather_than_pushing_a_longer_one_there(monkeypatch):
+    """Streams full of long conversations, then one-off short prompts: each short entry displaced is
+    copied out itself, not the least recently used long one (both are kept either way)."""
+    monkeypatch.setattr(host_cache, "MIN_CELLS", HEAD)
+    rng = random.Random(6)
+    kv = FakeStreams(3)
+    sched = Scheduler(1, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=1 << 20)
+    saved = []  # cells of each copy out
+
+    def save(slot: int, _save=kv.save) -> np.ndarray:
+        data = _save(slot)
+        saved.append(len(data))
+        return data
+
+    kv.save = save
+    ids = iter(range(10**6))
+    for c in range(3):
+        run(sched, kv, [Sequence(next(ids), np.arange(200, dtype=np.int32) + 1000 * c, SamplingParams(max_tokens=4), None)], rng)
+    for c in range(4):
+        run(sched, kv, [Sequence(next(ids), np.arange(40, dtype=np.int32) + 5000 + 100 * c, SamplingParams(max_tokens=4), None)], rng)
+    # The first short prompt displaces the newest long entry (it is worth more than the oldest): the oldest
+    # goes out. Each later one displaces its short predecessor, which goes out in its stead.
+    assert saved == [203] + [43] * 3
+    assert sorted(len(e.tokens) for e in sched.cache.entries.values()) == [43, 203, 203]
+    assert sched.cache.stats().host_cells == 203 + 43 * 3
+
+
 def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes(monkeypatch):
     monkeypatch.setattr(host_cache, "MIN_CELLS", HEAD)
     head = np.arange(HEAD, dtype=np.int32)
