@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine_proc.sequence import common_prefix
+from engine_proc.sequence import common_prefix, starts_with
 
 
 # Entries are filed under their first HEAD tokens, so that a lookup compares a
@@ -54,8 +54,7 @@ class HostCache:
 
     def holds(self, tokens: np.ndarray) -> bool:
         """Whether an entry has all of ``tokens``' cells (they are its prefix)."""
-        n = len(tokens)
-        return any(len(e.tokens) >= n and common_prefix(e.tokens, tokens) == n for e in self._alike(tokens))
+        return any(starts_with(e.tokens, tokens) for e in self._alike(tokens))
 
     def wants(self, tokens: np.ndarray) -> bool:
         """Whether ``put`` would keep these tokens' cells (asked before they are copied out)."""
@@ -66,7 +65,7 @@ class HostCache:
         if data.nbytes > self.max_bytes or not self.wants(tokens):
             return
         for e in self._alike(tokens):
-            if common_prefix(e.tokens, tokens) == len(e.tokens):
+            if starts_with(tokens, e.tokens):
                 self.take(e)
         stored = Stored(tokens, data)
         self.entries[id(stored)] = stored

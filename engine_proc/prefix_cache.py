@@ -29,7 +29,7 @@ from msgspec.structs import replace
 
 from cllm.protocol import PrefixCacheStats
 from engine_proc.host_cache import HostCache, Stored
-from engine_proc.sequence import common_prefix
+from engine_proc.sequence import common_prefix, starts_with
 
 
 # Tokens a host RAM entry must serve beyond what the streams do to be brought
@@ -117,15 +117,14 @@ class PrefixCache:
           way, and the copy out costs by the byte (new host pages cost ~2.3 ms a MB
           here: a 900-cell conversation's ~23 ms before a one-off prompt's first token).
         """
-        n = len(entry.tokens)
-        if any(len(e.tokens) >= n and common_prefix(entry.tokens, e.tokens) == n for e in self.entries.values()):
+        if any(starts_with(e.tokens, entry.tokens) for e in self.entries.values()):
             return -1, None
         dst = self.victim(free_slots, running)
         there = self.entries.get(dst)
         worth_there = self._worth(there, running)
         if dst < 0 or worth_there >= self._worth(entry, running):
             return -1, entry
-        if worth_there >= 0 and len(there.tokens) >= 2 * n and self.host is not None and self.host.wants(entry.tokens):
+        if worth_there >= 0 and len(there.tokens) >= 2 * len(entry.tokens) and self.host is not None and self.host.wants(entry.tokens):
             return -1, entry
         self.entries[dst] = entry
         return dst, there
@@ -148,7 +147,6 @@ class PrefixCache:
         """-2 for no entry, -1 for one whose cells a running sequence holds too, else its recency."""
         if entry is None:
             return -2
-        n = len(entry.tokens)
-        if any(len(tokens) >= n and common_prefix(entry.tokens, tokens) == n for tokens in running.values()):
+        if any(starts_with(tokens, entry.tokens) for tokens in running.values()):
             return -1
         return entry.last_used

@@ -75,3 +75,10 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if len(diff) else n
+
+
+def starts_with(tokens: np.ndarray, prefix: np.ndarray) -> bool:
+    """Whether ``tokens`` begins with all of ``prefix``. The last token is compared first:
+    it tells most arrays apart at the cost of one scalar, not a pass over both."""
+    n = len(prefix)
+    return len(tokens) >= n and (n == 0 or tokens[n - 1] == prefix[n - 1]) and common_prefix(tokens, prefix) == n

@@ -22,7 +22,7 @@ from cllm.protocol import SamplingParams
 from engine_proc import host_cache
 from engine_proc.host_cache import HEAD, MIN_CELLS, HostCache
 from engine_proc.scheduler import MAX_WAIT, Scheduler
-from engine_proc.sequence import Sequence
+from engine_proc.sequence import Sequence, common_prefix, starts_with
 
 
 class FakeStreams:
@@ -299,3 +299,13 @@ def test_a_step_starts_at_most_admit_per_step_new_requests():
     for i in range(3):
         unbounded.add(Sequence(i, np.arange(100 * i, 100 * i + 20, dtype=np.int32), SamplingParams(max_tokens=8), None))
     assert [c.seq.id for c in unbounded.schedule().prefill] == [0, 1, 2]
+
+
+def test_common_prefix_and_starts_with():
+    a = np.array([1, 2, 3, 4], np.int32)
+    assert common_prefix(a, np.array([1, 2, 9], np.int32)) == 2
+    assert common_prefix(a, a[:0]) == 0
+    assert starts_with(a, a[:3]) and starts_with(a, a[:0]) and starts_with(a, a)
+    assert not starts_with(a[:3], a)  # longer than the array
+    assert not starts_with(a, np.array([1, 9, 3], np.int32))  # its last token agrees, an earlier one does not
+    assert not starts_with(a, np.array([1, 2, 9], np.int32))
