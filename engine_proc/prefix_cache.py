@@ -124,7 +124,7 @@ class PrefixCache:
         worth_there = self._worth(there, running)
         if dst < 0 or worth_there >= self._worth(entry, running):
             return -1, entry
-        if worth_there >= 0 and len(there.tokens) >= 2 * len(entry.tokens) and self.host is not None and self.host.wants(entry.tokens):
+        if worth_there >= 0 and len(there.tokens) >= 2 * len(entry.tokens) and self.worth_keeping(entry, running):
             return -1, entry
         self.entries[dst] = entry
         return dst, there
