@@ -216,11 +216,12 @@ class Scheduler:
         cache = self.cache
         held = self._held()
         prompt = seq.prompt[:1] if seq.scored else seq.prompt  # a scored prompt needs every token's logits
-        src, reuse, stored = cache.lookup(prompt, held, into=self.free_slots[0])
+        into = self.free_slots[0]  # the slot the sequence takes: _fetch leaves free_slots as they are
+        src, reuse, stored = cache.lookup(prompt, held, into=into)
         if stored is not None:
             src = self._fetch(stored, held)
             if src < 0:  # no stream can take it this step: the best a stream holds, then
-                src, reuse, stored = cache.lookup(prompt, held, host=False, into=self.free_slots[0])
+                src, reuse, stored = cache.lookup(prompt, held, host=False, into=into)
         cache.count(reuse, stored is not None)
         slot = seq.slot = heapq.heappop(self.free_slots)
         entry = cache.entries.get(src)
