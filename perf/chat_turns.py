@@ -18,6 +18,8 @@ repeat and stream). Everything goes through /v1/chat/completions or
 Prints a Markdown table per workload with the ratio cllm / llama-server. Usage:
     .venv/bin/python -m perf.chat_turns [--workloads chat,repeat,stream] [--conversations 1,8,16] [--rounds 2]
         [--also '--stream-interval-ms 20']   (another cllm server, its options added, in the same rounds)
+        [--also GOMP_SPINCOUNT=300000]      (another cllm server, that variable in its environment)
+        [--peer-env GOMP_SPINCOUNT=1000]    (llama-server with that variable, e.g. the engine's OpenMP setting)
 """
 
 from __future__ import annotations
@@ -125,8 +127,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each workload, the servers' order alternating")
     ap.add_argument("--requests", type=int, default=12, help="requests a round of repeat and stream")
     ap.add_argument("--also", action="append", default=[], metavar="ARGS",
-                    help="one more cllm server in the same rounds, with these `cllm serve` options too (e.g. '--stream-interval-ms 20')")
+                    help="one more cllm server in the same rounds, with these `cllm serve` options too (e.g. "
+                         "'--stream-interval-ms 20'); words of the form NAME=value go into its environment instead")
+    ap.add_argument("--peer-env", metavar="NAME=VALUE", action="append", default=[],
+                    help="a variable in llama-server's environment (e.g. GOMP_SPINCOUNT=1000, as cllm's engine)")
     args = ap.parse_args()
+    if any("=" not in w for w in args.peer_env):
+        ap.error("--peer-env takes NAME=VALUE")
     settings = servers.settings_of(args)
     workloads = args.workloads.split(",")
     long_prompt = handbook(3, 32)[:3000]
@@ -134,14 +141,17 @@ def main() -> None:
     variants = {"cllm": (), **{f"cllm {a}": tuple(a.split()) for a in args.also}}
     with ExitStack() as stack:
         clients = {}
-        for i, (name, extra) in enumerate([*variants.items(), ("llama-server", ())]):
+        for i, (name, words) in enumerate([*variants.items(), ("llama-server", tuple(args.peer_env))]):
             system = "llama-server" if name == "llama-server" else "cllm"
-            server = stack.enter_context(servers.start(system, settings, args=extra, label=f"{system}-{i}" if args.also else None))
+            env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
+            extra = tuple(w for w in words if w.startswith("-") or "=" not in w)
+            server = stack.enter_context(servers.start(system, settings, env=env, args=extra,
+                                                       label=f"{system}-{i}" if args.also else None))
             clients[name] = stack.enter_context(httpx.Client(base_url=server.url, timeout=TIMEOUT))
         for client in clients.values():  # the first decodes build llama.cpp's graphs; the long prompt is cached
             stream(client, "/v1/completions", {"prompt": long_prompt, "max_tokens": 4})
         print(f"# {os.path.basename(settings.model)}: --parallel {args.parallel}, {args.seq_ctx} cells a sequence, "
-              f"{args.threads} threads, {args.rounds} rounds\n")
+              f"{args.threads} threads, {args.rounds} rounds; llama-server's environment: {' '.join(args.peer_env) or 'as is'}\n")
         if "chat" in workloads:
             print(f"## chat: {args.turns} turns of up to {args.max_tokens} tokens, TTFT of turns 2+\n")
             print(run_chat(clients, args), "\n")
