@@ -8,7 +8,9 @@ import os
 # wait is a few microseconds, but when the cores are shared (the frontend,
 # the HTTP clients, other processes) the partner thread is often not
 # running, and each barrier burns a time slice: on two cores under load
-# decoding ran 2-5x slower. A short spin keeps the idle-machine speed and
-# gives the core away under load. It must be in the environment before
-# libgomp loads (before llama_cpp is imported); a value the user set wins.
+# decoding ran 2-5x slower. A short spin gives the core away under load, at
+# ~2-3% of one sequence's speed on an otherwise idle machine (threads sleep
+# at ~11 barriers a step; perf/results/2026-11-25-omp-spin.md). It must be
+# in the environment before libgomp loads (before llama_cpp is imported); a
+# value the user set wins: 300000, libgomp's default, for a dedicated machine.
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
