@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--peer-env", metavar="NAME=VALUE", action="append", default=[],
                     help="a variable in llama-server's environment (e.g. GOMP_SPINCOUNT=1000, as cllm's engine)")
     args = ap.parse_args()
-    if any("=" not in w for w in args.peer_env):
+    if servers.env_and_args(args.peer_env)[1]:
         ap.error("--peer-env takes NAME=VALUE")
     settings = servers.settings_of(args)
     workloads = args.workloads.split(",")
@@ -143,8 +143,7 @@ def main() -> None:
         clients = {}
         for i, (name, words) in enumerate([*variants.items(), ("llama-server", tuple(args.peer_env))]):
             system = "llama-server" if name == "llama-server" else "cllm"
-            env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
-            extra = tuple(w for w in words if w.startswith("-") or "=" not in w)
+            env, extra = servers.env_and_args(words)
             server = stack.enter_context(servers.start(system, settings, env=env, args=extra,
                                                        label=f"{system}-{i}" if args.also else None))
             clients[name] = stack.enter_context(httpx.Client(base_url=server.url, timeout=TIMEOUT))

@@ -76,6 +76,13 @@ def add_arguments(ap, seq_ctx: int) -> None:
     ap.add_argument("--cllm-args", default="", help="more `cllm serve` options, as one string (e.g. '--stream-interval-ms 0')")
 
 
+def env_and_args(words) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Words of the form NAME=value as an environment; the rest (options, ``--x=1`` too) as command-line words."""
+    is_env = [("=" in w and not w.startswith("-")) for w in words]
+    env = dict(w.split("=", 1) for w, e in zip(words, is_env) if e)
+    return env, tuple(w for w, e in zip(words, is_env) if not e)
+
+
 def settings_of(args) -> Settings:
     return Settings(resolve_model(args.model), args.threads, args.parallel, args.seq_ctx, tuple(args.cllm_args.split()))
 

@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="environment for llama-server and llama-cpp-python's server (e.g. GOMP_SPINCOUNT=1000, as cllm's engine)")
     ap.add_argument("--no-readme", action="store_true", help="leave README.md's table as it is")
     args = ap.parse_args(argv)
-    if any("=" not in kv for kv in args.peer_env):
+    args.peer_env, rest = servers.env_and_args(args.peer_env)
+    if rest:
         ap.error("--peer-env takes KEY=VALUE")
-    args.peer_env = dict(kv.split("=", 1) for kv in args.peer_env)
     unknown = set(args.models) - set(MODELS) | set(args.systems) - set(ALL_SYSTEMS)
     if unknown:
         ap.error(f"unknown model or system: {', '.join(sorted(unknown))}")
