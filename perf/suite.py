@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.peer_env, rest = servers.env_and_args(args.peer_env)
     if rest:
-        ap.error("--peer-env takes KEY=VALUE")
+        ap.error("--peer-env takes NAME=VALUE")
     unknown = set(args.models) - set(MODELS) | set(args.systems) - set(ALL_SYSTEMS)
     if unknown:
         ap.error(f"unknown model or system: {', '.join(sorted(unknown))}")
