@@ -32,8 +32,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, help=f"token budget of one engine step, prompt chunks included (default {d.batch_size})")
     p.add_argument(
         "--admit-per-step", type=int, metavar="N",
-        help="new requests one engine step may start, besides any that waited 4 steps; 1 gives chat turns their first token "
-        f"sooner, at some cost in throughput under bursts; 0: as many as the step's budget holds (README: Scheduling; default {d.admit_per_step})",
+        help="new requests one engine step may start, besides any that waited 4 steps; 0: as many as the step's budget holds, "
+        f"but one that continues a cached stream (a chat's next turn) (README: Scheduling; default {d.admit_per_step})",
     )
     p.add_argument(
         "--stream-interval-ms", type=float, metavar="MS",

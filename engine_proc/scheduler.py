@@ -6,13 +6,18 @@ admitted ones) while they fit the token budget (the engine groups them into
 llama_decode calls). Sequences leave the moment they finish, and their slot goes to the
 next waiting request in the same step.
 
-A step may start a bounded number of new requests (admit_per_step, by
-default none), and besides them any that has waited MAX_WAIT steps. The
-engine already sends a step's first tokens call by call (see
-LLMEngine._prefill_runs); with a bound of one, conversations whose turns
-arrive together also drift apart instead of meeting again every turn. But a
-burst of requests then fills the decode batch over several steps, which
-costs throughput; the wait bound keeps that to a few steps.
+A step starts at most one request that continues a cached stream (half
+its prompt or more cached: a chat's next turn, a question on a cached
+document), and besides it any that has waited MAX_WAIT steps. The engine
+already sends a step's first tokens call by call (see
+LLMEngine._prefill_runs), but conversations whose turns arrive together and
+start together also decode in lockstep, and their next turns collide again:
+each then waits for the whole burst's prefill. Started a step apart, they
+drift apart. Other requests start as many as the budget holds: there a
+burst fills the decode batch at once, which is throughput, and each one's
+own prefill is most of its wait anyway. admit_per_step bounds every
+request instead (at a cost in throughput under bursts); the wait bound
+keeps any of this to a few steps.
 
 A prompt chunk is as long as the budget allows, from wherever the cached
 prefix ends. A scored prompt (see SCORED_ROWS) is prefilled whole, in
@@ -95,7 +100,7 @@ class Scheduler:
         admit_per_step: int = 0,
     ):
         self.parallel = parallel
-        self.admit_per_step = admit_per_step  # new requests a step may start; 0: as many as its budget holds
+        self.admit_per_step = admit_per_step  # new requests a step may start; 0: see the module's docstring
         self.token_budget = token_budget
         self.seq_ctx = seq_ctx
         self.block = min(PREFILL_BLOCK, token_budget)
@@ -147,16 +152,20 @@ class Scheduler:
                 budget = self._prefill(seq, budget, prefill)
         # A request is admitted when its first block can go in this step: one
         # that waits a step may find more of its prompt in a running sequence.
-        admitted = 0
+        admitted, continued = 0, False  # continued: a request that continues a cached stream started
         while (
             self.waiting
             and len(self.running) < self.parallel
             and (budget >= self.block or not prefill)
-            and (not self.admit_per_step or admitted < self.admit_per_step or self.steps - self.waiting[0].arrived > MAX_WAIT)
+            and (
+                (admitted < self.admit_per_step if self.admit_per_step else not continued)
+                or self.steps - self.waiting[0].arrived > MAX_WAIT
+            )
         ):
             admitted += 1
             seq = self.waiting.popleft()
             self._admit(seq)
+            continued = continued or 2 * seq.reused >= len(seq.prompt)
             budget = self._prefill(seq, budget, prefill)
         self._compact()
         decode.sort(key=lambda c: c.seq.slot)
