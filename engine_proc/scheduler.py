@@ -6,16 +6,16 @@ admitted ones) while they fit the token budget (the engine groups them into
 llama_decode calls). Sequences leave the moment they finish, and their slot goes to the
 next waiting request in the same step.
 
-A step starts at most one request that continues a cached stream (half
-its prompt or more cached: a chat's next turn, a question on a cached
-document), and besides it any that has waited MAX_WAIT steps. The engine
+A step starts at most one request that continues a cache entry (its
+prompt extends the entry's tokens: a chat's next turn, an agent's next
+call), and besides it any that has waited MAX_WAIT steps. The engine
 already sends a step's first tokens call by call (see
 LLMEngine._prefill_runs), but conversations whose turns arrive together and
 start together also decode in lockstep, and their next turns collide again:
 each then waits for the whole burst's prefill. Started a step apart, they
-drift apart. Other requests start as many as the budget holds: there a
-burst fills the decode batch at once, which is throughput, and each one's
-own prefill is most of its wait anyway. admit_per_step bounds every
+drift apart. Other requests (a shared system prompt's too) start as many
+as the budget holds: there a burst fills the decode batch at once, which is
+throughput, and each one's own prefill is most of its wait anyway. admit_per_step bounds every
 request instead (at a cost in throughput under bursts); the wait bound
 keeps any of this to a few steps.
 
@@ -152,7 +152,7 @@ class Scheduler:
                 budget = self._prefill(seq, budget, prefill)
         # A request is admitted when its first block can go in this step: one
         # that waits a step may find more of its prompt in a running sequence.
-        admitted, continued = 0, False  # continued: a request that continues a cached stream started
+        admitted, continued = 0, False  # continued: a request that continues a cache entry started
         while (
             self.waiting
             and len(self.running) < self.parallel
@@ -164,8 +164,7 @@ class Scheduler:
         ):
             admitted += 1
             seq = self.waiting.popleft()
-            self._admit(seq)
-            continued = continued or 2 * seq.reused >= len(seq.prompt)
+            continued = self._admit(seq) or continued
             budget = self._prefill(seq, budget, prefill)
         self._compact()
         decode.sort(key=lambda c: c.seq.slot)
@@ -203,15 +202,21 @@ class Scheduler:
         """Slot -> the reusable tokens each running sequence's stream holds."""
         return {s.slot: s.known(self._reusable(s)) for s in self.running}
 
-    def _admit(self, seq: Sequence) -> None:
+    def _admit(self, seq: Sequence) -> bool:
+        """Start the sequence; whether it continues a cache entry."""
+        continues = False
         if self.cache is None:
             seq.slot = heapq.heappop(self.free_slots)
         else:
-            seq.n_cached = seq.reused = self._reuse_prefix(seq)
+            seq.n_cached, continues = self._reuse_prefix(seq)
+            seq.reused = seq.n_cached
         self.running.append(seq)
+        return continues
 
-    def _reuse_prefix(self, seq: Sequence) -> int:
-        """Give the new sequence the lowest free slot and the longest cached prefix of its prompt; its length.
+    def _reuse_prefix(self, seq: Sequence) -> tuple[int, bool]:
+        """Give the new sequence the lowest free slot and the longest cached prefix of its prompt.
+
+        Returns the prefix's length, and whether the sequence took over the entry it continues.
 
         An entry the prompt extends (a chat's previous turn), or nearly (its
         cells past the shared prefix are at most an eighth of it), becomes
@@ -239,7 +244,7 @@ class Scheduler:
                 self._swap(src, slot)
             del cache.entries[slot]
             self.kv.trim(slot, reuse)
-            return reuse
+            return reuse, True
         resident = cache.entries.pop(slot, None)
         if resident is not None:  # it has cells the new sequence will not keep
             self._rehome(slot, resident, held, exclude=src)
@@ -249,7 +254,7 @@ class Scheduler:
             self.kv.copy(src, slot, reuse)
         else:
             self.kv.clear(slot)
-        return reuse
+        return reuse, False
 
     def _swap(self, a: int, b: int) -> None:
         """Trade two streams' cells, and their cache entries."""

@@ -301,17 +301,19 @@ def test_a_step_starts_at_most_admit_per_step_new_requests():
     assert [c.seq.id for c in unbounded.schedule().prefill] == [0, 1, 2]
 
 
-def test_a_step_starts_one_request_that_continues_a_cached_stream():
-    """Chat turns that arrive together start a step apart, so the conversations drift apart; fresh prompts do not wait."""
+def test_a_step_starts_one_request_that_continues_a_cache_entry():
+    """Chat turns that arrive together start a step apart, so the conversations drift apart; others do not wait."""
     rng = random.Random(3)
-    kv = FakeStreams(14)
-    sched = Scheduler(7, 14, 512, 4096, kv, prefix_cache=True, exact=False)
+    kv = FakeStreams(16)
+    sched = Scheduler(8, 16, 512, 4096, kv, prefix_cache=True, exact=False)
     firsts = [Sequence(i, np.arange(100 * i, 100 * i + 40, dtype=np.int32), SamplingParams(max_tokens=5), None) for i in range(6)]
     run(sched, kv, firsts, rng)
     turns = [Sequence(10 + i, np.concatenate((s.known(45), np.arange(900, 910, dtype=np.int32))), SamplingParams(max_tokens=50), None)
              for i, s in enumerate(firsts)]
-    fresh = Sequence(20, np.arange(2000, 2030, dtype=np.int32), SamplingParams(max_tokens=50), None)
-    for seq in [turns[0], fresh, *turns[1:]]:
+    # Shares 30 tokens of an entry it does not extend (a system prompt, say), and a prompt shared with nothing.
+    sharer = Sequence(20, np.concatenate((firsts[5].prompt[:30], np.arange(3000, 3010, dtype=np.int32))), SamplingParams(max_tokens=50), None)
+    fresh = Sequence(21, np.arange(2000, 2030, dtype=np.int32), SamplingParams(max_tokens=50), None)
+    for seq in [turns[0], sharer, fresh, *turns[1:]]:
         sched.add(seq)
     started = []
     for _ in range(MAX_WAIT + 1):
@@ -323,9 +325,10 @@ def test_a_step_starts_one_request_that_continues_a_cached_stream():
             chunk.seq.n_cached = chunk.end
             if not chunk.seq.prefilling:
                 chunk.seq.output.append(7)
-    # One continuation a step (the fresh prompt beside one), then all that waited MAX_WAIT steps.
-    assert started == [[10], [20, 11], [12], [13], [14, 15]]
+    # One continuation a step (the others beside one), then all that waited MAX_WAIT steps.
+    assert started == [[10], [20, 21, 11], [12], [13], [14, 15]]
     assert all(s.reused == 44 for s in turns)  # the first turn's cells: all but its last token's, never decoded
+    assert sharer.reused == 30
 
 
 def test_common_prefix_and_starts_with():
