@@ -100,6 +100,21 @@ def run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], rng: random.Ran
                 assert stored.data.tolist() == stored.tokens.tolist()
 
 
+def prefilled_by_step(sched: Scheduler, kv: FakeStreams, steps: int) -> list[list[int]]:
+    """Step ``steps`` times, every sequence writing its chunks and sampling; the ids each step prefilled."""
+    prefilled = []
+    for _ in range(steps):
+        step = sched.schedule()
+        kv.decode()
+        prefilled.append([c.seq.id for c in step.prefill])
+        for chunk in [*step.decode, *step.prefill]:
+            kv.write(chunk.seq.slot, chunk.start, chunk.seq.known(chunk.end)[chunk.start :].tolist())
+            chunk.seq.n_cached = chunk.end
+            if not chunk.seq.prefilling:
+                chunk.seq.output.append(7)
+    return prefilled
+
+
 def conversation_turns(rng: random.Random, conversations: int, turns: int) -> list[list[list[int]]]:
     system = [rng.randrange(100) for _ in range(40)]
     out = []
@@ -273,17 +288,7 @@ def test_a_step_starts_at_most_admit_per_step_new_requests():
     sched = Scheduler(4, 4, 512, 4096, kv, prefix_cache=True, exact=False, admit_per_step=1)
     for i in range(3):
         sched.add(Sequence(i, np.arange(100 * i, 100 * i + 20, dtype=np.int32), SamplingParams(max_tokens=8), None))
-    started = []
-    for _ in range(3):
-        step = sched.schedule()
-        kv.decode()
-        started.append([c.seq.id for c in step.prefill])
-        for chunk in [*step.decode, *step.prefill]:
-            kv.write(chunk.seq.slot, chunk.start, chunk.seq.known(chunk.end)[chunk.start :].tolist())
-            chunk.seq.n_cached = chunk.end
-            if not chunk.seq.prefilling:
-                chunk.seq.output.append(7)
-    assert started == [[0], [1], [2]]
+    assert prefilled_by_step(sched, kv, 3) == [[0], [1], [2]]
     # A burst: one a step, then every request that has waited MAX_WAIT steps at once.
     burst = Scheduler(8, 8, 512, 4096, FakeStreams(8), prefix_cache=True, exact=False, admit_per_step=1)
     for i in range(8):
@@ -315,18 +320,8 @@ def test_a_step_starts_one_request_that_continues_a_cache_entry():
     fresh = Sequence(21, np.arange(2000, 2030, dtype=np.int32), SamplingParams(max_tokens=50), None)
     for seq in [turns[0], sharer, fresh, *turns[1:]]:
         sched.add(seq)
-    started = []
-    for _ in range(MAX_WAIT + 1):
-        step = sched.schedule()
-        kv.decode()
-        started.append([c.seq.id for c in step.prefill])
-        for chunk in [*step.decode, *step.prefill]:
-            kv.write(chunk.seq.slot, chunk.start, chunk.seq.known(chunk.end)[chunk.start :].tolist())
-            chunk.seq.n_cached = chunk.end
-            if not chunk.seq.prefilling:
-                chunk.seq.output.append(7)
     # One continuation a step (the others beside one), then all that waited MAX_WAIT steps.
-    assert started == [[10], [20, 21, 11], [12], [13], [14, 15]]
+    assert prefilled_by_step(sched, kv, MAX_WAIT + 1) == [[10], [20, 21, 11], [12], [13], [14, 15]]
     assert all(s.reused == 44 for s in turns)  # the first turn's cells: all but its last token's, never decoded
     assert sharer.reused == 30
 
