@@ -15,9 +15,9 @@ start together also decode in lockstep, and their next turns collide again:
 each then waits for the whole burst's prefill. Started a step apart, they
 drift apart. Other requests (a shared system prompt's too) start as many
 as the budget holds: there a burst fills the decode batch at once, which is
-throughput, and each one's own prefill is most of its wait anyway. admit_per_step bounds every
-request instead (at a cost in throughput under bursts); the wait bound
-keeps any of this to a few steps.
+throughput, and each one's own prefill is most of its wait anyway.
+admit_per_step bounds every request instead (at a cost in throughput under
+bursts); the wait bound keeps any of this to a few steps.
 
 A prompt chunk is as long as the budget allows, from wherever the cached
 prefix ends. A scored prompt (see SCORED_ROWS) is prefilled whole, in
