@@ -62,7 +62,8 @@ def main() -> None:
     prompt = handbook(3, 32)[:3000]
     runs = [("cllm", "cllm", ()), *((f"cllm {a}", "cllm", tuple(a.split())) for a in args.also),
             ("llama-server", "llama-server", tuple(args.peer_env))]
-    print(f"# one busy neighbour, c=1, {args.tokens} tokens a streamed request; {args.threads} threads\n")
+    print(f"# one busy neighbour, c=1, {args.tokens} tokens a streamed request; {args.threads} threads; "
+          f"llama-server's environment: {' '.join(args.peer_env) or 'as is'}\n")
     print("| server | idle tok/s | beside the neighbour, tok/s | share of idle |")
     print("|---|---|---|---|")
     for i, (name, system, words) in enumerate(runs):
