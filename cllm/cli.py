@@ -33,7 +33,8 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--admit-per-step", type=int, metavar="N",
         help="new requests one engine step may start, besides any that waited 4 steps; 0: as many as the step's budget holds, "
-        f"but only one that continues a cache entry (a chat's next turn) (README: Scheduling; default {d.admit_per_step})",
+        "in arrival order, up to and including one that continues a cache entry (a chat's next turn) "
+        f"(README: Scheduling; default {d.admit_per_step})",
     )
     p.add_argument(
         "--stream-interval-ms", type=float, metavar="MS",

@@ -51,8 +51,8 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     parallel: Annotated[int, Meta(ge=1, le=MAX_STREAMS - 1)] = 8
     threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per CPU core
     batch_size: Annotated[int, Meta(ge=1)] = 512
-    # New requests a step may start (and any that waited 4 steps); 0: as many as its token budget holds,
-    # but only one that continues a cache entry, so conversations drift apart (README: Scheduling).
+    # New requests a step may start (and any that waited 4 steps); 0: as many as its token budget holds, in
+    # arrival order up to and including one that continues a cache entry, so conversations drift apart (README: Scheduling).
     admit_per_step: Annotated[int, Meta(ge=0)] = 0
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
     # A stream's tokens may wait in the engine's ring this long (ms) for the

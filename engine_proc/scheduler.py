@@ -13,8 +13,9 @@ already sends a step's first tokens call by call (see
 LLMEngine._prefill_runs), but conversations whose turns arrive together and
 start together also decode in lockstep, and their next turns collide again:
 each then waits for the whole burst's prefill. Started a step apart, they
-drift apart. Other requests (a shared system prompt's too) start as many
-as the budget holds: there a burst fills the decode batch at once, which is
+drift apart. Requests start in arrival order, so the others (a shared
+system prompt's too) start as many as the budget holds up to the next
+continuation: there a burst fills the decode batch at once, which is
 throughput, and each one's own prefill is most of its wait anyway.
 admit_per_step bounds every request instead (at a cost in throughput under
 bursts); the wait bound keeps any of this to a few steps.

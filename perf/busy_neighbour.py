@@ -53,15 +53,11 @@ def main() -> None:
     servers.add_arguments(ap, seq_ctx=4096)
     ap.add_argument("--requests", type=int, default=3, help="streamed requests beside the neighbour, per server")
     ap.add_argument("--tokens", type=int, default=48, help="tokens a request")
-    ap.add_argument("--also", action="append", default=[], metavar="ARGS",
-                    help="one more cllm server: `cllm serve` options, or NAME=value words for its environment")
-    ap.add_argument("--peer-env", metavar="NAME=VALUE", action="append", default=[],
-                    help="a variable in llama-server's environment")
+    servers.add_variant_arguments(ap)
     args = ap.parse_args()
+    runs = servers.variants(ap, args)
     settings = servers.settings_of(args)
     prompt = handbook(3, 32)[:3000]
-    runs = [("cllm", "cllm", ()), *((f"cllm {a}", "cllm", tuple(a.split())) for a in args.also),
-            ("llama-server", "llama-server", tuple(args.peer_env))]
     print(f"# one busy neighbour, c=1, {args.tokens} tokens a streamed request; {args.threads} threads; "
           f"llama-server's environment: {' '.join(args.peer_env) or 'as is'}\n")
     print("| server | idle tok/s | beside the neighbour, tok/s | share of idle |")

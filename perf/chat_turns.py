@@ -126,23 +126,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens in a chat reply")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each workload, the servers' order alternating")
     ap.add_argument("--requests", type=int, default=12, help="requests a round of repeat and stream")
-    ap.add_argument("--also", action="append", default=[], metavar="ARGS",
-                    help="one more cllm server in the same rounds, with these `cllm serve` options too (e.g. "
-                         "'--stream-interval-ms 20'); words of the form NAME=value go into its environment instead")
-    ap.add_argument("--peer-env", metavar="NAME=VALUE", action="append", default=[],
-                    help="a variable in llama-server's environment (e.g. GOMP_SPINCOUNT=1000, as cllm's engine)")
+    servers.add_variant_arguments(ap)
     args = ap.parse_args()
-    if servers.env_and_args(args.peer_env)[1]:
-        ap.error("--peer-env takes NAME=VALUE")
+    runs = servers.variants(ap, args)
     settings = servers.settings_of(args)
     workloads = args.workloads.split(",")
     long_prompt = handbook(3, 32)[:3000]
-    # cllm with --cllm-args, then one more for each --also, then llama-server
-    variants = {"cllm": (), **{f"cllm {a}": tuple(a.split()) for a in args.also}}
     with ExitStack() as stack:
         clients = {}
-        for i, (name, words) in enumerate([*variants.items(), ("llama-server", tuple(args.peer_env))]):
-            system = "llama-server" if name == "llama-server" else "cllm"
+        for i, (name, system, words) in enumerate(runs):
             env, extra = servers.env_and_args(words)
             server = stack.enter_context(servers.start(system, settings, env=env, args=extra,
                                                        label=f"{system}-{i}" if args.also else None))

@@ -83,6 +83,23 @@ def env_and_args(words) -> tuple[dict[str, str], tuple[str, ...]]:
     return env, tuple(w for w, e in zip(words, is_env) if not e)
 
 
+def add_variant_arguments(ap) -> None:
+    """--also and --peer-env: more cllm servers beside the default one, and llama-server's environment."""
+    ap.add_argument("--also", action="append", default=[], metavar="ARGS",
+                    help="one more cllm server in the same rounds, with these `cllm serve` options too (e.g. "
+                         "'--stream-interval-ms 20'); words of the form NAME=value go into its environment instead")
+    ap.add_argument("--peer-env", metavar="NAME=VALUE", action="append", default=[],
+                    help="a variable in llama-server's environment (e.g. GOMP_SPINCOUNT=1000, as cllm's engine)")
+
+
+def variants(ap, args) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(name, system, words) of each server to start: cllm, one more cllm for each --also, then llama-server."""
+    if env_and_args(args.peer_env)[1]:
+        ap.error("--peer-env takes NAME=VALUE")
+    return [("cllm", "cllm", ()), *((f"cllm {a}", "cllm", tuple(a.split())) for a in args.also),
+            ("llama-server", "llama-server", tuple(args.peer_env))]
+
+
 def settings_of(args) -> Settings:
     return Settings(resolve_model(args.model), args.threads, args.parallel, args.seq_ctx, tuple(args.cllm_args.split()))
 
