@@ -29,6 +29,11 @@ def _serve_parser(sub) -> None:
     p.add_argument("--ctx-size", type=int, help=f"KV cache cells in all, shared evenly by the --parallel sequences (default {d.ctx_size})")
     p.add_argument("--parallel", type=int, help=f"most sequences decoded together; more requests wait their turn (default {d.parallel})")
     p.add_argument("--threads", type=int, help="CPU threads for llama.cpp (default: one per core)")
+    p.add_argument(
+        "--fixed-threads", action="store_true", default=None,
+        help="decode on all --threads even while other programs keep the CPUs busy (default: on one thread then, "
+        "trying all again every few seconds; README: Threads)",
+    )
     p.add_argument("--batch-size", type=int, help=f"token budget of one engine step, prompt chunks included (default {d.batch_size})")
     p.add_argument(
         "--admit-per-step", type=int, metavar="N",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 
 import llama_cpp as L
 import numpy as np
@@ -24,6 +25,7 @@ from cllm.model_meta import gpu_layers, kv_cache_bytes, meta as _meta
 from cllm.protocol import ModelInfo
 from engine_proc.batch import Batch
 from engine_proc.sequence import Chunk
+from engine_proc.threads import Threads
 
 FLASH_ATTN = {
     "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -77,6 +79,10 @@ class ModelRunner:
         self.memory = L.llama_get_memory(self.ctx)
         self.seq_ctx = L.llama_n_ctx_seq(self.ctx)
         self.eog_tokens = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
+        # The contexts that decode on the engine's threads (the embedder adds its own).
+        self.contexts = [self.ctx]
+        follow = not config.fixed_threads and mparams.n_gpu_layers == 0  # a GPU's layers do not meet at CPU barriers
+        self.threads = Threads(config.n_threads, self.set_threads, follow)
 
         self._b = Batch(self.token_budget)
         self._moving: set[int] = set()  # streams a copy asked since the last llama_decode reads or writes
@@ -134,9 +140,15 @@ class ModelRunner:
                 rows.append(i - 1)
             else:
                 rows.append(-1)
+        cpu, wall = time.process_time(), time.perf_counter()
         b.decode(self.ctx, i)
+        self.threads.decoded(time.perf_counter() - wall, time.process_time() - cpu)
         self._moving.clear()
         return rows
+
+    def set_threads(self, n: int) -> None:
+        for ctx in self.contexts:
+            L.llama_set_n_threads(ctx, n, n)
 
     # The scheduler's KvStreams: one stream per slot.
 

@@ -48,6 +48,9 @@ class Metrics:
         self.requests = Counter("cllm_requests_total", "HTTP responses, by route and status", ["route", "status"], registry=r)
         self.running = Gauge("cllm_requests_running", "Sequences the engine is decoding", ENGINE, registry=r)
         self.waiting = Gauge("cllm_requests_waiting", "Requests waiting for a free engine slot", ENGINE, registry=r)
+        self.threads = Gauge(
+            "cllm_engine_threads", "llama.cpp threads the engine decodes on now: one while other programs take its CPUs", ENGINE, registry=r
+        )
         self.prompt_tokens = Counter("cllm_prompt_tokens_total", "Prompt tokens of requests that reached the engine", registry=r)
         self.generation_tokens = Counter("cllm_generation_tokens_total", "Tokens generated for requests, as their usage says", registry=r)
         self.ttft = Histogram(
@@ -119,6 +122,7 @@ class Metrics:
         key = (model, str(replica))
         self.running.labels(*key).set(stats.running)
         self.waiting.labels(*key).set(stats.waiting)
+        self.threads.labels(*key).set(stats.threads)
         self.kv_usage.labels(*key).set(stats.kv_used / kv_total)
         step, batch = self.step.labels(*key), self.batch.labels(*key)
         for seconds in stats.step_seconds:
@@ -147,7 +151,7 @@ class Metrics:
     def engine_gone(self, model: str, replica: int) -> None:
         """A model was unloaded: its engine's gauges go (its counters stay, as counters do)."""
         key = (model, str(replica))
-        for gauge in (self.running, self.waiting, self.kv_usage, self.cache_cells):
+        for gauge in (self.running, self.waiting, self.threads, self.kv_usage, self.cache_cells):
             try:
                 gauge.remove(*key)
             except KeyError:

@@ -1,18 +1,20 @@
-"""One stream at c=1 beside a busy program that is not the server's: where a long OpenMP spin collapses.
+"""One stream at c=1 beside a busy program that is not the server's: what a server keeps of its idle speed.
 
 The neighbour is `yes > /dev/null` in a session of its own, as a build in
 another terminal or another service would be. Linux shares the CPUs between
 sessions (autogroups; cgroups do the same for services and containers) before
 it shares them between threads, so against one busy neighbour a server's
 llama.cpp threads get about one CPU of two and must take turns on it. A
-thread that spins at a barrier then burns the time slice its partner needed.
+thread that spins at a barrier then burns the time slice its partner needed;
+cllm's engine goes down to the one thread it gets CPU for (README: Threads).
 
 Each server in turn, alone with the neighbour: its ~700-token prompt cached,
 one streamed request before the neighbour starts (idle), then --requests
 streamed ones beside it; output tok/s of each.
 
-    .venv/bin/python -m perf.busy_neighbour [--requests 3] [--tokens 48]
-        [--also GOMP_SPINCOUNT=300000]   (another cllm server, that variable in its environment)
+    .venv/bin/python -m perf.busy_neighbour [--requests 3] [--tokens 48] [--no-peer]
+        [--also=--fixed-threads]         (another cllm server, on all its threads whatever the load)
+        [--also GOMP_SPINCOUNT=1000]     (another cllm server, that variable in its environment)
         [--peer-env GOMP_SPINCOUNT=1000] (llama-server with that variable)
 """
 
@@ -53,9 +55,10 @@ def main() -> None:
     servers.add_arguments(ap, seq_ctx=4096)
     ap.add_argument("--requests", type=int, default=3, help="streamed requests beside the neighbour, per server")
     ap.add_argument("--tokens", type=int, default=48, help="tokens a request")
+    ap.add_argument("--no-peer", action="store_true", help="cllm servers only (llama-server makes ~0.5 tok/s here)")
     servers.add_variant_arguments(ap)
     args = ap.parse_args()
-    runs = servers.variants(ap, args)
+    runs = [r for r in servers.variants(ap, args) if not (args.no_peer and r[1] == "llama-server")]
     settings = servers.settings_of(args)
     prompt = handbook(3, 32)[:3000]
     print(f"# one busy neighbour, c=1, {args.tokens} tokens a streamed request; {args.threads} threads; "

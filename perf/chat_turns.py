@@ -19,7 +19,7 @@ Prints a Markdown table per workload with the ratio cllm / llama-server. Usage:
     .venv/bin/python -m perf.chat_turns [--workloads chat,repeat,stream] [--conversations 1,8,16] [--rounds 2]
         [--also '--stream-interval-ms 20']   (another cllm server, its options added, in the same rounds)
         [--also GOMP_SPINCOUNT=300000]      (another cllm server, that variable in its environment)
-        [--peer-env GOMP_SPINCOUNT=1000]    (llama-server with that variable, e.g. the engine's OpenMP setting)
+        [--peer-env GOMP_SPINCOUNT=1000]    (llama-server with that variable)
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def add_variant_arguments(ap) -> None:
                     help="one more cllm server in the same rounds, with these `cllm serve` options too (e.g. "
                          "'--stream-interval-ms 20'); words of the form NAME=value go into its environment instead")
     ap.add_argument("--peer-env", metavar="NAME=VALUE", action="append", default=[],
-                    help="a variable in llama-server's environment (e.g. GOMP_SPINCOUNT=1000, as cllm's engine)")
+                    help="a variable in llama-server's environment (e.g. GOMP_SPINCOUNT=1000)")
 
 
 def variants(ap, args) -> list[tuple[str, str, tuple[str, ...]]]:

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, help="requests per cell (default: 5 x concurrency, 8 to 160)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--peer-env", metavar="KEY=VALUE", action="append", default=[],
-                    help="environment for llama-server and llama-cpp-python's server (e.g. GOMP_SPINCOUNT=1000, as cllm's engine)")
+                    help="environment for llama-server and llama-cpp-python's server (e.g. GOMP_SPINCOUNT=1000)")
     ap.add_argument("--no-readme", action="store_true", help="leave README.md's table as it is")
     args = ap.parse_args(argv)
     args.peer_env, rest = servers.env_and_args(args.peer_env)

@@ -18,6 +18,7 @@ FAMILIES = {
     "cllm_requests": "counter",
     "cllm_requests_running": "gauge",
     "cllm_requests_waiting": "gauge",
+    "cllm_engine_threads": "gauge",
     "cllm_prompt_tokens": "counter",
     "cllm_generation_tokens": "counter",
     "cllm_time_to_first_token_seconds": "histogram",

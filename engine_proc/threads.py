@@ -1,0 +1,93 @@
+"""How many threads llama.cpp decodes on: all of them, or fewer while other programs take the CPUs.
+
+llama.cpp's CPU graph meets at a barrier after every op (~540 a token for
+the embedded model). When the engine's threads get fewer CPUs than they
+are, a thread waits at each barrier for a partner that is not running.
+Beside one busy program in a session of its own (Linux then gives this
+session one CPU of two) a stream kept 0.23 of its idle speed on two threads
+and 0.56 on one, which has no barriers (perf/results/2026-11-26-threads.md).
+
+So the runner times each llama_decode and the CPU the engine spent in it.
+Threads that got less than SHARED of their CPUs over a WINDOW of decodes
+are more than the CPUs they get: the engine goes down to as many as it got.
+After a wait (doubled while the CPUs stay taken) it tries all of them again
+for a window, and keeps them if they run.
+
+The engine leaves libgomp's barrier spin as it is (GOMP_SPINCOUNT 300000,
+as llama-server runs). A short spin gives the CPU up at a barrier: beside
+a busy program two threads then kept 0.25 of their idle speed (0.01 with
+the long spin), fewer threads do better still, and on free CPUs the short
+spin cost one sequence 1-3% (perf/results/2026-11-25-omp-spin.md). The
+spinning threads also keep the share honest: on free CPUs it is ~1 (0.996
+to 0.997 here, at 1, 8 or 32 sequences), where threads that slept when
+they ran out of work would lower it without sharing anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+WINDOW = 0.25  # seconds of decoding judged at once
+SHARED = 0.7  # the threads' CPU share (CPU seconds ÷ wall seconds ÷ threads) below which they share CPUs
+FIRST_WAIT, LONGEST_WAIT = 2.0, 16.0  # seconds on fewer threads before trying all again
+
+log = logging.getLogger("cllm.engine")
+
+
+class Threads:
+    def __init__(
+        self,
+        most: int,
+        apply: Callable[[int], None],
+        follow: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.most = most
+        self.n = most
+        self._apply = apply  # sets the thread count of the engine's llama.cpp contexts
+        self._clock = clock
+        self._follow = follow and most > 1
+        self._wait = FIRST_WAIT
+        self._since = 0.0  # when the engine went down to fewer threads
+        self._trying = False  # all threads again, for one window
+        self._new_window()
+
+    def decoded(self, wall: float, cpu: float) -> None:
+        """One llama_decode took ``wall`` seconds and the engine ``cpu`` seconds of CPU meanwhile."""
+        if not self._follow:
+            return
+        if self.n < self.most and self._clock() - self._since >= self._wait:
+            self._set(self.most)
+            self._trying = True
+            return
+        if self.n == 1:
+            return  # one thread meets no barrier: nothing to judge
+        self._wall += wall
+        self._cpu += cpu
+        if self._wall < WINDOW:
+            return
+        share = self._cpu / (self._wall * self.n)
+        if share >= SHARED:
+            if self._trying:
+                log.info("CPUs free again: decoding on %d threads", self.n)
+                self._trying, self._wait = False, FIRST_WAIT
+            self._new_window()
+            return
+        fewer = max(1, int(share * self.n + 0.5))
+        if self._trying:
+            self._wait = min(2 * self._wait, LONGEST_WAIT)
+        else:
+            log.info("the engine's %d threads got %.0f%% of their CPUs: decoding on %d while others run", self.n, 100 * share, fewer)
+        self._trying = False
+        self._since = self._clock()
+        self._set(fewer)
+
+    def _set(self, n: int) -> None:
+        self.n = n
+        self._apply(n)
+        self._new_window()
+
+    def _new_window(self) -> None:
+        self._wall = self._cpu = 0.0
