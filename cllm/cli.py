@@ -31,7 +31,7 @@ def _serve_parser(sub) -> None:
     p.add_argument("--threads", type=int, help="CPU threads for llama.cpp (default: one per core)")
     p.add_argument(
         "--fixed-threads", action="store_true", default=None,
-        help="decode on all --threads even while other programs keep the CPUs busy (default: on one thread then, "
+        help="decode on all --threads even while other programs keep the CPUs busy (default: on as many as get CPUs, "
         "trying all again every few seconds; README: Threads)",
     )
     p.add_argument("--batch-size", type=int, help=f"token budget of one engine step, prompt chunks included (default {d.batch_size})")

@@ -50,7 +50,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     ctx_size: Annotated[int, Meta(ge=64)] = 8192
     parallel: Annotated[int, Meta(ge=1, le=MAX_STREAMS - 1)] = 8
     threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per CPU core
-    # Decode on all threads even while other programs take the CPUs (default: on one then; engine_proc/threads.py).
+    # Decode on all threads even while other programs take the CPUs (default: on as many as get CPUs; engine_proc/threads.py).
     fixed_threads: bool = False
     batch_size: Annotated[int, Meta(ge=1)] = 512
     # New requests a step may start (and any that waited 4 steps); 0: as many as its token budget holds, in

@@ -68,12 +68,15 @@ def main() -> int:
 
     session = None  # records before the first Hello were meant for a dead engine
     stats_due = 0.0
+    reported = False  # the frontend has the figures of every step so far
     try:
         while not stopping:
             records = requests.drain()
+            reported = reported and not records
             if not records and not engine.has_work():
-                if session is not None:
+                if session is not None and not reported:
                     send(engine.stats())  # going idle: the frontend sees the final figures
+                    reported = True
                 if launch.lifeline in requests.wait(watch):
                     break  # the supervisor is gone
                 continue
@@ -99,10 +102,13 @@ def main() -> int:
                 send(StepOutputs(refused))
             if engine.has_work():
                 outs = engine.step()
+                reported = not engine.has_work()
+                if reported:  # the figures go before the last outputs: whoever sees a response end sees its figures
+                    send(engine.stats(), wake=False)
                 send(StepOutputs(outs), engine.urgent)
                 for vectors in engine.embedded:
                     send(vectors)
-                if time.monotonic() >= stats_due:
+                if not reported and time.monotonic() >= stats_due:
                     if select.select([launch.lifeline], [], [], 0)[0]:
                         break  # the supervisor is gone: no one will read what we make
                     send(engine.stats())

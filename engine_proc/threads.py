@@ -17,7 +17,8 @@ The engine leaves libgomp's barrier spin as it is (GOMP_SPINCOUNT 300000,
 as llama-server runs). A short spin gives the CPU up at a barrier: beside
 a busy program two threads then kept 0.25 of their idle speed (0.01 with
 the long spin), fewer threads do better still, and on free CPUs the short
-spin cost one sequence 1-3% (perf/results/2026-11-25-omp-spin.md). The
+spin cost one sequence 1-10% (perf/results/2026-11-25-omp-spin.md and
+2026-11-26-threads.md, where 5000 spins came between the two). The
 spinning threads also keep the share honest: on free CPUs it is ~1 (0.996
 to 0.997 here, at 1, 8 or 32 sequences), where threads that slept when
 they ran out of work would lower it without sharing anything.
