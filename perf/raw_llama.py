@@ -19,7 +19,6 @@ import os
 import sys
 import time
 
-import engine_proc  # noqa: F401, I001 - first: the engine's OpenMP settings apply before llama.cpp loads
 import llama_cpp as L
 import numpy as np
 
