@@ -161,7 +161,7 @@ class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
     # Per step that verified drafts, since the previous EngineStats: its drafted and accepted tokens.
     step_drafted: list[int] = []
     step_accepted: list[int] = []
-    threads: int = 0  # llama.cpp threads decoding now: one while other programs take the CPUs
+    threads: int = 0  # llama.cpp threads decoding now: fewer than set while other programs take the CPUs
 
 
 class Embeddings(msgspec.Struct, tag=4, array_like=True, gc=False):

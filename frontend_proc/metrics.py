@@ -49,7 +49,7 @@ class Metrics:
         self.running = Gauge("cllm_requests_running", "Sequences the engine is decoding", ENGINE, registry=r)
         self.waiting = Gauge("cllm_requests_waiting", "Requests waiting for a free engine slot", ENGINE, registry=r)
         self.threads = Gauge(
-            "cllm_engine_threads", "llama.cpp threads the engine decodes on now: one while other programs take its CPUs", ENGINE, registry=r
+            "cllm_engine_threads", "llama.cpp threads the engine decodes on now: fewer than set while other programs take its CPUs", ENGINE, registry=r
         )
         self.prompt_tokens = Counter("cllm_prompt_tokens_total", "Prompt tokens of requests that reached the engine", registry=r)
         self.generation_tokens = Counter("cllm_generation_tokens_total", "Tokens generated for requests, as their usage says", registry=r)
