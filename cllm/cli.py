@@ -8,11 +8,11 @@ import socket
 import sys
 from typing import get_args
 
-from cllm.config import (
+from cllm.core.config import (
     CacheType, ConfigError, FlashAttn, LogFormat, LogLevel, ReasoningFormat, ReplicaRouting, ServeConfig, SpecType, load_config,
 )
-from cllm.model_file import ModelFileError
-from cllm.registry import build_registry, is_pool
+from cllm.core.model_file import ModelFileError
+from cllm.core.registry import build_registry, is_pool
 
 
 def _serve_parser(sub) -> None:

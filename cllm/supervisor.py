@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from cllm.config import ServeConfig
-from cllm.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, child_env, close_quietly, spawn_engine
-from cllm.log import setup_logging
-from cllm.protocol import Control, EngineExited, LoadModel
-from cllm.registry import ModelSpec
-from cllm.ring import Ring
+from cllm.core.config import ServeConfig
+from cllm.core.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, child_env, close_quietly, spawn_engine
+from cllm.core.log import setup_logging
+from cllm.core.protocol import Control, EngineExited, LoadModel
+from cllm.core.registry import ModelSpec
+from cllm.core.ring import Ring
 
 ENGINE_EXIT_GRACE = 5.0
 MAX_RESTARTS = 5  # of one child within RESTART_WINDOW seconds; more is a crash loop

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
-from cllm.config import ServeConfig
-from cllm.protocol import Embed, Embeddings
+from cllm.core.config import ServeConfig
+from cllm.core.protocol import Embed, Embeddings
 from engine_proc.batch import Batch
-from cllm.model_meta import meta
+from cllm.core.model_meta import meta
 from engine_proc.model_runner import ModelLoadError
 
 MAX_SEQS = 64  # most inputs in one decode

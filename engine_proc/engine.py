@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cllm.config import ServeConfig
-from cllm.protocol import Embed, Embeddings, EngineStats, SeqOutput, Submit
+from cllm.core.config import ServeConfig
+from cllm.core.protocol import Embed, Embeddings, EngineStats, SeqOutput, Submit
 from engine_proc.drafter import Drafter
 from engine_proc.embedder import Embedder
 from engine_proc.model_runner import ModelRunner

@@ -11,10 +11,10 @@ import time
 
 import msgspec
 
-from cllm.launch import EXIT_LOAD_FAILED, from_argv
-from cllm.log import setup_logging
-from cllm.protocol import Embed, EngineReady, Hello, ModelInfo, StepOutputs, Submit, ToEngine
-from cllm.ring import Ring
+from cllm.core.launch import EXIT_LOAD_FAILED, from_argv
+from cllm.core.log import setup_logging
+from cllm.core.protocol import Embed, EngineReady, Hello, ModelInfo, StepOutputs, Submit, ToEngine
+from cllm.core.ring import Ring
 from engine_proc.engine import LLMEngine
 from engine_proc.model_runner import ModelLoadError
 

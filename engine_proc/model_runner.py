@@ -19,10 +19,10 @@ import time
 import llama_cpp as L
 import numpy as np
 
-from cllm.config import ServeConfig
-from cllm.llama_log import silence_llama_logs
-from cllm.model_meta import gpu_layers, kv_cache_bytes, meta as _meta
-from cllm.protocol import ModelInfo
+from cllm.core.config import ServeConfig
+from cllm.core.llama_log import silence_llama_logs
+from cllm.core.model_meta import gpu_layers, kv_cache_bytes, meta as _meta
+from cllm.core.protocol import ModelInfo
 from engine_proc.batch import Batch
 from engine_proc.sequence import Chunk
 from engine_proc.threads import Threads

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from msgspec.structs import replace
 
-from cllm.protocol import PrefixCacheStats
+from cllm.core.protocol import PrefixCacheStats
 from engine_proc.host_cache import HostCache, Stored
 from engine_proc.sequence import common_prefix, starts_with
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
-from cllm.protocol import SamplingParams, TokenLogprobs
+from cllm.core.protocol import SamplingParams, TokenLogprobs
 
 PENALTY_LAST_N = 64  # tokens the penalties look back over, prompt included, as llama-server
 # Smaller temperatures are greedy, as in vLLM: they differ from it only on exact ties, and

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cllm.protocol import SamplingParams, TokenLogprobs
+from cllm.core.protocol import SamplingParams, TokenLogprobs
 from engine_proc.sampler import SeqSampler
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.protocol import SamplingParams
+from cllm.core.protocol import SamplingParams
 from frontend_proc import generation
 from frontend_proc.anthropic_schemas import (
     CountTokensRequest,
@@ -48,7 +48,7 @@ from frontend_proc.chat import (
     tool_plan,
 )
 from frontend_proc.cllm_api import GENERATE_ERRORS
-from frontend_proc.errors import ApiError, error_body, json_response
+from cllm.core.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.openai_schemas import JsonSchema, JsonSchemaFormat
 from frontend_proc.openapi import Operation

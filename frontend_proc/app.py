@@ -20,10 +20,10 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from cllm.config import ServeConfig
+from cllm.core.config import ServeConfig
 from frontend_proc.chat_template import ChatTemplate
 from frontend_proc.engine_client import EngineClient
-from frontend_proc.errors import ApiError, json_response
+from cllm.core.errors import ApiError, json_response
 from frontend_proc.guard import OPEN_PATHS, Guard
 from frontend_proc.metrics import Metrics
 from frontend_proc.observe import ObserveMiddleware

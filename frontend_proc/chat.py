@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from cllm.protocol import SamplingParams
+from cllm.core.protocol import SamplingParams
 from frontend_proc import generation
 
 from frontend_proc.app import AppState
 from frontend_proc.chat_template import ChatTemplate, ChatTemplateError
-from frontend_proc.errors import ApiError
+from cllm.core.errors import ApiError
 from frontend_proc.generation import Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.openai_schemas import ResponseFormat

@@ -7,10 +7,10 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.protocol import ModelInfo, PrefixCacheStats
+from cllm.core.protocol import ModelInfo, PrefixCacheStats
 from frontend_proc import chat_page, generation
 from frontend_proc.app import AppState, decode_body, json_response, model_state, ok, sse, sse_response, state
-from frontend_proc.errors import ApiError
+from cllm.core.errors import ApiError
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.openapi import Operation
 from frontend_proc.schemas import (

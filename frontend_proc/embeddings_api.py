@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, model_state
-from frontend_proc.errors import ApiError, json_response
+from cllm.core.errors import ApiError, json_response
 from frontend_proc.openapi import Operation
 
 MAX_INPUTS = 2048  # OpenAI's limit

@@ -31,9 +31,9 @@ from collections.abc import Iterator
 
 import msgspec
 
-from cllm.config import ServeConfig
-from cllm.launch import EngineRings
-from cllm.protocol import (
+from cllm.core.config import ServeConfig
+from cllm.core.launch import EngineRings
+from cllm.core.protocol import (
     Abort,
     Embed,
     Embeddings,
@@ -48,12 +48,11 @@ from cllm.protocol import (
     Submit,
     TokenLogprobs,
 )
-from cllm.ring import Ring
-from frontend_proc.errors import ApiError
+from cllm.core.ring import Ring
+from cllm.core.errors import RETRY_AFTER, ApiError
 from frontend_proc.limits import Limits
 from frontend_proc.metrics import Metrics
 
-RETRY_AFTER = {"Retry-After": "1"}
 
 
 def not_ready() -> ApiError:

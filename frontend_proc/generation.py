@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Sequence
 import msgspec
 from starlette.requests import Request
 
-from cllm.protocol import ModelInfo, SamplingParams
+from cllm.core.protocol import ModelInfo, SamplingParams
 from frontend_proc import observe
 from frontend_proc.app import AppState
 from frontend_proc.engine_client import EngineClient, RequestStream, not_ready
-from frontend_proc.errors import ApiError
+from cllm.core.errors import ApiError
 from frontend_proc.tokenizer import Detokenizer
 
 

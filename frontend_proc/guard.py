@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 
-from frontend_proc.errors import ApiError
+from cllm.core.errors import ApiError
 
 OPEN_PATHS = ("/health", "/ui")  # answered without the API key
 PAGE_PATHS = ("/", "/ui")  # the chat page, for a browser: it asks for the key itself

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cllm.config import ServeConfig
-from cllm.protocol import ModelInfo
-from frontend_proc.errors import ApiError
+from cllm.core.config import ServeConfig
+from cllm.core.protocol import ModelInfo
+from cllm.core.errors import ApiError
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from frontend_proc.app import decode_body, state
-from frontend_proc.errors import ApiError, json_response
+from cllm.core.errors import ApiError, json_response
 from frontend_proc.openapi import Operation
 
 

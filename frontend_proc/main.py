@@ -17,10 +17,10 @@ import msgspec
 import uvicorn
 from starlette.applications import Starlette
 
-from cllm.launch import Launch, from_argv
-from cllm.log import setup_logging
-from cllm.protocol import EngineExited
-from cllm.registry import is_pool
+from cllm.core.launch import Launch, from_argv
+from cllm.core.log import setup_logging
+from cllm.core.protocol import EngineExited
+from cllm.core.registry import is_pool
 from frontend_proc import anthropic_api, cllm_api, embeddings_api, llama_server_api, models_api, openai_api, responses_api
 from frontend_proc.app import AppState, build_app
 from frontend_proc.engine_client import EngineClient

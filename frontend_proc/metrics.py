@@ -21,7 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from cllm.protocol import EngineStats, PrefixCacheStats
+from cllm.core.protocol import EngineStats, PrefixCacheStats
 
 # No *_created series: they double the output and say nothing a restart counter does not.
 disable_created_metrics()

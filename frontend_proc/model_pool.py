@@ -23,12 +23,12 @@ import time
 import msgspec
 import psutil
 
-from cllm.launch import ModelSlot
-from cllm.model_meta import kv_cache_bytes
-from cllm.protocol import EngineExited, LoadModel, UnloadModel
+from cllm.core.launch import ModelSlot
+from cllm.core.model_meta import kv_cache_bytes
+from cllm.core.protocol import EngineExited, LoadModel, UnloadModel
 from frontend_proc.app import AppState
-from frontend_proc.engine_client import RETRY_AFTER, EngineClient
-from frontend_proc.errors import ApiError
+from cllm.core.errors import RETRY_AFTER, ApiError
+from frontend_proc.engine_client import EngineClient
 from frontend_proc.metrics import Metrics
 from frontend_proc.replicas import ReplicaSet
 from frontend_proc.tokenizer import Tokenizer

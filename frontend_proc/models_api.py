@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from frontend_proc.app import AppState, decode_body, state
-from frontend_proc.errors import ApiError, json_response
+from cllm.core.errors import ApiError, json_response
 from frontend_proc.model_pool import Model
 from frontend_proc.openapi import Operation
 

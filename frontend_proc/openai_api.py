@@ -15,12 +15,12 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.protocol import TokenLogprobs
+from cllm.core.protocol import TokenLogprobs
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, model_state, sse, sse_response, state
 from frontend_proc.chat import ChatPrompt, join, template_context
 from frontend_proc.cllm_api import GENERATE_ERRORS
-from frontend_proc.errors import ApiError, error_body, json_response
+from cllm.core.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.grammar import GrammarError, response_format_grammar
 from frontend_proc.models_api import card

@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from cllm.protocol import SamplingParams
+from cllm.core.protocol import SamplingParams
 from frontend_proc.schemas import RepetitionPenalty, Seed
 
 StopString = Annotated[str, Meta(min_length=1)]

@@ -12,7 +12,7 @@ import json
 
 from frontend_proc.chat import render
 from frontend_proc.chat_template import ChatTemplate
-from frontend_proc.errors import ApiError
+from cllm.core.errors import ApiError
 from frontend_proc.openai_schemas import ChatCompletionRequest, MessageError
 from frontend_proc.tool_parser import call_parser
 from frontend_proc.tools import Tool, ToolError, ToolFormat, ToolPlan, plan

@@ -13,7 +13,7 @@ from typing import Callable
 import msgspec
 from starlette.routing import Route
 
-from frontend_proc.errors import AnthropicError, Error, OpenAIError, error_type
+from cllm.core.errors import AnthropicError, Error, OpenAIError, error_type
 
 ERRORS = {
     400: "Bad input; the message names the field",

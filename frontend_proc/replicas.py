@@ -1,4 +1,4 @@
-"""N engines of one model behind the face of one EngineClient, routed by frontend_proc.prefix_router.
+"""N engines of one model behind the face of one EngineClient, routed by cllm.core.prefix_router.
 
 The routes see a model's ``client``: the EngineClient of its engine when it
 has one replica (nothing in between), else a ReplicaSet that sends each
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 
-from cllm.protocol import EngineStats, ModelInfo, PrefixCacheStats, SamplingParams
+from cllm.core.protocol import EngineStats, ModelInfo, PrefixCacheStats, SamplingParams
 from frontend_proc.engine_client import EngineClient, RequestStream, not_ready
-from frontend_proc.errors import ApiError
+from cllm.core.errors import ApiError
 from frontend_proc.limits import Limits
-from frontend_proc.prefix_router import BLOCK, PrefixRouter, block_hashes
+from cllm.core.prefix_router import BLOCK, PrefixRouter, block_hashes
 
 
 class ReplicaSet:

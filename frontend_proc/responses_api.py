@@ -20,7 +20,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.protocol import SamplingParams
+from cllm.core.protocol import SamplingParams
 from frontend_proc import generation
 from frontend_proc.app import AppState, decode_body, model_state, sse_event, sse_response, state
 from frontend_proc.chat import (
@@ -39,7 +39,7 @@ from frontend_proc.chat import (
     tool_plan,
 )
 from frontend_proc.cllm_api import GENERATE_ERRORS
-from frontend_proc.errors import ApiError, error_body, json_response
+from cllm.core.errors import ApiError, error_body, json_response
 from frontend_proc.generation import Generation
 from frontend_proc.openai_schemas import JsonObjectFormat, JsonSchema, JsonSchemaFormat
 from frontend_proc.openapi import Operation

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from frontend_proc.errors import ApiError
+from cllm.core.errors import ApiError
 from frontend_proc.schemas import Seed
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Generic, Literal, TypeVar
 import msgspec
 from msgspec import Meta
 
-from cllm.protocol import ModelInfo, SamplingParams
+from cllm.core.protocol import ModelInfo, SamplingParams
 
 T = TypeVar("T")
 Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # what msgpack carries to the engine

@@ -7,7 +7,7 @@ import ctypes
 
 import llama_cpp as L
 
-from cllm.llama_log import silence_llama_logs
+from cllm.core.llama_log import silence_llama_logs
 from frontend_proc.chat_template import ChatTemplate
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from cllm.model_file import resolve_model
+from cllm.core.model_file import resolve_model
 from cllm.bench import http_load
 from perf import servers
 

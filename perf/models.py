@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from cllm.model_file import embedded_model_path
+from cllm.core.model_file import embedded_model_path
 from perf.servers import CACHE
 
 GEMMA_FILE = os.path.join(CACHE, "models", "gemma-3-270m-q4_k_m.gguf")  # assembled by `make bench-deps`
@@ -27,7 +27,7 @@ def eog_tokens(path: str) -> list[int]:
     """The model's end-of-generation tokens (from a vocabulary-only load)."""
     import llama_cpp as L
 
-    from cllm.llama_log import silence_llama_logs
+    from cllm.core.llama_log import silence_llama_logs
 
     silence_llama_logs()
     params = L.llama_model_default_params()

@@ -18,9 +18,9 @@ import time
 import msgspec
 from llama_cpp.llama_grammar import JSON_GBNF
 
-from cllm.config import ServeConfig
-from cllm.model_file import resolve_model
-from cllm.protocol import SamplingParams, Submit
+from cllm.core.config import ServeConfig
+from cllm.core.model_file import resolve_model
+from cllm.core.protocol import SamplingParams, Submit
 from engine_proc.engine import LLMEngine
 from frontend_proc.tokenizer import Tokenizer
 from cllm.bench.prompts import make_prompts

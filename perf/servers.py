@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from cllm.model_file import resolve_model
+from cllm.core.model_file import resolve_model
 
 PERF = os.path.dirname(os.path.abspath(__file__))
 CACHE = os.path.join(PERF, "cache")

@@ -23,7 +23,7 @@ import time
 import httpx
 import psutil
 
-from cllm.model_file import resolve_model
+from cllm.core.model_file import resolve_model
 from cllm.bench import http_load
 from perf import servers
 from cllm.bench.prompts import make_prompts

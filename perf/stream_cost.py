@@ -26,8 +26,8 @@ import httpx
 import psutil
 
 from cllm.bench.prompts import make_prompts
-from cllm.config import ServeConfig
-from cllm.protocol import SamplingParams, Submit
+from cllm.core.config import ServeConfig
+from cllm.core.protocol import SamplingParams, Submit
 from perf import servers
 from perf.chat_turns import SYSTEMS, alternate
 from perf.prefix_cache import handbook, stream

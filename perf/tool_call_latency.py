@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from cllm.model_file import resolve_model
+from cllm.core.model_file import resolve_model
 from frontend_proc.tools import Tool, generic_system_text
 from perf import servers
 

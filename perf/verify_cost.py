@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from cllm.config import ServeConfig
-from cllm.model_file import resolve_model
-from cllm.protocol import SamplingParams
+from cllm.core.config import ServeConfig
+from cllm.core.model_file import resolve_model
+from cllm.core.protocol import SamplingParams
 from engine_proc.model_runner import ModelRunner
 from engine_proc.sequence import Chunk, Sequence
 

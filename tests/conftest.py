@@ -140,8 +140,8 @@ def wait_idle(http: httpx.Client, timeout: float = 60.0) -> dict:
 @pytest.fixture(scope="module")
 def engine():
     """The engine in-process on the embedded model, a module's own: 4 sequences, 256 KV cells each."""
-    from cllm.config import ServeConfig
-    from cllm.model_file import resolve_model
+    from cllm.core.config import ServeConfig
+    from cllm.core.model_file import resolve_model
     from engine_proc.engine import LLMEngine
 
     eng = LLMEngine(resolve_model(None), ServeConfig(parallel=4, ctx_size=1024))
@@ -154,7 +154,7 @@ def engine():
 @pytest.fixture(scope="module")
 def tok():
     """The embedded model's tokenizer."""
-    from cllm.model_file import resolve_model
+    from cllm.core.model_file import resolve_model
     from frontend_proc.tokenizer import Tokenizer
 
     return Tokenizer(resolve_model(None))

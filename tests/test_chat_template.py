@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cllm.model_file import resolve_model
+from cllm.core.model_file import resolve_model
 from frontend_proc.chat_template import FALLBACK_TEMPLATE, ChatTemplate, ChatTemplateError
 from frontend_proc.tokenizer import Tokenizer
 

@@ -54,9 +54,9 @@ def test_the_deployment_probes_health_takes_its_key_from_the_secret_and_fits_the
     assert docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
     assert pod["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
     # The memory request covers the model file, its KV cache at the manifest's settings, and the processes.
-    from cllm.config import load_config
-    from cllm.model_file import resolve_model
-    from cllm.model_meta import kv_cache_bytes
+    from cllm.core.config import load_config
+    from cllm.core.model_file import resolve_model
+    from cllm.core.model_meta import kv_cache_bytes
     from frontend_proc.tokenizer import Tokenizer
 
     args = container["args"]
@@ -91,7 +91,7 @@ def test_the_installer_writes_the_unit_a_private_key_and_a_config(tmp_path):
     assert re.fullmatch(r"CLLM_API_KEY=\S{32,}\n", env.read_text())
     assert env.stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "etc" / "systemd" / "system" / "cllm.service").read_text() == open(UNIT).read()
-    from cllm.config import load_config
+    from cllm.core.config import load_config
 
     assert load_config(str(tmp_path / "etc" / "cllm" / "cllm.yaml"), {}).port == 8080
     key = env.read_text()  # a second run keeps the key and the settings

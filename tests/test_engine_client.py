@@ -11,12 +11,12 @@ import asyncio
 import msgspec
 import pytest
 
-from cllm.config import ServeConfig
-from cllm.launch import EngineRings
-from cllm.protocol import EngineReady, Hello, ModelInfo, SamplingParams, SeqOutput, StepOutputs, Submit, ToEngine
-from cllm.ring import Ring
+from cllm.core.config import ServeConfig
+from cllm.core.launch import EngineRings
+from cllm.core.protocol import EngineReady, Hello, ModelInfo, SamplingParams, SeqOutput, StepOutputs, Submit, ToEngine
+from cllm.core.ring import Ring
 from frontend_proc.engine_client import EngineClient
-from frontend_proc.errors import ApiError
+from cllm.core.errors import ApiError
 from frontend_proc.metrics import Metrics
 
 INFO = ModelInfo(

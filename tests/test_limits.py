@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cllm.config import ServeConfig
-from cllm.protocol import ModelInfo
-from frontend_proc.errors import ApiError
+from cllm.core.config import ServeConfig
+from cllm.core.protocol import ModelInfo
+from cllm.core.errors import ApiError
 from frontend_proc.limits import Limits
 
 INFO = ModelInfo(

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cllm.log import JsonFormatter, TextFormatter
+from cllm.core.log import JsonFormatter, TextFormatter
 from tests.conftest import ROOT, start_server
 from tests.test_api import generate, stream_events
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from cllm.protocol import EngineStats, PrefixCacheStats
+from cllm.core.protocol import EngineStats, PrefixCacheStats
 from frontend_proc.metrics import Metrics, TokenRate
 from tests.test_api import generate, stream_events
 

@@ -21,7 +21,7 @@ import openai
 import psutil
 import pytest
 
-from cllm.model_file import embedded_model_path
+from cllm.core.model_file import embedded_model_path
 from tests.conftest import ROOT, alive, family, start_server, wait_until
 from tests.test_metrics import scrape, value
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frontend_proc.prefix_router import BLOCK, PrefixMemory, PrefixRouter, block_hashes
+from cllm.core.prefix_router import BLOCK, PrefixMemory, PrefixRouter, block_hashes
 
 SHARED = list(range(1000, 1000 + 4 * BLOCK))  # four blocks every chat turn starts with
 

@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from cllm.model_file import embedded_model_path
+from cllm.core.model_file import embedded_model_path
 from frontend_proc.reasoning import (
     CONTENT, HARMONY_TOKENS, REASONING, HarmonySplitter, ReasoningSplitter, opened_in_harmony, opened_in_prompt, split,
 )

@@ -9,7 +9,7 @@ import pytest
 
 import msgspec
 
-from cllm.ring import RecordTooLarge, Ring
+from cllm.core.ring import RecordTooLarge, Ring
 
 
 def record(i: int) -> bytes:
@@ -103,7 +103,7 @@ def test_wait_returns_other_ready_fds(ring):
 CONSUMER = """
 import random, sys
 sys.path.insert(0, {root!r})
-from cllm.ring import Ring, RingSpec
+from cllm.core.ring import Ring, RingSpec
 from tests.test_ring import record
 import msgspec
 ring = Ring(msgspec.json.decode(sys.argv[1], type=RingSpec))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from cllm.config import ServeConfig
-from cllm.protocol import SamplingParams, Submit
+from cllm.core.config import ServeConfig
+from cllm.core.protocol import SamplingParams, Submit
 
 
 def run(engine, submits) -> dict[int, tuple[list[int], str]]:

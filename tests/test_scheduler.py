@@ -18,7 +18,7 @@ import random
 import numpy as np
 import pytest
 
-from cllm.protocol import SamplingParams
+from cllm.core.protocol import SamplingParams
 from engine_proc import host_cache
 from engine_proc.host_cache import HEAD, MIN_CELLS, HostCache
 from engine_proc.scheduler import MAX_WAIT, Scheduler

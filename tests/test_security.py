@@ -9,8 +9,8 @@ import tempfile
 import psutil
 import pytest
 
-from cllm import ring
-from cllm.config import ServeConfig
+from cllm.core import ring
+from cllm.core.config import ServeConfig
 from tests.conftest import child, start_server
 
 KEY = "s3cret-key"

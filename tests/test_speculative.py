@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from cllm.config import ConfigError, load_config
+from cllm.core.config import ConfigError, load_config
 from engine_proc.drafter import StepCosts, lookup
 from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value

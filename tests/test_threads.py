@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from cllm.config import ServeConfig
-from cllm.model_file import resolve_model
-from cllm.protocol import SamplingParams, Submit
+from cllm.core.config import ServeConfig
+from cllm.core.model_file import resolve_model
+from cllm.core.protocol import SamplingParams, Submit
 from engine_proc import threads
 from engine_proc.engine import LLMEngine
 

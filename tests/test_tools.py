@@ -20,7 +20,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from cllm.model_file import embedded_model_path
+from cllm.core.model_file import embedded_model_path
 from frontend_proc.chat_template import ChatTemplate
 from frontend_proc.openai_schemas import ChatCompletionRequest
 from frontend_proc.openai_tools import chat_plan, chat_prompt

@@ -32,11 +32,11 @@ from collections import defaultdict, deque
 
 import msgspec
 
-from cllm.config import ServeConfig
-from cllm.launch import OUTPUT_RING_BYTES
-from cllm.model_file import ModelFileError, resolve_model
-from cllm.protocol import SamplingParams, StepOutputs, Submit, ToEngine
-from cllm.ring import Ring
+from cllm.core.config import ServeConfig
+from cllm.core.launch import OUTPUT_RING_BYTES
+from cllm.core.model_file import ModelFileError, resolve_model
+from cllm.core.protocol import SamplingParams, StepOutputs, Submit, ToEngine
+from cllm.core.ring import Ring
 from cllm.bench.prompts import copy_prompts, make_prompts
 
 PARTS = [

@@ -26,10 +26,10 @@ import msgspec
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from cllm.config import ConfigError, ServeConfig, load_config
+from cllm.core.config import ConfigError, ServeConfig, load_config
 from cllm.ray_serve.ingress import Ingress
 from cllm.ray_serve.replica import EngineReplica
-from cllm.registry import build_registry
+from cllm.core.registry import build_registry
 
 Router = Literal["cllm", "power-of-two", "ray-prefix"]
 ROUTER_CLASSES = {

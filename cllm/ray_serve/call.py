@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-# About 32 tokens of English: the block size of the engine pool's router (frontend_proc/prefix_router.py).
+# About 32 tokens of English: the block size of the engine pool's router (cllm/core/prefix_router.py).
 BLOCK_CHARS = 128
 
 _any_json = msgspec.json.Decoder()

@@ -19,8 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from cllm.ray_serve.call import HttpCall, routing_text, text_blocks
-from frontend_proc.engine_client import RETRY_AFTER
-from frontend_proc.errors import ApiError
+from cllm.core.errors import RETRY_AFTER, ApiError
 
 ATTEMPTS = 3  # a replica that died (or whose engine did) before answering: again, on the one the router picks then
 RETRY_DELAY = 0.2

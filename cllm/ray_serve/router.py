@@ -1,6 +1,6 @@
 """cllm's Ray Serve request router: the replica holding the longest prefix of a prompt, unless much busier.
 
-The rule is the engine pool's (frontend_proc/prefix_router.py), across Ray
+The rule is the engine pool's (cllm/core/prefix_router.py), across Ray
 replicas: the replica with the longest cached prefix of the prompt wins unless
 it has more than ``slack`` requests in flight beyond the least loaded one;
 then, and for prompts that share nothing, the least loaded wins (ties at
@@ -26,7 +26,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from cllm.ray_serve.call import HttpCall
-from frontend_proc.prefix_router import PrefixMemory, pick
+from cllm.core.prefix_router import PrefixMemory, pick
 
 
 def call_of(pending: PendingRequest | None) -> HttpCall | None:

@@ -14,8 +14,8 @@ import os
 
 import msgspec
 
-from cllm.config import ConfigError, ModelEntry, ServeConfig, check_engine
-from cllm.model_file import resolve_model
+from cllm.core.config import ConfigError, ModelEntry, ServeConfig, check_engine
+from cllm.core.model_file import resolve_model
 
 # What a `models:` entry may set for its own engines.
 ENGINE_FIELDS = (

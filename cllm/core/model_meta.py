@@ -11,7 +11,7 @@ import ctypes
 
 import llama_cpp as L
 
-from cllm.config import ServeConfig
+from cllm.core.config import ServeConfig
 
 # Bytes per cached element: q8_0 keeps 32 values in 34 bytes, q4_0 in 18.
 CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}

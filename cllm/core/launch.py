@@ -8,9 +8,9 @@ import sys
 
 import msgspec
 
-from cllm.config import ServeConfig
-from cllm.registry import ModelSpec
-from cllm.ring import RingSpec
+from cllm.core.config import ServeConfig
+from cllm.core.registry import ModelSpec
+from cllm.core.ring import RingSpec
 
 REQUEST_RING_BYTES = 8 << 20  # holds hundreds of long prompts
 OUTPUT_RING_BYTES = 4 << 20  # holds thousands of steps

@@ -9,6 +9,9 @@ from starlette.responses import Response
 
 _json = msgspec.json.Encoder()
 
+# Sent with every 503 a client should simply retry.
+RETRY_AFTER = {"Retry-After": "1"}
+
 
 class Error(msgspec.Struct, kw_only=True, omit_defaults=True):
     """cLLM's {"success": false, "error": what went wrong, "message": details}."""

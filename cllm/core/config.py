@@ -79,7 +79,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     # Speculative decoding: tokens drafted from the sequence's own text, verified in the step's batch.
     spec_type: SpecType = "none"  # on loses at 8 copy-type streams here: perf/results/2026-11-23-speculative.md
     draft_max: Annotated[int, Meta(ge=1, le=MAX_DRAFT)] = 64  # most tokens one sequence drafts in a step
-    # Several models (see cllm/registry.py): a directory of GGUF files and/or a list.
+    # Several models (see cllm/core/registry.py): a directory of GGUF files and/or a list.
     models_dir: str | None = None
     models: list[ModelEntry] = []
     default_model: str | None = None  # an id; default: --model, else the first of the registry
