@@ -67,7 +67,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for i, (name, system, words) in enumerate(runs):
         env, extra = servers.env_and_args(words)
-        with servers.start(system, settings, env=env, args=extra, label=f"{system}-{i}") as server:
+        tree, extra = servers.tree_and_args(extra)
+        with servers.start(system, settings, env=env, args=extra, tree=tree, label=f"{system}-{i}") as server:
             idle, busy = rates(server, prompt, args.requests, args.tokens)
         shares = ", ".join(f"{b / idle:.2f}" for b in busy)
         print(f"| {name} | {idle:.1f} | {', '.join(f'{b:.1f}' for b in busy)} | {shares} |", flush=True)

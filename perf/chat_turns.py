@@ -19,6 +19,7 @@ Prints a Markdown table per workload with the ratio cllm / llama-server. Usage:
     .venv/bin/python -m perf.chat_turns [--workloads chat,repeat,stream] [--conversations 1,8,16] [--rounds 2]
         [--also '--stream-interval-ms 20']   (another cllm server, its options added, in the same rounds)
         [--also GOMP_SPINCOUNT=300000]      (another cllm server, that variable in its environment)
+        [--also=--rev=1ccb27f]              (another cllm server, run from that git revision's tree)
         [--peer-env GOMP_SPINCOUNT=1000]    (llama-server with that variable)
 """
 
@@ -136,7 +137,8 @@ def main() -> None:
         clients = {}
         for i, (name, system, words) in enumerate(runs):
             env, extra = servers.env_and_args(words)
-            server = stack.enter_context(servers.start(system, settings, env=env, args=extra,
+            tree, extra = servers.tree_and_args(extra)
+            server = stack.enter_context(servers.start(system, settings, env=env, args=extra, tree=tree,
                                                        label=f"{system}-{i}" if args.also else None))
             clients[name] = stack.enter_context(httpx.Client(base_url=server.url, timeout=TIMEOUT))
         for client in clients.values():  # the first decodes build llama.cpp's graphs; the long prompt is cached

@@ -17,31 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import tarfile
-import tempfile
 
 from cllm.bench import http_load
 from cllm.bench.prompts import BASE_TOKENS, requests_for
 from perf import servers
-
-ROOT = os.path.dirname(servers.PERF)
-
-
-def unpack(rev: str) -> tuple[str, str]:
-    """The revision's full commit and the directory its tree is unpacked in."""
-    commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, check=True,
-                            stdout=subprocess.PIPE, text=True).stdout.strip()
-    where = os.path.join(servers.PERF, "cache", f"rev-{commit[:12]}")
-    if not os.path.isdir(where):
-        with tempfile.TemporaryDirectory(dir=os.path.join(servers.PERF, "cache")) as tmp:
-            archive = os.path.join(tmp, "tree.tar")
-            subprocess.run(["git", "archive", "-o", archive, commit], cwd=ROOT, check=True)
-            with tarfile.open(archive) as tar:
-                tar.extractall(os.path.join(tmp, "tree"), filter="data")
-            os.rename(os.path.join(tmp, "tree"), where)
-    return commit, where
-
 
 def one_run(tree: str, settings: servers.Settings, label: str, args) -> dict[int, float]:
     """Start `cllm serve` from the tree, load it at each concurrency, stop it: tok/s by concurrency."""
@@ -72,13 +51,13 @@ def main() -> None:
     if args.parallel < max(args.concurrency):
         args.parallel = max(args.concurrency)
     settings = servers.settings_of(args)
-    commit, old_tree = unpack(args.rev)
+    commit, old_tree = servers.unpack(args.rev)
     order = ("AB", "BA") * (args.runs // 2)
     got: dict[str, list[dict[int, float]]] = {"A": [], "B": []}
     load0 = os.getloadavg()[0]
     for i, pair in enumerate(order):
         for who in pair:
-            tree, label = (ROOT, "cllm-this") if who == "A" else (old_tree, "cllm-rev")
+            tree, label = (servers.ROOT, "cllm-this") if who == "A" else (old_tree, "cllm-rev")
             got[who].append(one_run(tree, settings, label, args))
             print(f"run {i + 1} {'this tree' if who == 'A' else commit[:12]}: "
                   + ", ".join(f"c={c} {t:.1f}" for c, t in got[who][-1].items()) + f" tok/s; load {os.getloadavg()[0]:.1f}",

@@ -12,6 +12,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from cllm.core.model_file import resolve_model
 
 PERF = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(PERF)
 CACHE = os.path.join(PERF, "cache")
 LLAMA_SERVER = os.path.join(CACHE, "bin", "llama-server")
 LCPP_PYTHON = os.path.join(CACHE, "lcpp-server", "bin", "python")
@@ -83,11 +86,34 @@ def env_and_args(words) -> tuple[dict[str, str], tuple[str, ...]]:
     return env, tuple(w for w, e in zip(words, is_env) if not e)
 
 
+def tree_and_args(words: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
+    """A word ``--rev=REV`` runs that cllm server from the git revision's tree (see unpack); the other words."""
+    revs = [w for w in words if w.startswith("--rev=")]
+    return (unpack(revs[-1][len("--rev="):])[1] if revs else None), tuple(w for w in words if not w.startswith("--rev="))
+
+
+def unpack(rev: str) -> tuple[str, str]:
+    """The revision's full commit and the directory its tree is unpacked in (perf/cache/rev-<commit>/, kept)."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, check=True,
+                            stdout=subprocess.PIPE, text=True).stdout.strip()
+    where = os.path.join(CACHE, f"rev-{commit[:12]}")
+    if not os.path.isdir(where):
+        os.makedirs(CACHE, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+            archive = os.path.join(tmp, "tree.tar")
+            subprocess.run(["git", "archive", "-o", archive, commit], cwd=ROOT, check=True)
+            with tarfile.open(archive) as tar:
+                tar.extractall(os.path.join(tmp, "tree"), filter="data")
+            os.rename(os.path.join(tmp, "tree"), where)
+    return commit, where
+
+
 def add_variant_arguments(ap) -> None:
     """--also and --peer-env: more cllm servers beside the default one, and llama-server's environment."""
     ap.add_argument("--also", action="append", default=[], metavar="ARGS",
                     help="one more cllm server in the same rounds, with these `cllm serve` options too (e.g. "
-                         "'--stream-interval-ms 20'); words of the form NAME=value go into its environment instead")
+                         "'--stream-interval-ms 20'); words of the form NAME=value go into its environment instead, "
+                         "and --rev=REV runs it from that git revision's tree")
     ap.add_argument("--peer-env", metavar="NAME=VALUE", action="append", default=[],
                     help="a variable in llama-server's environment (e.g. GOMP_SPINCOUNT=1000)")
 
@@ -128,14 +154,15 @@ def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
 
 
 def start(system: str, settings: Settings, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-          label: str | None = None) -> Server:
-    """Start a server (with `env` added to its environment, `args` to its command line) and wait, bounded, until it answers.
+          label: str | None = None, tree: str | None = None) -> Server:
+    """Start a server (with `env` added to its environment, `args` to its command line; cllm from `tree`,
+    by default this one) and wait, bounded, until it answers.
 
     Its output goes to perf/cache/logs/<label or system>.log.
     """
     port = free_port()
     cmd, ready_path = command(system, settings, port)
-    return launch(system, [*cmd, *args], port, ready_path, env, label)
+    return launch(system, [*cmd, *args], port, ready_path, env, label, cwd=tree)
 
 
 def launch(system: str, cmd: list[str], port: int, ready_path: str, env: dict[str, str] | None = None,
@@ -148,7 +175,7 @@ def launch(system: str, cmd: list[str], port: int, ready_path: str, env: dict[st
     log = os.path.join(LOGS, f"{label or system}.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=cwd or os.path.dirname(PERF), env={**os.environ, **(env or {})})
+                                cwd=cwd or ROOT, env={**os.environ, **(env or {})})
     server = Server(system, f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
