@@ -52,10 +52,21 @@ test-ray: $(RAY_STAMP)
 
 # The image built and run (needs a Docker daemon). No registry may be reachable, so the base image is
 # made with debootstrap and `docker import` (CLLM_DOCKER_BASE names another). Not in CI: it compiles llama.cpp.
+# debootstrap reads DEBIAN_MIRROR, else the first bookworm source of this machine's apt configuration
+# (one-line or deb822 format), so no mirror is named here.
 DOCKER_BASE ?= cllm-base:bookworm
+DEBIAN_MIRROR ?=
+APT_SOURCES := /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources
 test-docker: install
 	docker image inspect $(DOCKER_BASE) >/dev/null 2>&1 || { \
-	  root=$$(mktemp -d) && debootstrap --variant=minbase bookworm $$root http://deb.debian.org/debian && \
+	  mirror='$(DEBIAN_MIRROR)'; \
+	  [ -n "$$mirror" ] || mirror=$$(cat $(APT_SOURCES) 2>/dev/null | awk -v s=bookworm ' \
+	    /^deb /    { sub(/ \[[^]]*\]/, ""); if ($$3 == s) { print $$2; exit } } \
+	    /^URIs:/   { u = $$2 } \
+	    /^Suites:/ { for (i = 2; i <= NF; i++) if ($$i == s && u != "") { print u; exit } } \
+	    /^$$/      { u = "" }'); \
+	  [ -n "$$mirror" ] || { echo "make test-docker: no bookworm source in $(APT_SOURCES); set DEBIAN_MIRROR" >&2; exit 2; }; \
+	  root=$$(mktemp -d) && debootstrap --variant=minbase bookworm $$root $$mirror && \
 	  tar -C $$root -c . | docker import - $(DOCKER_BASE); rc=$$?; rm -rf $$root; exit $$rc; }
 	CLLM_DOCKER_BASE=$(DOCKER_BASE) $(PY) -m pytest -q -m docker tests/test_docker.py
 
