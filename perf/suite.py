@@ -5,7 +5,7 @@ in-process, each in a subprocess of its own; then cllm, llama-server and
 llama-cpp-python's server one after the other, each started on the same
 GGUF, threads, parallel sequences and KV cells, warmed up, loaded cell by
 cell and stopped. Writes perf/results/<date>-<model>.json with a Markdown
-table and a PNG plot beside it, and puts the tables into README.md.
+table and a PNG plot beside it, and puts the tables into docs/benchmarks.md.
 
     python -m perf.suite [--models smollm2,gemma3-270m] [--concurrency 1,8,32] [--gen-tokens 50,256] [--stream both]
 """
@@ -27,8 +27,8 @@ from perf.models import MODELS, eog_tokens, model_path
 from cllm.bench.prompts import requests_for
 
 RESULTS = os.path.join(servers.PERF, "results")
-README = os.path.join(os.path.dirname(servers.PERF), "README.md")
-README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
+PAGE = os.path.join(servers.ROOT, "docs", "benchmarks.md")
+PAGE_START, PAGE_END = "<!-- bench:start -->", "<!-- bench:end -->"
 ALL_SYSTEMS = ("raw", "engine", *servers.SYSTEMS)
 
 
@@ -103,14 +103,14 @@ def run_model(name: str, args) -> dict:
     }
 
 
-def update_readme(tables: list[str]) -> None:
-    with open(README) as f:
+def update_page(tables: list[str]) -> None:
+    with open(PAGE) as f:
         text = f.read()
-    start, end = text.find(README_START), text.find(README_END)
+    start, end = text.find(PAGE_START), text.find(PAGE_END)
     if start < 0 or end < start:
         return
-    text = text[: start + len(README_START)] + "\n" + "\n".join(tables) + text[end:]
-    with open(README, "w") as f:
+    text = text[: start + len(PAGE_START)] + "\n" + "\n".join(tables) + text[end:]
+    with open(PAGE, "w") as f:
         f.write(text)
 
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--peer-env", metavar="KEY=VALUE", action="append", default=[],
                     help="environment for llama-server and llama-cpp-python's server (e.g. GOMP_SPINCOUNT=1000)")
-    ap.add_argument("--no-readme", action="store_true", help="leave README.md's table as it is")
+    ap.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md's tables as they are")
     args = ap.parse_args(argv)
     args.peer_env, rest = servers.env_and_args(args.peer_env)
     if rest:
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(md) as f:
             tables.append(f.read() + f"\n![{name}](perf/results/{os.path.basename(png)})\n")
         print(f"wrote {path}, {md}, {png}", flush=True)
-    if not args.no_readme:
-        update_readme(tables)
+    if not args.no_docs:
+        update_page(tables)
     return 0
 
 
