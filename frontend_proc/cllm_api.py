@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from cllm.core.protocol import ModelInfo, PrefixCacheStats
 from frontend_proc import chat_page, generation
-from frontend_proc.app import AppState, decode_body, json_response, model_state, ok, sse, sse_response, state
+from frontend_proc.app import decode_body, json_response, model_state, ok, sse, sse_response, state
 from cllm.core.errors import ApiError
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.openapi import Operation
@@ -30,6 +30,7 @@ from frontend_proc.schemas import (
     Restarts,
     StreamEvent,
 )
+from frontend_proc.state import AppState
 
 HEALTH_LEVELS = ("basic", "detailed", "full")
 

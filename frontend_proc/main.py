@@ -22,7 +22,8 @@ from cllm.core.log import setup_logging
 from cllm.core.protocol import EngineExited
 from cllm.core.registry import is_pool
 from frontend_proc import anthropic_api, cllm_api, embeddings_api, llama_server_api, models_api, openai_api, responses_api
-from frontend_proc.app import AppState, build_app
+from frontend_proc.app import build_app
+from frontend_proc.state import AppState
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.metrics import Metrics
 from frontend_proc.model_pool import ModelPool
