@@ -28,7 +28,13 @@ class Pool(Protocol):
     models: list  # of model_pool.Model
     by_name: dict  # every id and alias -> its model_pool.Model
 
+    def find(self, name: str | None): ...  # -> model_pool.Model
+
     async def state_for(self, name: str | None) -> AppState: ...
+
+    async def load(self, model) -> None: ...
+
+    async def unload(self, model, reason: str) -> None: ...
 
 
 @dataclass
