@@ -1,7 +1,7 @@
 """The one generation path behind every API: limits, submit, stop strings, n choices, hang-ups.
 
-cLLM's /generate and the OpenAI routes all start here and differ only in how
-they format what comes back. A request becomes one engine sequence per choice
+Every door starts here (the chat doors through frontend_proc.chat) and differs
+only in how it formats what comes back. A request becomes one engine sequence per choice
 (n per prompt); each choice's tokens are detokenized as they arrive and, when
 the request has stop strings, cut at the first one (the engine is told to stop
 at once).
