@@ -1,24 +1,22 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
 
-Claude Code and the `anthropic` SDK speak it. The route only translates: the
-conversation becomes the messages chat templates know (frontend_proc.chat),
-the request goes down the one generation path (frontend_proc.generation), and
-the reply comes back as content blocks (thinking, text, tool_use), whole or
-as Anthropic's stream of events. Tools are planned and their calls read as on
-the OpenAI route (frontend_proc.tools, frontend_proc.tool_parser). Errors take Anthropic's shape (errors.py).
+Claude Code and the `anthropic` SDK speak it. A door: the request is read
+into a ChatRequest for the chat layer (frontend_proc.chat), and the reply's
+parts (frontend_proc.reply) are written as content blocks (thinking, text,
+tool_use), whole or as Anthropic's stream of events (frontend_proc.respond).
+Errors take Anthropic's shape (errors.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from cllm.core.errors import ApiError, error_body, json_response
 from cllm.core.protocol import SamplingParams
-from frontend_proc import generation
+from frontend_proc import chat, respond
 from frontend_proc.anthropic_schemas import (
     CountTokensRequest,
     DocumentBlock,
@@ -32,32 +30,17 @@ from frontend_proc.anthropic_schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from frontend_proc.app import AppState, decode_body, model_state, sse_event, sse_response
-from frontend_proc.chat import (
-    CALL,
-    CONTENT,
-    ChatPrompt,
-    Reply,
-    constraint,
-    invalid,
-    not_text,
-    output_grammar,
-    render,
-    reply_parts,
-    template_context,
-    tool_plan,
-)
-from frontend_proc.cllm_api import GENERATE_ERRORS
-from cllm.core.errors import ApiError, error_body, json_response
+from frontend_proc.app import decode_body, model_state, sse_event
+from frontend_proc.chat_request import ChatRequest, Fields, JsonOutput, not_text, template_call
 from frontend_proc.generation import Choice, Generation
-from frontend_proc.openai_schemas import JsonSchema, JsonSchemaFormat
-from frontend_proc.openapi import Operation
-from frontend_proc.reasoning import REASONING
-from frontend_proc.tools import Tool, ToolPlan
+from frontend_proc.openapi import GENERATE_ERRORS, Operation
+from frontend_proc.reply import CALL, CONTENT, REASONING, Blocks, Reply
+from frontend_proc.tools import Tool
+from frontend_proc.tool_parser import ToolCallDelta
 
 _PATH = "/v1/messages"
-PING_SECONDS = 5.0  # between pings while a stream waits for its first token, as Anthropic keeps idle streams alive
-_PING = sse_event("ping", {"type": "ping"})
+_PING = sse_event("ping", {"type": "ping"})  # while a stream waits for its first token, as Anthropic keeps idle streams alive
+_FIELDS = Fields(output="output_config.format", tool_schema="tools[{}]")
 
 
 def _refuse(block: ImageBlock | DocumentBlock, param: str) -> ApiError:
@@ -91,7 +74,7 @@ def template_messages(body: CountTokensRequest) -> list[dict]:
             elif isinstance(block, (ImageBlock, DocumentBlock)):
                 raise _refuse(block, f"{param}[{j}]")
             elif isinstance(block, ToolUseBlock):
-                calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
+                calls.append(template_call(block.id, block.name, block.input))
             elif isinstance(block, ToolResultBlock):
                 content = _text(block.content, f"{param}[{j}].content")
                 out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
@@ -104,40 +87,27 @@ def template_messages(body: CountTokensRequest) -> list[dict]:
     return out
 
 
-def _tool_plan(st: AppState, body: CountTokensRequest) -> ToolPlan | None:
+def chat_request(body: CountTokensRequest) -> ChatRequest:
     choice = body.tool_choice
-    if not body.tools:
-        if isinstance(choice, (ToolChoiceAny, ToolChoiceTool)):
-            raise invalid("tool_choice asks for a tool call, but the request has no tools", "tool_choice")
-        return None
-    tools = [Tool(t.name, t.description, json.dumps(t.input_schema)) for t in body.tools]
-    name = {ToolChoiceAny: "required", ToolChoiceTool: getattr(choice, "name", None), ToolChoiceNone: "none"}.get(type(choice), "auto")
-    parallel = choice is None or not getattr(choice, "disable_parallel_tool_use", False)
-    return tool_plan(st, tools, name, parallel, "tools")
-
-
-def _prompt(st: AppState, body: CountTokensRequest) -> ChatPrompt:
-    thinking = None if body.thinking is None else not isinstance(body.thinking, ThinkingDisabled)
-    effort = body.output_config.effort if body.output_config else None
-    plan = _tool_plan(st, body)
-    text = render(st.chat_template, template_messages(body), template_context(thinking, effort), "messages", plan)
-    return ChatPrompt(st, text, plan)
-
-
-def _sampling(st: AppState, body: MessagesRequest, plan: ToolPlan | None) -> SamplingParams:
     fmt = body.output_config.format if body.output_config else None
-    output = output_grammar(st, JsonSchemaFormat(JsonSchema("output", fmt.schema)) if fmt else None, "output_config.format")
-    grammar, triggers = constraint(output, plan, body.ignore_eos, "output_config.format")
-    return SamplingParams(
-        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-        ignore_eos=body.ignore_eos, grammar=grammar, grammar_triggers=triggers,
+    return ChatRequest(
+        messages=template_messages(body),
+        sampling=SamplingParams(),  # counting tokens samples nothing; messages() sets it
+        tools=[Tool(t.name, t.description, json.dumps(t.input_schema)) for t in body.tools or ()],
+        tool_choice={ToolChoiceAny: "required", ToolChoiceTool: getattr(choice, "name", None), ToolChoiceNone: "none"}.get(type(choice), "auto"),
+        parallel_tool_calls=choice is None or not getattr(choice, "disable_parallel_tool_use", False),
+        output=JsonOutput(fmt.schema) if fmt else None,
+        thinking=None if body.thinking is None else not isinstance(body.thinking, ThinkingDisabled),
+        effort=body.output_config.effort if body.output_config else None,
+        fields=_FIELDS,
     )
 
 
 def _stop_reason(choice: Choice, reply: Reply) -> str:
-    if choice.finish == "length":
+    finish = reply.finish(choice.finish)
+    if finish == "length":
         return "max_tokens"
-    if reply.calls:
+    if finish == "tool_calls":
         return "tool_use"
     return "stop_sequence" if choice.stop_string is not None else "end_turn"
 
@@ -179,26 +149,22 @@ def _block(kind: str, part) -> dict:
     return {"type": "text", "text": part}
 
 
-def _delta(kind: str, part) -> dict:
-    if kind == REASONING:
-        return {"type": "thinking_delta", "thinking": part}
-    if kind == CALL:
-        return {"type": "input_json_delta", "partial_json": part.arguments}
-    return {"type": "text_delta", "text": part}
+_DELTA = {REASONING: ("thinking_delta", "thinking"), CALL: ("input_json_delta", "partial_json"), CONTENT: ("text_delta", "text")}
 
 
 async def messages(request: Request) -> Response:
     body = await decode_body(request, MessagesRequest)
     st = await model_state(request, body.model)
-    prompt = _prompt(st, body)
-    stops = body.stop_sequences or ()
-    gen = await prompt.start(st, _sampling(st, body, prompt.tool_plan), stops=stops, stream=body.stream, param="messages")
+    req = chat_request(body)
+    req.sampling = SamplingParams(
+        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos
+    )
+    req.stops, req.stream = body.stop_sequences or (), body.stream
+    prompt = chat.prompt(st, req)
+    gen = await chat.start(st, req, prompt)
     if body.stream:
-        return sse_response(_events(gen, prompt, st.model_id))
-    try:
-        (text,) = await gen.texts(request)
-    finally:
-        gen.close()
+        return respond.stream(gen, _Stream(gen, prompt.reply(), st.model_id))
+    (text,) = await respond.whole(request, gen)
     choice, reply = gen.choices[0], prompt.reply()
     message = _message(gen, st.model_id)
     parts = reply.whole(text)
@@ -218,74 +184,57 @@ def _arguments(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-async def _first(parts: AsyncIterator[list[tuple]]) -> AsyncIterator[bytes | list[tuple]]:
-    """Pings every PING_SECONDS until the first piece of the reply comes (queued, or a long prefill), then that piece.
+class _Blocks(Blocks):
+    """Content blocks, each as content_block_start, its deltas, content_block_stop."""
 
-    Only the wait for the first piece is watched: every later one is awaited
-    as it is, so the pings cost nothing per token.
-    """
-    first = asyncio.ensure_future(anext(parts, []))
-    try:
-        while not (await asyncio.wait((first,), timeout=PING_SECONDS))[0]:
-            yield _PING
-        yield first.result()
-    finally:
-        first.cancel()
+    def __init__(self):
+        super().__init__()
+        self.index = -1
+
+    def open(self, kind: str, call: ToolCallDelta | None) -> list[bytes]:
+        self.index += 1
+        block = _block(kind, "" if call is None else call)
+        return [sse_event("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})]
+
+    def delta(self, kind: str, text: str) -> list[bytes]:
+        type_, key = _DELTA[kind]
+        return [sse_event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": {"type": type_, key: text}})]
+
+    def close(self) -> list[bytes]:
+        return [sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
 
-async def _events(gen: Generation, prompt: ChatPrompt, model: str):
+class _Stream(respond.Stream):
     """message_start, ping, per block start/deltas/stop, message_delta, message_stop; pings while the reply waits."""
-    choice, reply = gen.choices[0], prompt.reply()
-    index, kind = -1, None  # the open block
 
-    def events(parts: list[tuple]) -> bytes:
-        nonlocal index, kind
-        out = []
-        for part_kind, part in parts:
-            opens = part_kind != kind or (kind == CALL and part.id is not None)
-            if opens:
-                if kind is not None:
-                    out.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
-                index, kind = index + 1, part_kind
-                block = _block(kind, "" if kind != CALL else part)
-                out.append(sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
-            if kind != CALL or part.arguments:
-                delta = {"type": "content_block_delta", "index": index, "delta": _delta(kind, part)}
-                out.append(sse_event("content_block_delta", delta))
-        return b"".join(out)
+    ping = _PING
 
-    try:
-        start = _message(gen, model)
+    def __init__(self, gen: Generation, reply: Reply, model: str):
+        self.gen, self.reply, self.model = gen, reply, model
+        self.blocks = _Blocks()
+
+    def start(self) -> bytes:
+        start = _message(self.gen, self.model)
         start["usage"]["output_tokens"] = 0
-        yield sse_event("message_start", {"type": "message_start", "message": start}) + _PING
-        parts = reply_parts(gen, reply)
-        async for first in _first(parts):
-            if first is _PING:
-                yield _PING
-            elif out := events(first):
-                yield out
-        async for later in parts:
-            if out := events(later):
-                yield out
-        if choice.finish == "error":
-            raise generation.engine_refused()
-        end = []
-        if kind is not None:
-            end.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
-        delta = {"stop_reason": _stop_reason(choice, reply), "stop_sequence": choice.stop_string}
+        return sse_event("message_start", {"type": "message_start", "message": start}) + _PING
+
+    def piece(self, choice: Choice, text: str | None) -> bytes:
+        return b"".join(self.blocks.feed(self.reply.feed(text)))
+
+    def end(self) -> bytes:
+        choice = self.gen.choices[0]
+        delta = {"stop_reason": _stop_reason(choice, self.reply), "stop_sequence": choice.stop_string}
         # Cumulative, as Anthropic sends it: the cache's hit is known only once the prompt was read, after message_start.
-        end.append(sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": _usage(gen)}))
-        end.append(sse_event("message_stop", {"type": "message_stop"}))
-        yield b"".join(end)
-    except ApiError as e:  # the status line is sent: say what went wrong in the stream
-        yield sse_event("error", error_body(_PATH, e))
-    finally:
-        gen.close()
+        end = [sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": _usage(self.gen)})]
+        return b"".join([*self.blocks.end(), *end, sse_event("message_stop", {"type": "message_stop"})])
+
+    def error(self, e: ApiError) -> bytes:
+        return sse_event("error", error_body(_PATH, e))
 
 
 async def count_tokens(request: Request) -> Response:
     body = await decode_body(request, CountTokensRequest)
-    return json_response({"input_tokens": len(_prompt(await model_state(request, body.model), body).tokens)})
+    return json_response({"input_tokens": len(chat.prompt(await model_state(request, body.model), chat_request(body)).tokens)})
 
 
 operations = [

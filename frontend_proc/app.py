@@ -1,4 +1,4 @@
-"""The Starlette application: shared state, error handling, body decoding.
+"""The Starlette application: error handling, body decoding, Server-Sent Events (the state is frontend_proc.state).
 
 Every route goes through the same steps, whatever API it belongs to: the
 Guard middleware (API key, body size), ``decode_body`` (content type, UTF-8,
@@ -9,9 +9,7 @@ deadline, a client that hangs up).
 from __future__ import annotations
 
 import re
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -20,19 +18,11 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from cllm.core.config import ServeConfig
-from frontend_proc.chat_template import ChatTemplate
-from frontend_proc.engine_client import EngineClient
 from cllm.core.errors import ApiError, json_response
 from frontend_proc.guard import OPEN_PATHS, Guard
-from frontend_proc.metrics import Metrics
 from frontend_proc.observe import ObserveMiddleware
 from frontend_proc.openapi import Operation, document
-from frontend_proc.response_store import ResponseStore
-from frontend_proc.tokenizer import Tokenizer
-
-if TYPE_CHECKING:  # model_pool builds AppStates
-    from frontend_proc.model_pool import ModelPool
+from frontend_proc.state import AppState
 
 T = TypeVar("T")
 _json = msgspec.json.Encoder()
@@ -40,23 +30,6 @@ _json = msgspec.json.Encoder()
 # curl's -d sends application/x-www-form-urlencoded, and many clients send no
 # type at all: both are read as JSON. Any other type is refused with 415.
 JSON_MEDIA_TYPES = ("application/json", "application/x-www-form-urlencoded")
-
-
-@dataclass
-class AppState:
-    config: ServeConfig
-    client: EngineClient
-    tokenizer: Tokenizer
-    chat_template: ChatTemplate
-    metrics: Metrics
-    operations: list[Operation]  # every route, and what the OpenAPI document says of it
-    api_key: str | None = None
-    pool: ModelPool | None = None  # every model; this state is one model's (the default's, for routes that name none)
-    model_id: str = ""  # the registry id of this state's model
-    responses: ResponseStore = field(default_factory=ResponseStore)  # stored responses of /v1/responses
-    generation: int = 0  # times the frontend was restarted
-    started_at: float = field(default_factory=time.monotonic)
-    openapi: bytes = b""  # the document, built on first request
 
 
 def ok(data) -> Response:

@@ -8,11 +8,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.protocol import ModelInfo, PrefixCacheStats
-from frontend_proc import chat_page, generation
-from frontend_proc.app import AppState, decode_body, json_response, model_state, ok, sse, sse_response, state
+from frontend_proc import chat_page, generation, respond
+from frontend_proc.app import decode_body, json_response, model_state, ok, sse, state
 from cllm.core.errors import ApiError
 from frontend_proc.generation import Choice, Generation
-from frontend_proc.openapi import Operation
+from frontend_proc.openapi import GENERATE_ERRORS, Operation
 from frontend_proc.schemas import (
     Components,
     EncodeRequest,
@@ -30,6 +30,7 @@ from frontend_proc.schemas import (
     Restarts,
     StreamEvent,
 )
+from frontend_proc.state import AppState
 
 HEALTH_LEVELS = ("basic", "detailed", "full")
 
@@ -123,10 +124,7 @@ async def generate(request: Request) -> Response:
     if body.stream:
         return await _stream(request, body)
     gen = await _start(request, body, stream=False)
-    try:
-        [text] = await gen.texts(request)
-    finally:
-        gen.close()
+    [text] = await respond.whole(request, gen)
     choice = gen.choices[0]
     elapsed = time.perf_counter() - choice.stream.t_submit
     return ok(
@@ -149,23 +147,23 @@ async def generate_stream(request: Request) -> Response:
 
 async def _stream(request: Request, body: GenerateRequest) -> Response:
     gen = await _start(request, body, stream=True)
-    choice = gen.choices[0]
-    rid = _request_id(choice)
+    return respond.stream(gen, _Stream(gen.choices[0]))
 
-    async def events():
-        # A client that hangs up cancels this generator (Starlette watches for
-        # http.disconnect while it streams), and `finally` aborts the request.
-        try:
-            async for _, piece in gen.pieces():
-                if piece is not None:
-                    yield sse(StreamEvent(rid, piece, False))
-            yield sse(StreamEvent(rid, "", True, generated_tokens=choice.n_tokens, finish_reason=choice.finish))
-        except ApiError as e:  # the status line is sent: say what went wrong in the stream
-            yield sse(StreamEvent(rid, "", True, error=e.error, message=e.message))
-        finally:
-            gen.close()
 
-    return sse_response(events())
+class _Stream(respond.Stream):
+    """A StreamEvent per piece, then one that says it is done (or what went wrong)."""
+
+    def __init__(self, choice: Choice):
+        self.choice, self.rid = choice, _request_id(choice)
+
+    def piece(self, choice: Choice, text: str | None) -> bytes:
+        return sse(StreamEvent(self.rid, text, False)) if text is not None else b""
+
+    def end(self) -> bytes:
+        return sse(StreamEvent(self.rid, "", True, generated_tokens=self.choice.n_tokens, finish_reason=self.choice.finish))
+
+    def error(self, e: ApiError) -> bytes:
+        return sse(StreamEvent(self.rid, "", True, error=e.error, message=e.message))
 
 
 async def encode(request: Request) -> Response:
@@ -177,8 +175,6 @@ async def encode(request: Request) -> Response:
 async def model_info(request: Request) -> Response:
     return ok(generation.engine_info(state(request)))
 
-
-GENERATE_ERRORS = (408, 429, 503)  # what generating adds to the errors of reading a body
 
 operations = [
     Operation("GET", "/", index, "this list; the chat page for a browser (Accept: text/html)", response=Ok[Index], text="text/html"),

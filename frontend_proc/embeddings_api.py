@@ -18,9 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from frontend_proc import generation
-from frontend_proc.app import AppState, decode_body, model_state
+from frontend_proc.app import decode_body, model_state
 from cllm.core.errors import ApiError, json_response
 from frontend_proc.openapi import Operation
+from frontend_proc.state import AppState
 
 MAX_INPUTS = 2048  # OpenAI's limit
 

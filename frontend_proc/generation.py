@@ -1,7 +1,7 @@
 """The one generation path behind every API: limits, submit, stop strings, n choices, hang-ups.
 
-cLLM's /generate and the OpenAI routes all start here and differ only in how
-they format what comes back. A request becomes one engine sequence per choice
+Every door starts here (the chat doors through frontend_proc.chat) and differs
+only in how it formats what comes back. A request becomes one engine sequence per choice
 (n per prompt); each choice's tokens are detokenized as they arrive and, when
 the request has stop strings, cut at the first one (the engine is told to stop
 at once).
@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from contextvars import ContextVar
 
 import msgspec
 from starlette.requests import Request
 
 from cllm.core.protocol import ModelInfo, SamplingParams
-from frontend_proc import observe
-from frontend_proc.app import AppState
 from frontend_proc.engine_client import EngineClient, RequestStream, not_ready
 from cllm.core.errors import ApiError
+from frontend_proc.state import AppState
 from frontend_proc.tokenizer import Detokenizer
+
+# The generations of the HTTP request being served, for frontend_proc.observe; set by its middleware.
+watched: ContextVar[list[Generation] | None] = ContextVar("cllm_generations", default=None)
 
 
 def engine_info(st: AppState) -> ModelInfo:
@@ -60,7 +63,8 @@ async def start(
             choice.abort()
         raise
     gen = Generation(choices, sum(map(len, prompts)), n)
-    observe.track(gen)
+    if (generations := watched.get()) is not None:
+        generations.append(gen)
     return gen
 
 

@@ -19,8 +19,6 @@ import llama_cpp as L
 import msgspec
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from frontend_proc.openai_schemas import JsonObjectFormat, JsonSchemaFormat, ResponseFormat
-
 
 MAX_REPEATS = 2048  # the counts of one schema, all together
 QUANTIFIER = re.compile(r"\{([^}]*)\}")  # {n}, {m,n}, {m,}: read up to the next brace, as the converter does
@@ -30,13 +28,9 @@ class GrammarError(ValueError):
     pass
 
 
-def response_format_grammar(fmt: ResponseFormat | None, vocab) -> str | None:
-    """The grammar a response_format asks for; None for plain text."""
-    if type(fmt) is JsonObjectFormat:
-        return JSON_GBNF
-    if type(fmt) is JsonSchemaFormat:
-        return schema_grammar(fmt.json_schema.schema, vocab)
-    return None
+def json_grammar(schema: dict | None, vocab) -> str:
+    """The grammar of JSON output: any JSON object (schema None), or what the schema allows."""
+    return JSON_GBNF if schema is None else schema_grammar(schema, vocab)
 
 
 def schema_grammar(schema: dict, vocab) -> str:

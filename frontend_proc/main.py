@@ -21,8 +21,18 @@ from cllm.core.launch import Launch, from_argv
 from cllm.core.log import setup_logging
 from cllm.core.protocol import EngineExited
 from cllm.core.registry import is_pool
-from frontend_proc import anthropic_api, cllm_api, embeddings_api, llama_server_api, models_api, openai_api, responses_api
-from frontend_proc.app import AppState, build_app
+from frontend_proc import (
+    anthropic_api,
+    cllm_api,
+    embeddings_api,
+    llama_server_api,
+    models_api,
+    openai_api,
+    openai_chat_api,
+    responses_api,
+)
+from frontend_proc.app import build_app
+from frontend_proc.state import AppState
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.metrics import Metrics
 from frontend_proc.model_pool import ModelPool
@@ -67,8 +77,10 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         client=clients[0][0],
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template(_read(config.chat_template_file)),
-        operations=cllm_api.operations + openai_api.operations + embeddings_api.operations + llama_server_api.operations + models_api.operations
-        + anthropic_api.operations + responses_api.operations,
+        operations=[
+            *cllm_api.operations, *openai_api.operations, *openai_chat_api.operations, *embeddings_api.operations,
+            *llama_server_api.operations, *models_api.operations, *anthropic_api.operations, *responses_api.operations,
+        ],
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,
         model_id=default.id,

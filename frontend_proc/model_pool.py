@@ -26,11 +26,11 @@ import psutil
 from cllm.core.launch import ModelSlot
 from cllm.core.model_meta import kv_cache_bytes
 from cllm.core.protocol import EngineExited, LoadModel, UnloadModel
-from frontend_proc.app import AppState
 from cllm.core.errors import RETRY_AFTER, ApiError
 from frontend_proc.engine_client import EngineClient
 from frontend_proc.metrics import Metrics
 from frontend_proc.replicas import ReplicaSet
+from frontend_proc.state import AppState
 from frontend_proc.tokenizer import Tokenizer
 
 UNLOAD_WAIT = 15.0  # seconds for the supervisor to report a model's engines gone (it kills them after 5)

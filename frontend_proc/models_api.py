@@ -12,10 +12,11 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontend_proc.app import AppState, decode_body, state
+from frontend_proc.app import decode_body, state
 from cllm.core.errors import ApiError, json_response
 from frontend_proc.model_pool import Model
 from frontend_proc.openapi import Operation
+from frontend_proc.state import AppState
 
 
 class ModelRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -2,35 +2,21 @@
 
 The route label is the matched route's path template (never the raw URL, so
 a scan of unknown paths cannot blow up the label set). generation.start, the
-one way every API generates, hands its Generation to track(), so a new route
-is observed without doing anything.
+one way every API generates, puts its Generation in the list this middleware
+sets (generation.watched), so a new route is observed without doing anything.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from contextvars import ContextVar
-from typing import TYPE_CHECKING
 
+from frontend_proc.generation import Generation, watched
 from frontend_proc.metrics import Metrics
-
-if TYPE_CHECKING:  # generation imports this module
-    from frontend_proc.generation import Generation
 
 UNMATCHED = "unmatched"
 
 log = logging.getLogger("cllm.frontend")
-
-# The generations of the HTTP request being served; set by the middleware.
-_generations: ContextVar[list[Generation] | None] = ContextVar("cllm_generations", default=None)
-
-
-def track(gen: Generation) -> None:
-    """Record this Generation with the HTTP request being served, if it is watched."""
-    watched = _generations.get()
-    if watched is not None:
-        watched.append(gen)
 
 
 class ObserveMiddleware:
@@ -43,7 +29,7 @@ class ObserveMiddleware:
             return await self.app(scope, receive, send)
         t_start = time.perf_counter()
         gens: list[Generation] = []
-        token = _generations.set(gens)
+        token = watched.set(gens)
         status = 500  # unless the app starts a response
 
         async def send_and_note_status(message) -> None:
@@ -55,7 +41,7 @@ class ObserveMiddleware:
         try:
             await self.app(scope, receive, send_and_note_status)
         finally:
-            _generations.reset(token)
+            watched.reset(token)
             t_end = time.perf_counter()
             route = scope.get("route")
             path = route.path if route is not None else UNMATCHED

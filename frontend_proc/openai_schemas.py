@@ -15,13 +15,13 @@ response's message carries it) are ignored. Beyond OpenAI's parameters, llama-se
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
 
 from cllm.core.protocol import SamplingParams
+from frontend_proc.chat_request import template_call
 from frontend_proc.schemas import RepetitionPenalty, Seed
 
 StopString = Annotated[str, Meta(min_length=1)]
@@ -89,14 +89,8 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling(
-        self,
-        max_tokens: int,
-        grammar: str | None,
-        logprobs: int | None,
-        grammar_triggers: list[str] | None = None,
-        prompt_logprobs: int | None = None,
-    ) -> SamplingParams:
+    def sampling(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+        """The sampling parameters, without a grammar (the chat layer adds it)."""
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=self.temperature,
@@ -109,8 +103,6 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             seed=self.seed,
             ignore_eos=self.ignore_eos,
             logit_bias=self.logit_bias or None,
-            grammar=grammar,
-            grammar_triggers=grammar_triggers,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             speculative=self.speculative,
@@ -149,12 +141,7 @@ class MessageToolCall(msgspec.Struct):
     type: Literal["function"] = "function"
 
     def to_template(self) -> dict:
-        """As templates expect a call: the arguments as an object when they are JSON (transformers, llama.cpp)."""
-        try:
-            arguments = json.loads(self.function.arguments)
-        except ValueError:
-            arguments = self.function.arguments
-        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": arguments}}
+        return template_call(self.id, self.function.name, self.function.arguments)
 
 
 class Message(msgspec.Struct):

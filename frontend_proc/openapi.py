@@ -28,6 +28,8 @@ ERRORS = {
 BODY_ERRORS = (400, 413, 415)  # any operation that reads a body may answer these
 _PARAM = re.compile(r"{(\w+)(?::\w+)?}")
 
+GENERATE_ERRORS = (408, 429, 503)  # what generating adds to the errors of reading a body
+
 
 @dataclass(frozen=True)
 class Operation:

@@ -1,49 +1,31 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
 
-Codex CLI and the OpenAI Agents SDK speak it. Like /v1/messages the route
-only translates: input items become chat-template messages (frontend_proc.chat),
-the request goes down the one generation path, and the reply comes back as
-output items (reasoning, message, function_call), whole or as the API's
-numbered stream of events. Tools are planned and their calls read as on the
-OpenAI chat route (frontend_proc.tools, frontend_proc.tool_parser). A stored response (store, the default) lets the next request continue
-its conversation with `previous_response_id` (frontend_proc.response_store).
+Codex CLI and the OpenAI Agents SDK speak it. A door, like /v1/messages: input
+items are read into a ChatRequest for the chat layer (frontend_proc.chat), and
+the reply's parts (frontend_proc.reply) are written as output items
+(reasoning, message, function_call), whole or as the API's numbered stream of
+events (frontend_proc.respond). A stored response (store, the default) lets
+the next request continue its conversation with `previous_response_id`
+(frontend_proc.response_store).
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 
 import msgspec
-
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.protocol import SamplingParams
-from frontend_proc import generation
-from frontend_proc.app import AppState, decode_body, model_state, sse_event, sse_response, state
-from frontend_proc.chat import (
-    CALL,
-    CONTENT,
-    ChatPrompt,
-    Reply,
-    constraint,
-    invalid,
-    join,
-    not_text,
-    output_grammar,
-    render,
-    reply_parts,
-    template_context,
-    tool_plan,
-)
-from frontend_proc.cllm_api import GENERATE_ERRORS
 from cllm.core.errors import ApiError, error_body, json_response
-from frontend_proc.generation import Generation
-from frontend_proc.openai_schemas import JsonObjectFormat, JsonSchema, JsonSchemaFormat
-from frontend_proc.openapi import Operation
-from frontend_proc.reasoning import REASONING
+from cllm.core.protocol import SamplingParams
+from frontend_proc import chat, respond
+from frontend_proc.app import decode_body, model_state, sse_event, state
+from frontend_proc.chat_request import ChatRequest, Fields, JsonOutput, invalid, not_text, template_call, tool
+from frontend_proc.generation import Choice, Generation
+from frontend_proc.openapi import GENERATE_ERRORS, Operation
+from frontend_proc.reply import CALL, CONTENT, REASONING, Blocks, Reply, join
 from frontend_proc.response_store import Stored
 from frontend_proc.responses_schemas import (
     FormatJsonObject,
@@ -57,10 +39,11 @@ from frontend_proc.responses_schemas import (
     ResponsesRequest,
     item,
 )
+from frontend_proc.state import AppState
 from frontend_proc.tool_parser import ToolCall, ToolCallDelta
-from frontend_proc.tools import Tool, ToolPlan
 
 _PATH = "/v1/responses"
+_FIELDS = Fields(messages="input", output="text.format", tool_schema="tools[{}]")
 
 
 def _text(content: str | list, param: str) -> str:
@@ -84,7 +67,7 @@ def input_messages(input_: str | list) -> list[dict]:
             role = "system" if it.role == "developer" else it.role
             out.append({"role": role, "content": _text(it.content, f"{param}.content")})
         elif isinstance(it, FunctionCallItem):
-            call = _template_call(it.call_id, it.name, it.arguments)
+            call = template_call(it.call_id, it.name, it.arguments)
             if not (out and out[-1]["role"] == "assistant"):
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(call)
@@ -93,11 +76,23 @@ def input_messages(input_: str | list) -> list[dict]:
     return out
 
 
-def _grammar(st: AppState, body: ResponsesRequest) -> str | None:
+def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatRequest:
     fmt = body.text.format if body.text else None
-    if isinstance(fmt, FormatJsonSchema):
-        return output_grammar(st, JsonSchemaFormat(JsonSchema(name=fmt.name, schema=fmt.schema)), "text.format")
-    return output_grammar(st, JsonObjectFormat(), "text.format") if isinstance(fmt, FormatJsonObject) else None
+    output = JsonOutput(fmt.schema) if isinstance(fmt, FormatJsonSchema) else JsonOutput() if isinstance(fmt, FormatJsonObject) else None
+    return ChatRequest(
+        messages=([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation,
+        sampling=SamplingParams(
+            max_tokens=body.max_output_tokens or 0,
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
+        ),
+        tools=[tool(t.name, t.description, t.parameters) for t in body.tools or ()],
+        tool_choice=body.tool_choice if isinstance(body.tool_choice, str) else body.tool_choice.name,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        output=output,
+        effort=body.reasoning.effort if body.reasoning else None,
+        stream=body.stream,
+        fields=_FIELDS,
+    )
 
 
 def _response(rid: str, body: ResponsesRequest, model: str) -> dict:
@@ -152,52 +147,25 @@ def _finish(st: AppState, response: dict, gen: Generation, output: list[dict], c
         output[-1]["status"] = "incomplete"  # the item the token limit cut
     response["output"] = output
     response["output_text"] = "".join(c["text"] for o in output if o["type"] == "message" for c in o["content"])
+    reasoning = "".join(c["text"] for o in output if o["type"] == "reasoning" for c in o["content"])
     response["usage"] = {
         "input_tokens": gen.prompt_tokens,
         "input_tokens_details": {"cached_tokens": gen.cached_tokens},
         "output_tokens": gen.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": _reasoning_tokens(st, gen, output)},
+        "output_tokens_details": {"reasoning_tokens": chat.reasoning_tokens(st, gen, reasoning)},
         "total_tokens": gen.prompt_tokens + gen.completion_tokens,
     }
     if response["store"]:
         reply = {"role": "assistant", "content": response["output_text"]}
-        calls = [_template_call(o["call_id"], o["name"], o["arguments"]) for o in output if o["type"] == "function_call"]
+        calls = [template_call(o["call_id"], o["name"], o["arguments"]) for o in output if o["type"] == "function_call"]
         if calls:
             reply["tool_calls"] = calls
         st.responses.put(response["id"], Stored(response, [*conversation, reply]))
 
 
-def _reasoning_tokens(st: AppState, gen: Generation, output: list[dict]) -> int:
-    """The tokens of the reasoning text, counted once the reply is over (0, at no cost, without reasoning)."""
-    text = "".join(c["text"] for o in output if o["type"] == "reasoning" for c in o["content"])
-    if not text:
-        return 0
-    return min(len(st.tokenizer.encode(text, add_special=False, parse_special=False)), gen.completion_tokens)
-
-
-def _template_call(call_id: str, name: str, arguments: str) -> dict:
-    """A call as templates expect it: the arguments as an object when they are JSON (transformers, llama.cpp)."""
-    try:
-        args = json.loads(arguments)
-    except ValueError:
-        args = arguments
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def _tool_plan(st: AppState, body: ResponsesRequest) -> ToolPlan | None:
-    choice = body.tool_choice if isinstance(body.tool_choice, str) else body.tool_choice.name
-    if not body.tools:
-        if choice != "auto" and choice != "none":
-            raise invalid("tool_choice asks for a tool call, but the request has no tools", "tool_choice")
-        return None
-    tools = [Tool(t.name, t.description, json.dumps(t.parameters or {"type": "object", "properties": {}})) for t in body.tools]
-    return tool_plan(st, tools, choice, body.parallel_tool_calls is not False, "tools")
-
-
 async def create(request: Request) -> Response:
     body = await decode_body(request, ResponsesRequest)
     st = await model_state(request, body.model)  # its responses are the one store every model shares
-    info = generation.engine_info(st)
     conversation: list[dict] = []
     if body.previous_response_id is not None:
         previous = st.responses.get(body.previous_response_id)
@@ -207,24 +175,13 @@ async def create(request: Request) -> Response:
     conversation += input_messages(body.input)
     if not conversation:
         raise invalid("input is empty", "input")
-    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    effort = body.reasoning.effort if body.reasoning else None
-    plan = _tool_plan(st, body)
-    prompt = ChatPrompt(st, render(st.chat_template, system + conversation, template_context(effort=effort), "input", plan), plan)
-    grammar, triggers = constraint(_grammar(st, body), plan, body.ignore_eos, "text.format")
-    sampling = SamplingParams(
-        max_tokens=body.max_output_tokens or info.seq_ctx,  # default: what the sequence holds
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
-        grammar=grammar, grammar_triggers=triggers,
-    )
-    gen = await prompt.start(st, sampling, stream=body.stream, param="input")
+    req = chat_request(body, conversation)
+    prompt = chat.prompt(st, req)
+    gen = await chat.start(st, req, prompt)
     response = _response(f"resp_{secrets.token_hex(12)}", body, st.model_id)
     if body.stream:
-        return sse_response(_events(st, gen, prompt.reply(), response, conversation))
-    try:
-        (text,) = await gen.texts(request)
-    finally:
-        gen.close()
+        return respond.stream(gen, _Stream(st, gen, prompt.reply(), response, conversation))
+    (text,) = await respond.whole(request, gen)
     reply = prompt.reply()
     parts = reply.whole(text)
     output: list[dict] = []
@@ -239,93 +196,90 @@ async def create(request: Request) -> Response:
     return json_response(response)
 
 
-class _Events:
-    """The stream's events, numbered as the API wants."""
-
-    def __init__(self):
-        self.seq = 0
-
-    def __call__(self, type_: str, **fields) -> bytes:
-        self.seq += 1
-        return sse_event(type_, {"type": type_, "sequence_number": self.seq - 1, **fields})
-
-
 _DELTA = {REASONING: "response.reasoning_text.delta", CONTENT: "response.output_text.delta", CALL: "response.function_call_arguments.delta"}
 
 
-async def _events(st: AppState, gen: Generation, reply: Reply, response: dict, conversation: list[dict]):
-    """created, in_progress, per item added/deltas/done, then completed (or incomplete)."""
-    ev = _Events()
-    rid = response["id"]
-    output: list[dict] = []
-    texts: list[str] = []  # of the open item
+class _Items(Blocks):
+    """Output items, each as output_item.added (and a content part), its deltas, the done events; numbered."""
 
-    def open_item(kind: str, call: ToolCallDelta | None) -> list[bytes]:
-        index = len(output)
-        new = _item(rid, index, kind, "", "in_progress", call)
+    def __init__(self, rid: str):
+        super().__init__()
+        self.rid = rid
+        self.seq = 0
+        self.output: list[dict] = []
+        self.texts: list[str] = []  # of the open item
+
+    def ev(self, type_: str, **fields) -> bytes:
+        self.seq += 1
+        return sse_event(type_, {"type": type_, "sequence_number": self.seq - 1, **fields})
+
+    def open(self, kind: str, call: ToolCallDelta | None) -> list[bytes]:
+        index = len(self.output)
+        new = _item(self.rid, index, kind, "", "in_progress", call)
         if kind == CONTENT:
             new["content"] = []
-        output.append(new)
-        out = [ev("response.output_item.added", output_index=index, item=new)]
+        self.output.append(new)
+        out = [self.ev("response.output_item.added", output_index=index, item=new)]
         if kind == CONTENT:
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            out.append(ev("response.content_part.added", item_id=new["id"], output_index=index, content_index=0, part=part))
+            out.append(self.ev("response.content_part.added", item_id=new["id"], output_index=index, content_index=0, part=part))
         return out
 
-    def close_item() -> list[bytes]:
-        index, item = len(output) - 1, output[-1]
-        text = "".join(texts)
-        texts.clear()
+    def delta(self, kind: str, text: str) -> list[bytes]:
+        if not text:
+            return []
+        self.texts.append(text)
+        ids = {"item_id": self.output[-1]["id"], "output_index": len(self.output) - 1}
+        if kind == CONTENT:
+            return [self.ev(_DELTA[kind], **ids, content_index=0, delta=text, logprobs=[])]
+        return [self.ev(_DELTA[kind], **ids, **({"content_index": 0} if kind == REASONING else {}), delta=text)]
+
+    def close(self) -> list[bytes]:
+        index, item = len(self.output) - 1, self.output[-1]
+        text = "".join(self.texts)
+        self.texts.clear()
         ids = {"item_id": item["id"], "output_index": index}
         if item["type"] == "function_call":
             item.update(arguments=text, status="completed")
-            out = [ev("response.function_call_arguments.done", **ids, name=item["name"], arguments=text)]
+            out = [self.ev("response.function_call_arguments.done", **ids, name=item["name"], arguments=text)]
         elif item["type"] == "reasoning":
             item["content"] = [{"type": "reasoning_text", "text": text}]
-            out = [ev("response.reasoning_text.done", **ids, content_index=0, text=text)]
+            out = [self.ev("response.reasoning_text.done", **ids, content_index=0, text=text)]
         else:
-            item.update(_item(rid, index, CONTENT, text, "completed"))
+            item.update(_item(self.rid, index, CONTENT, text, "completed"))
             out = [
-                ev("response.output_text.done", **ids, content_index=0, text=text, logprobs=[]),
-                ev("response.content_part.done", **ids, content_index=0, part=item["content"][0]),
+                self.ev("response.output_text.done", **ids, content_index=0, text=text, logprobs=[]),
+                self.ev("response.content_part.done", **ids, content_index=0, part=item["content"][0]),
             ]
-        return [*out, ev("response.output_item.done", output_index=index, item=item)]
+        return [*out, self.ev("response.output_item.done", output_index=index, item=item)]
 
-    try:
-        yield ev("response.created", response=response) + ev("response.in_progress", response=response)
-        kind = None
-        async for parts in reply_parts(gen, reply):
-            out: list[bytes] = []
-            for part_kind, part in parts:
-                if part_kind != kind or (kind == CALL and part.id is not None):
-                    if kind is not None:
-                        out += close_item()
-                    kind = part_kind
-                    out += open_item(kind, part if kind == CALL else None)
-                text = part.arguments if kind == CALL else part
-                if not text:
-                    continue
-                texts.append(text)
-                ids = {"item_id": output[-1]["id"], "output_index": len(output) - 1}
-                if kind == CONTENT:
-                    out.append(ev(_DELTA[kind], **ids, content_index=0, delta=text, logprobs=[]))
-                else:
-                    out.append(ev(_DELTA[kind], **ids, **({"content_index": 0} if kind == REASONING else {}), delta=text))
-            if out:
-                yield b"".join(out)
-        if gen.choices[0].finish == "error":
-            raise generation.engine_refused()
-        out = close_item() if kind is not None else []
-        if not any(o["type"] in ("message", "function_call") for o in output):  # every response has a message, unless it calls tools
-            out += open_item(CONTENT, None) + close_item()
-        _finish(st, response, gen, output, conversation)
-        out.append(ev(f"response.{response['status']}", response=response))
-        yield b"".join(out)
-    except ApiError as e:  # the status line is sent: say what went wrong in the stream
+
+class _Stream(respond.Stream):
+    """created, in_progress, per item added/deltas/done, then completed (or incomplete)."""
+
+    def __init__(self, st: AppState, gen: Generation, reply: Reply, response: dict, conversation: list[dict]):
+        self.st, self.gen, self.reply, self.response, self.conversation = st, gen, reply, response, conversation
+        self.items = _Items(response["id"])
+
+    def start(self) -> bytes:
+        ev, response = self.items.ev, self.response
+        return ev("response.created", response=response) + ev("response.in_progress", response=response)
+
+    def piece(self, choice: Choice, text: str | None) -> bytes:
+        return b"".join(self.items.feed(self.reply.feed(text)))
+
+    def end(self) -> bytes:
+        items = self.items
+        out = items.end()
+        if not any(o["type"] in ("message", "function_call") for o in items.output):  # every response has a message, unless it calls tools
+            out += items.open(CONTENT, None) + items.close()
+        _finish(self.st, self.response, self.gen, items.output, self.conversation)
+        out.append(items.ev(f"response.{self.response['status']}", response=self.response))
+        return b"".join(out)
+
+    def error(self, e: ApiError) -> bytes:
         detail = error_body(_PATH, e).error
-        yield ev("error", code=detail.code, message=detail.message, param=detail.param)
-    finally:
-        gen.close()
+        return self.items.ev("error", code=detail.code, message=detail.message, param=detail.param)
 
 
 def _stored(request: Request) -> Stored:

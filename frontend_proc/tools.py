@@ -97,7 +97,7 @@ def plan(tools: list[Tool], choice: str, parallel: bool, fmt: ToolFormat, vocab)
 
     `choice` is "none", "auto", "required" or the name of one of the tools.
     A ToolError's `param` names the field in OpenAI chat's terms
-    (`tools[i].function.parameters`): other APIs rename it.
+    (`tools[i].function.parameters`), its `index` the tool: other APIs rename it.
     """
     if not tools or choice == "none":
         return ToolPlan(fmt, None, None, None, None, parse=False)
@@ -108,7 +108,7 @@ def plan(tools: list[Tool], choice: str, parallel: bool, fmt: ToolFormat, vocab)
         try:
             schema_grammar(json.loads(tool.parameters), vocab)
         except GrammarError as e:
-            raise ToolError(str(e), f"tools[{i}].function.parameters") from None
+            raise ToolError(str(e), f"tools[{i}].function.parameters", i) from None
     allowed = tuple(t for t in tools if t.name == choice) if choice not in ("auto", "required") else tuple(tools)
     if fmt is HARMONY:  # one call a reply: <|call|> ends the generation
         grammar = harmony_grammar(allowed, choice == "auto", vocab)
@@ -121,9 +121,10 @@ def plan(tools: list[Tool], choice: str, parallel: bool, fmt: ToolFormat, vocab)
 
 
 class ToolError(ValueError):
-    def __init__(self, message: str, param: str):
+    def __init__(self, message: str, param: str, index: int | None = None):
         super().__init__(message)
         self.param = param
+        self.index = index  # of the tool at fault (its parameters), if one is
 
 
 def trigger_pattern(fmt: ToolFormat) -> str:

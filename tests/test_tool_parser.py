@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from frontend_proc.chat import CALL, CONTENT, Reply
+from frontend_proc.reply import CALL, CONTENT, Reply
 from frontend_proc.reasoning import REASONING, HarmonySplitter
 from frontend_proc.tool_parser import ToolCallDelta, ToolCallParser, call_parser
 from frontend_proc.tools import GENERIC, HARMONY, HERMES, LLAMA3, MISTRAL, ToolPlan

@@ -21,9 +21,10 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from cllm.core.model_file import embedded_model_path
+from frontend_proc.chat import render, tool_plan
 from frontend_proc.chat_template import ChatTemplate
+from frontend_proc.openai_chat_api import chat_request
 from frontend_proc.openai_schemas import ChatCompletionRequest
-from frontend_proc.openai_tools import chat_plan, chat_prompt
 from frontend_proc.tokenizer import Tokenizer
 from frontend_proc.tools import GENERIC, HARMONY, HERMES, trigger_pattern
 from tests.conftest import start_server, wait_idle
@@ -256,14 +257,14 @@ def test_a_template_that_renders_tools_gets_them():
     template = ChatTemplate(HERMES_TEMPLATE)
     call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
     messages = [{"role": "user", "content": "1+2?"}, {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
-    body = msgspec.convert({"messages": messages, "tools": [ADD]}, ChatCompletionRequest)
-    plan = chat_plan(body, template, tokenizer.vocab)
+    body = chat_request(msgspec.convert({"messages": messages, "tools": [ADD]}, ChatCompletionRequest))
+    plan = tool_plan(body, template, tokenizer.vocab)
     assert plan.format is HERMES and plan.triggers == ["(<tool_call>)"] and plan.system_text is None
-    prompt = chat_prompt(body, template, plan)
+    prompt = render(template, body, plan)
     assert '"description": "Add two integers"' in prompt  # the tools, as the template writes them
     assert '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>' in prompt  # arguments as an object
     assert "<|im_start|>tool\n3<|im_end|>" in prompt
-    assert chat_plan(body, tokenizer.chat_template(), tokenizer.vocab).format is GENERIC  # SmolLM2's
+    assert tool_plan(body, tokenizer.chat_template(), tokenizer.vocab).format is GENERIC  # SmolLM2's
 
 
 def test_a_control_token_opener_is_shown_to_the_parser():
@@ -299,8 +300,8 @@ def test_harmony_calls_on_every_route(tmp_path):
     template = tmp_path / "harmony.jinja"
     template.write_text(HARMONY_TEMPLATE)
     question = [{"role": "user", "content": "What is the weather in Tokyo?"}]
-    body = msgspec.convert({"messages": question, "tools": [WEATHER]}, ChatCompletionRequest)
-    plan = chat_plan(body, ChatTemplate(HARMONY_TEMPLATE), Tokenizer(embedded_model_path()).vocab)
+    body = chat_request(msgspec.convert({"messages": question, "tools": [WEATHER]}, ChatCompletionRequest))
+    plan = tool_plan(body, ChatTemplate(HARMONY_TEMPLATE), Tokenizer(embedded_model_path()).vocab)
     assert plan.format is HARMONY and plan.template_tools and plan.triggers  # the template renders the tools; auto is lazy
     tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": CITY}}
     with start_server("--parallel", "2", "--ctx-size", "2048", "--chat-template-file", str(template)) as srv:
