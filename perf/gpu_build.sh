@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run 1 on the GPU machine (≤ ~7 min on 16 cores): unpacks the bundle `make gpu-bundle` made and builds
 # llama.cpp ONCE, with CUDA for sm_90: libllama/libggml* (cllm loads them through LLAMA_CPP_LIB_PATH),
-# llama-server, llama-batched-bench and llama-quantize, so all three contestants run the same kernels.
+# llama-server and llama-batched-bench, so all three contestants run the same kernels.
 # Everything lands in $GPU_WORK (.gpu/work, ignored by git, left on the machine for perf/gpu_run.sh).
 # GPU_RUN_DRY=1: the same build on a CPU (GGML_CUDA off), as the dry run in tests/test_gpu_run.py does.
 set -euo pipefail
@@ -36,8 +36,12 @@ LOG=$WORK/build.log
         -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF "${BACKEND[@]}" &&
     cmake --build "$WORK/build" --config Release -j "$JOBS" \
-        --target llama llama-server llama-batched-bench llama-quantize
+        --target llama llama-server llama-batched-bench
 } > "$LOG" 2>&1 || { tail -40 "$LOG"; exit 1; }
+
+# The embedded model's first part, when it came with this run (perf/gpu_bundle.sh); gpu_run.sh joins the rest.
+PART1=$(dirname "$BUNDLE")/model-1/part
+[ -f "$PART1" ] && cp "$PART1" "$WORK/real-model.part1"
 
 # One check that the Python side loads the libraries just built.
 LLAMA_CPP_LIB_PATH=$PWD/$WORK/build/bin PYTHONPATH=$WORK/site "$PY" -c \

@@ -2,11 +2,10 @@
 # `make gpu-bundle`: everything a GPU machine without network needs for perf/gpu_build.sh and
 # perf/gpu_run.sh, in .gpu/bundle/ (git ignores it; a device run carries it, ≤ 64 MiB with the repo):
 #   llama-src.tar.gz  the llama.cpp that llama-cpp-python (pyproject.toml's pin) vendors, pruned to one
-#                     CMake build (libllama + llama-server + llama-batched-bench + llama-quantize), with
-#                     its gguf-py (the GGUF writer perf/synth_model.py uses) and llama-cpp-python's
+#                     CMake build (libllama + llama-server + llama-batched-bench), with llama-cpp-python's
 #                     pure-Python llama_cpp/ package (it finds the built libraries via LLAMA_CPP_LIB_PATH)
 #   wheels/           Python 3.12 x86-64 manylinux wheels of cllm's and the load generator's
-#                     dependencies, less numpy (the machine has it)
+#                     dependencies (httpx: perf/speculative.py), less numpy (the machine has it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -20,7 +19,7 @@ if [ ! -f "$SDIST" ]; then
     "$PY" -m pip download -q --no-deps --no-binary :all: -d "$CACHE" "llama-cpp-python==$VERSION"
 fi
 
-# Source: drop what none of the four targets compiles (docs, models, tests, other backends, the UI's
+# Source: drop what none of the three targets compiles (docs, models, tests, other backends, the UI's
 # sources: the server is built without its web UI, whose assets would be downloaded at build time).
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
@@ -28,7 +27,7 @@ tar -xzf "$SDIST" -C "$STAGE"
 SRC=$STAGE/llama_cpp_python-$VERSION
 L=$SRC/vendor/llama.cpp
 rm -rf "$L"/{docs,models,media,tests,benches,examples,pocs,app,conversion,ci,skills,requirements,.devops,.github} \
-       "$L"/gguf-py/{tests,examples} "$L"/tools/ui/{src,tests,static,package-lock.json} \
+       "$L"/gguf-py "$L"/tools/ui/{src,tests,static,package-lock.json} \
        "$L"/tools/{tts,rpc,tuning}
 for b in "$L"/ggml/src/ggml-*/; do
     case $(basename "$b") in ggml-cpu|ggml-cuda|ggml-blas) ;; *) rm -rf "$b" ;; esac
@@ -49,7 +48,7 @@ TAG=cp${PYVER/./}
 PINS=$("$PY" - <<'EOF'
 import importlib.metadata as md, re
 todo = ["msgspec", "starlette", "uvicorn", "uvloop", "httptools", "psutil", "pyyaml", "jinja2",
-        "prometheus_client", "diskcache", "typing-extensions", "aiohttp", "tqdm"]
+        "prometheus_client", "diskcache", "typing-extensions", "aiohttp", "tqdm", "httpx"]
 seen = {}
 while todo:
     name = re.split(r"[ ;<>=!~\[(]", todo.pop(), maxsplit=1)[0]
@@ -73,3 +72,22 @@ rm -f "$OUT"/wheels/*.whl
     --platform manylinux_2_12_x86_64 --platform manylinux2010_x86_64 --platform manylinux_2_5_x86_64 \
     --platform manylinux1_x86_64 --platform any -d "$OUT/wheels" $PINS
 echo "gpu bundle in $OUT: $(du -sh "$OUT" | cut -f1) ($(du -sh "$OUT/llama-src.tar.gz" | cut -f1) source, $(ls "$OUT"/wheels | wc -l) wheels)"
+
+# The embedded model (98 MB, for the speculation part: synthetic weights copy nothing) travels in two
+# parts beside the bundle: model-1 with the build run, model-2 with the measuring run (its checksum too).
+MODELS=$(dirname "$OUT")
+MODEL=$("$PY" -c "from cllm.core.model_file import embedded_model_path as e; print(e())" 2>/dev/null || true)
+rm -rf "$MODELS/model-1" "$MODELS/model-2"
+if [ -n "$MODEL" ] && [ -f "$MODEL" ]; then
+    mkdir -p "$MODELS/model-1" "$MODELS/model-2"
+    "$PY" - "$MODEL" "$MODELS" "${GPU_MODEL_PART1_MIB:-42}" <<'PYEOF'
+import hashlib, os, sys
+model, out, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+data = open(model, "rb").read()
+cut = mib << 20
+open(os.path.join(out, "model-1", "part"), "wb").write(data[:cut])
+open(os.path.join(out, "model-2", "part"), "wb").write(data[cut:])
+open(os.path.join(out, "model-2", "sha256"), "w").write(hashlib.sha256(data).hexdigest() + "\n")
+PYEOF
+    echo "embedded model in two parts: $(du -sh "$MODELS/model-1" | cut -f1) in $MODELS/model-1 (with run 1), $(du -sh "$MODELS/model-2" | cut -f1) in $MODELS/model-2 (with run 2)"
+fi
