@@ -36,7 +36,8 @@ def table(doc: dict) -> str:
              "greedy, or sampled at temperature 0.7 and top-p 0.9. tok/s = generated tokens / wall time of the cell. "
              f"Servers: --parallel {doc['parallel']}, {doc['seq_ctx']} KV cells a sequence, {doc['threads']} threads, "
              "every layer on the GPU, flash attention on. raw = llama-batched-bench with the same prompt length and "
-             "generated tokens (all prompts prefilled in one batch, then decoded together; tok/s over both).", ""]
+             "generated tokens (all prompts prefilled in one batch, then decoded together; tok/s over both; it samples "
+             "nothing, so its figure is the ceiling of the sampled rows too).", ""]
     for preset, m in doc["models"].items():
         rows = m.get("results", [])
         lines += [f"## {preset}" + (f" (synthesized in {m['synth_seconds']} s)" if "synth_seconds" in m else ""), "",
