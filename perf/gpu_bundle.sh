@@ -6,6 +6,10 @@
 #                     pure-Python llama_cpp/ package (it finds the built libraries via LLAMA_CPP_LIB_PATH)
 #   wheels/           Python 3.12 x86-64 manylinux wheels of cllm's and the load generator's
 #                     dependencies (httpx: perf/speculative.py), less numpy (the machine has it)
+#   model-1/, model-2/  the embedded model in two parts (below)
+# On the GPU machine, from the repository root, with these ignored paths sent along:
+#   run 1, with .gpu/bundle and .gpu/model-1:   bash perf/gpu_build.sh                (≤ ~7 min)
+#   run 2, with .gpu/model-2, on the same disk: bash perf/gpu_run.sh OUTDIR           (≤ 6 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
