@@ -46,5 +46,11 @@ PART1=$(dirname "$BUNDLE")/model-1/part
 # One check that the Python side loads the libraries just built.
 LLAMA_CPP_LIB_PATH=$PWD/$WORK/build/bin PYTHONPATH=$WORK/site "$PY" -c \
     "import llama_cpp; llama_cpp.llama_backend_init(); print('llama_cpp loads', llama_cpp.__file__, 'gpu offload:', bool(llama_cpp.llama_supports_gpu_offload()))"
-ls "$WORK/build/bin"
+# The synthetic models too, while the machine is ours: the measuring run then spends its minutes measuring.
+mkdir -p "$WORK/models"
+if [ "$DRY" = 1 ]; then PRESETS=${GPU_SYNTH:-tiny}; else PRESETS=${GPU_SYNTH:-smollm2 8b 1b}; fi
+for p in $PRESETS; do
+    [ -f "$WORK/models/$p.gguf" ] || PYTHONPATH=$PWD "$PY" -m perf.synth_model "$p" "$WORK/models/$p.gguf"
+done
+ls "$WORK/build/bin" "$WORK/models"
 echo "gpu_build: $(( $(date +%s) - START )) s"
