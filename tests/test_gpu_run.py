@@ -122,11 +122,12 @@ def test_gpu_run_dry_on_this_cpu(tmp_path):
         assert done.returncode == 0, f"{script}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "llama_cpp loads" in done.stdout and "gpu_build:" in done.stdout
     out = tmp_path / "out"
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
     done = subprocess.run(["bash", "perf/gpu_run.sh", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=400)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before  # every server stopped
+    models = os.path.join(ROOT, ".gpu", "dry", "work")
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if any(models in w for w in p.info["cmdline"] or ())]
+    assert not left, left  # every server it started was stopped
 
     doc = json.loads((out / "results.json").read_text())
     assert doc["dry"] and not doc["notes"], doc["notes"]
