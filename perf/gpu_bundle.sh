@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# `make gpu-bundle`: everything a GPU machine without network needs for perf/gpu_build.sh and
+# perf/gpu_run.sh, in .gpu/bundle/ (git ignores it; a device run carries it, ≤ 64 MiB with the repo):
+#   llama-src.tar.gz  the llama.cpp that llama-cpp-python (pyproject.toml's pin) vendors, pruned to one
+#                     CMake build (libllama + llama-server + llama-batched-bench), with llama-cpp-python's
+#                     pure-Python llama_cpp/ package (it finds the built libraries via LLAMA_CPP_LIB_PATH)
+#   wheels/           Python 3.12 x86-64 manylinux wheels of cllm's and the load generator's
+#                     dependencies (httpx: perf/speculative.py), less numpy (the machine has it)
+#   model-1/, model-2/  the embedded model in two parts (below)
+# On the GPU machine, from the repository root, with these ignored paths sent along:
+#   run 1, with .gpu/bundle and .gpu/model-1:   bash perf/gpu_build.sh                (≤ ~7 min)
+#   run 2, with .gpu/model-2, on the same disk: bash perf/gpu_run.sh OUTDIR           (≤ 6 min)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=${GPU_BUNDLE:-.gpu/bundle}
+CACHE=perf/cache/src
+VERSION=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | cut -d= -f3)
+SDIST=$CACHE/llama_cpp_python-$VERSION.tar.gz
+
+mkdir -p "$CACHE" "$OUT/wheels"
+if [ ! -f "$SDIST" ]; then
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$CACHE" "llama-cpp-python==$VERSION"
+fi
+
+# Source: drop what none of the three targets compiles (docs, models, tests, other backends, the UI's
+# sources: the server is built without its web UI, whose assets would be downloaded at build time).
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+tar -xzf "$SDIST" -C "$STAGE"
+SRC=$STAGE/llama_cpp_python-$VERSION
+L=$SRC/vendor/llama.cpp
+rm -rf "$L"/{docs,models,media,tests,benches,examples,pocs,app,conversion,ci,skills,requirements,.devops,.github} \
+       "$L"/gguf-py "$L"/tools/ui/{src,tests,static,package-lock.json} \
+       "$L"/tools/{tts,rpc,tuning}
+for b in "$L"/ggml/src/ggml-*/; do
+    case $(basename "$b") in ggml-cpu|ggml-cuda|ggml-blas) ;; *) rm -rf "$b" ;; esac
+done
+# tools/CMakeLists.txt adds every tool; keep the ones whose sources remain.
+sed -i.bak -e '/add_subdirectory(tts)/d' -e '/add_subdirectory(rpc)/d' -e '/add_subdirectory(tuning)/d' "$L/tools/CMakeLists.txt"
+rm -f "$L/tools/CMakeLists.txt.bak"
+find "$L" -name '*.gguf' -delete
+mkdir -p "$STAGE/pkg"
+mv "$L" "$STAGE/pkg/llama.cpp"
+mv "$SRC/llama_cpp" "$STAGE/pkg/llama_cpp"
+tar -C "$STAGE/pkg" -czf "$OUT/llama-src.tar.gz" llama.cpp llama_cpp
+
+# Wheels: the versions this venv runs the tests with (the top names and all they require), resolved
+# for the device's interpreter (GPU_PYVER, default 3.12; the CPU dry run names its own).
+PYVER=${GPU_PYVER:-3.12}
+TAG=cp${PYVER/./}
+PINS=$("$PY" - <<'EOF'
+import importlib.metadata as md, re
+todo = ["msgspec", "starlette", "uvicorn", "uvloop", "httptools", "psutil", "pyyaml", "jinja2",
+        "prometheus_client", "diskcache", "typing-extensions", "aiohttp", "tqdm", "httpx"]
+seen = {}
+while todo:
+    name = re.split(r"[ ;<>=!~\[(]", todo.pop(), maxsplit=1)[0]
+    key = name.lower().replace("_", "-")
+    if key in seen or key == "numpy":
+        continue
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        continue  # an optional or platform-only requirement this venv does not have
+    seen[key] = dist.version
+    todo += [r for r in dist.requires or [] if "extra ==" not in r]
+print(" ".join(f"{k}=={v}" for k, v in sorted(seen.items())))
+EOF
+)
+rm -f "$OUT"/wheels/*.whl
+# shellcheck disable=SC2086
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+    --abi "$TAG" --abi abi3 --abi none \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_12_x86_64 --platform manylinux2010_x86_64 --platform manylinux_2_5_x86_64 \
+    --platform manylinux1_x86_64 --platform any -d "$OUT/wheels" $PINS
+echo "gpu bundle in $OUT: $(du -sh "$OUT" | cut -f1) ($(du -sh "$OUT/llama-src.tar.gz" | cut -f1) source, $(ls "$OUT"/wheels | wc -l) wheels)"
+
+# The embedded model (98 MB, for the speculation part: synthetic weights copy nothing) travels in two
+# parts beside the bundle: model-1 with the build run, model-2 with the measuring run (its checksum too).
+MODELS=$(dirname "$OUT")
+MODEL=$("$PY" -c "from cllm.core.model_file import embedded_model_path as e; print(e())" 2>/dev/null || true)
+rm -rf "$MODELS/model-1" "$MODELS/model-2"
+if [ -n "$MODEL" ] && [ -f "$MODEL" ]; then
+    mkdir -p "$MODELS/model-1" "$MODELS/model-2"
+    "$PY" - "$MODEL" "$MODELS" "${GPU_MODEL_PART1_MIB:-42}" <<'PYEOF'
+import hashlib, os, sys
+model, out, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+data = open(model, "rb").read()
+cut = mib << 20
+open(os.path.join(out, "model-1", "part"), "wb").write(data[:cut])
+open(os.path.join(out, "model-2", "part"), "wb").write(data[cut:])
+open(os.path.join(out, "model-2", "sha256"), "w").write(hashlib.sha256(data).hexdigest() + "\n")
+PYEOF
+    echo "embedded model in two parts: $(du -sh "$MODELS/model-1" | cut -f1) in $MODELS/model-1 (with run 1), $(du -sh "$MODELS/model-2" | cut -f1) in $MODELS/model-2 (with run 2)"
+fi

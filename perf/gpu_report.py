@@ -1,0 +1,117 @@
+"""The table (results.md) and the plot (plot.png, when matplotlib is there) of a perf/gpu_run.py run.
+
+    python -m perf.gpu_report OUTDIR    # again from OUTDIR/results.json, e.g. on a machine with matplotlib
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+SERVERS = ("llama-server", "llama-server -bs", "cllm")
+
+
+def _rate(rows: list[dict], system: str, c: int, sampled: bool) -> float | None:
+    for r in rows:
+        if r.get("system") == system and r.get("concurrency") == c and r.get("sampled") == sampled and "tokens_per_second" in r:
+            return r["tokens_per_second"] if not r.get("errors") else None
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def _num(x: float | None) -> str:
+    return f"{x:,.0f}" if x else "-"
+
+
+def table(doc: dict) -> str:
+    lines = [f"# cllm on {doc['device']}", "",
+             f"{doc['date']}; `{doc['command']}`{' (DRY RUN: tiny shapes, short counts)' if doc['dry'] else ''}.",
+             "", "Synthetic models (perf/synth_model.py: random weights, the embedded model's tokenizer): these figures are "
+             "for SPEED only. Every request: a fresh prompt of about "
+             f"{doc['prompt_tokens']} tokens, exactly {doc['gen_tokens']} generated tokens (ignore_eos), non-streamed; "
+             "greedy, or sampled at temperature 0.7 and top-p 0.9. tok/s = generated tokens / wall time of the cell. "
+             f"Servers: --parallel {doc['parallel']}, {doc['seq_ctx']} KV cells a sequence, {doc['threads']} threads, "
+             "every layer on the GPU, flash attention on. raw = llama-batched-bench with the same prompt length and "
+             "generated tokens (all prompts prefilled in one batch, then decoded together; tok/s over both; it samples "
+             "nothing, so its figure is the ceiling of the sampled rows too).", ""]
+    for preset, m in doc["models"].items():
+        rows = m.get("results", [])
+        lines += [f"## {preset}" + (f" (synthesized in {m['synth_seconds']} s)" if "synth_seconds" in m else ""), "",
+                  "| c | sampling | raw | llama-server | llama-server -bs | cllm | cllm ÷ raw | cllm ÷ best llama-server | cllm ÷ llama-server |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        cells = sorted({(r["concurrency"], r["sampled"]) for r in rows if "concurrency" in r}, key=lambda x: (x[1], x[0]))
+        for c, sampled in cells:
+            rawv = _rate(rows, "raw", c, False)
+            ls, bs, cl = (_rate(rows, s, c, sampled) for s in SERVERS)
+            best = max([x for x in (ls, bs) if x] or [0]) or None
+            lines.append(f"| {c} | {'0.7 / 0.9' if sampled else 'greedy'} | {_num(rawv)} | {_num(ls)} | {_num(bs)} | "
+                         f"{_num(cl)} | {_ratio(cl, rawv)} | {_ratio(cl, best)} | {_ratio(cl, ls)} |")
+        mem = [r for r in rows if "memory" in r]
+        if mem:
+            lines += ["", "| server | RSS MiB (process tree) | VRAM MiB |", "|---|---|---|"]
+            lines += [f"| {r['system']} | {r['memory']['rss_mib']} | {r['memory']['vram_mib'] if r['memory']['vram_mib'] is not None else '-'} |"
+                      for r in mem]
+        errs = [r for r in rows if r.get("errors")]
+        for r in errs:
+            lines.append(f"\n{r['system']} c={r['concurrency']}: {r['errors']} errors, the first: {r['first_error']}")
+        if m.get("part_seconds"):
+            lines += ["", "Seconds per part: " + ", ".join(f"{k} {v}" for k, v in m["part_seconds"].items())]
+        lines.append("")
+    spec = doc.get("speculation")
+    if spec:
+        lines += [f"## Speculation on copy tasks ({spec['model']}, real weights; perf/speculative.py's copy workload, tok/s)", ""]
+        lines += [r["table"] for r in spec["results"] if "table" in r] or ["(no result)"]
+        lines.append("")
+    for title, items in (("Left out", doc.get("skipped")), ("Failures", doc.get("notes"))):
+        if items:
+            lines += [f"## {title}", "", *(f"- {x}" for x in items), ""]
+    if "seconds_left" in doc:
+        lines.append(f"Run budget: {doc['seconds_left']} s left at the end.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict, path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    models = [(p, m) for p, m in doc["models"].items() if m.get("results")]
+    if not models:
+        return False
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    for ax, (preset, m) in zip(axes[0], models):
+        rows = m["results"]
+        for system in ("raw", *SERVERS):
+            pts = sorted((r["concurrency"], r["tokens_per_second"]) for r in rows
+                         if r.get("system") == system and not r.get("sampled") and "tokens_per_second" in r)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=system)
+        ax.set_title(f"{preset} (synthetic), greedy")
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("generated tok/s")
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    fig.suptitle(doc["device"], fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def render(outdir: str) -> None:
+    with open(os.path.join(outdir, "results.json")) as f:
+        doc = json.load(f)
+    with open(os.path.join(outdir, "results.md"), "w") as f:
+        f.write(table(doc))
+    plot(doc, os.path.join(outdir, "plot.png"))
+
+
+if __name__ == "__main__":
+    render(sys.argv[1])

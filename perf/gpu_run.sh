@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run 2 on the GPU machine (≤ 6 min), after perf/gpu_build.sh: perf/gpu_run.py with the libraries, binaries
+# and Python packages that build left in $GPU_WORK. Results (results.md, results.json, plot.png, the
+# servers' logs) land in OUTDIR. GPU_RUN_DRY=1: tiny shapes and short counts, for a CPU build.
+#   perf/gpu_run.sh OUTDIR [perf/gpu_run.py options, e.g. --models 8b --budget 200]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR=${1:?usage: perf/gpu_run.sh OUTDIR [options]}
+shift
+WORK=${GPU_WORK:-.gpu/work}
+PY=${PYTHON:-python3}
+[ -x "$WORK/build/bin/llama-server" ] || { echo "no build in $WORK: run perf/gpu_build.sh first" >&2; exit 1; }
+export LLAMA_CPP_LIB_PATH=$PWD/$WORK/build/bin
+export PYTHONPATH=$PWD:$PWD/$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+export GPU_BIN=$PWD/$WORK/build/bin GPU_MODELS=$PWD/$WORK/models
+mkdir -p "$OUTDIR"
+# The embedded model, when its two parts came with the two runs: the speculation part needs real weights.
+PART2=$(dirname "${GPU_BUNDLE:-.gpu/bundle}")/model-2
+if [ -f "$PART2/part" ] && [ -f "$WORK/real-model.part1" ]; then
+    cat "$WORK/real-model.part1" "$PART2/part" > "$WORK/real-model.gguf"
+    export GPU_REAL_MODEL=$PWD/$WORK/real-model.gguf GPU_REAL_MODEL_SHA256=$(cat "$PART2/sha256")
+fi
+# A bound beyond the run's own budget: SIGTERM makes it stop its servers and write what it has.
+LIMIT=()
+command -v timeout >/dev/null && LIMIT=(timeout -k 15 "${GPU_RUN_TIMEOUT:-350}")
+"${LIMIT[@]}" "$PY" -m perf.gpu_run "$OUTDIR" "$@"
