@@ -64,7 +64,7 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument(
         "--cache-dir", metavar="DIR",
-        help="folder where prefix-cache entries are also written, so that a restarted engine finds them again (README: Prefix cache on disk; default: none)",
+        help="folder where prefix-cache entries are also written, so that a restarted engine finds them again (README: Prefix cache; default: none)",
     )
     p.add_argument(
         "--cache-dir-max", type=int, metavar="MIB",

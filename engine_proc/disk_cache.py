@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import queue
 import struct
@@ -114,10 +115,10 @@ class DiskCache:
         self.dir = os.path.join(self.root, self.fingerprint)
         self.entries: dict[str, OnDisk] = {}  # name -> entry: this fingerprint's files
         self._by_head: dict[bytes, dict[str, OnDisk]] = {}
-        self.hits = 0  # lookups it served (counted by the prefix cache)
+        self.hits = 0  # lookups it served
         self.load_seconds = 0.0
         self.writable = True
-        self._buf = np.empty(0, np.uint8)  # reads go here: new pages would cost more than the read
+        self._t_load = 0.0  # when the last load began
         self._gone: list[str] = []  # names the writer removed or could not write; the engine's thread drops them
         self._pending = 0  # bytes handed to the writer and not written yet
         self._pending_lock = threading.Lock()
@@ -170,20 +171,23 @@ class DiskCache:
         return best, n_best
 
     def load(self, entry: OnDisk) -> np.ndarray | None:
-        """The entry's cells, read into a buffer the next load overwrites; None (and the entry forgotten) if the file is gone or wrong."""
-        t0 = time.perf_counter()
+        """The entry's cells, the file mapped into memory; None (and the entry forgotten) if the file is gone or wrong.
+
+        Mapped, not read: the cells are copied once, into the stream, from the
+        page cache. Reading 92 MB into new memory took 150-1000 ms here, into a
+        used buffer 95 ms; mapping it under 1 ms, and the copy costs the same.
+        """
+        self._t_load = time.perf_counter()
         path = os.path.join(self.dir, entry.name)
         try:
             with open(path, "rb") as f:
                 header = _read_header(f, self.fingerprint)
                 if header.n_tokens != len(entry.tokens) or header.n_bytes != entry.n_bytes:
                     raise ValueError("it changed since the engine started")
-                f.seek(header.n_tokens * 4, os.SEEK_CUR)
-                if self._buf.nbytes < header.n_bytes:
-                    self._buf = np.empty(header.n_bytes + header.n_bytes // 4, np.uint8)
-                data = self._buf[: header.n_bytes]
-                if f.readinto(memoryview(data)) != header.n_bytes:
+                start = f.tell() + header.n_tokens * 4
+                if os.fstat(f.fileno()).st_size != start + header.n_bytes:
                     raise ValueError("it is truncated")
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError, msgspec.DecodeError) as e:
             if not isinstance(e, FileNotFoundError):  # another engine's cap took it: nothing to say
                 log.warning("prefix cache file %s skipped: %s", path, e)
@@ -193,8 +197,12 @@ class DiskCache:
             os.utime(path)  # its last use, for the cap's LRU
         except OSError:
             pass
-        self.load_seconds += time.perf_counter() - t0
-        return data
+        return np.frombuffer(mapped, np.uint8, header.n_bytes, start)
+
+    def served(self) -> None:
+        """The last load's cells are in a stream: a hit, and its time from the file's opening on."""
+        self.hits += 1
+        self.load_seconds += time.perf_counter() - self._t_load
 
     def writing(self) -> bool:
         """Whether the writer has entries it has not written yet."""

@@ -100,7 +100,7 @@ class HostCache:
         return best, n_best
 
     def load(self, stored: Stored) -> bool:
-        """Read a file's entry's cells (into a buffer the next load reuses); False if the file is gone or wrong."""
+        """Map a file's entry's cells into memory; False if the file is gone or wrong."""
         if stored.data is None:
             stored.data = self.disk.load(stored.disk)
         return stored.data is not None

@@ -74,7 +74,7 @@ class PrefixCache:
             stats.host_cells, stats.host_bytes = self.host.cells(), self.host.bytes
         if self.disk is not None:
             stats.disk_entries, stats.disk_bytes = self.disk.stats()
-            stats.disk_load_seconds = self.disk.load_seconds
+            stats.disk_hits, stats.disk_load_seconds = self.disk.hits, self.disk.load_seconds
         return stats
 
     def keep(self, slot: int, tokens: np.ndarray) -> None:
@@ -152,7 +152,7 @@ class PrefixCache:
         self._stats.hits += 1
         self._stats.hit_tokens += reuse
         if stored is not None and stored.disk is not None:
-            self._stats.disk_hits += 1
+            self.disk.served()
         elif stored is not None:
             self._stats.restored += 1
 
