@@ -150,7 +150,8 @@ class DiskCache:
 
     def put(self, tokens: np.ndarray, data: np.ndarray) -> None:
         """Hand the cells to the writer (``data`` must not change after); files of a prefix of them go."""
-        if not self.wants(tokens) or data.nbytes > self.max_bytes or self._pending + data.nbytes > MAX_PENDING:
+        size = data.nbytes + tokens.nbytes + 4096  # the file's, its header at most a few hundred bytes
+        if not self.wants(tokens) or size > self.max_bytes or self._pending + data.nbytes > MAX_PENDING:
             return
         drop = [e for e in self._alike(tokens) if starts_with(tokens, e.tokens)]
         for e in drop:
