@@ -1,13 +1,12 @@
 """The next turn of a long conversation after a restart, with the prefix cache on disk (--cache-dir).
 
-A round, on the embedded model (or --model), one cllm server at a time, all on the same --cache-dir:
+A round, on the embedded model (or --model), one cllm server at a time, both on the same --cache-dir:
 
-  1. server 1: the conversation's first turn, a ~4,000-token system prompt and a question (a cold prefill);
-     then SIGTERM: the engine writes what its KV streams hold to the cache folder.
-  2. server 2, same options: the next turn (history, the reply, a new question), streamed: TTFT
-     "after a restart", its cells read from the file;
-  3. the same history with another question of the same length: TTFT "no restart", its cells in a KV stream;
-  4. another conversation of the same shape that nothing cached: TTFT "cold", a full prefill.
+  1. server 1: the conversation's first turn, a ~4,000-token system prompt and a question: TTFT "cold", a full
+     prefill; then SIGTERM: the engine writes what its KV streams hold to the cache folder.
+  2. server 2, same options, after a short request of its own: the next turn (history, the reply, a new question):
+     TTFT "after a restart", the history's cells from the file;
+  3. the same history with another question of the same length: TTFT "no restart", its cells in a KV stream.
 
 Targets (issue 37): after a restart <= 1.3x no restart, and >= 10x faster than cold. Prints a Markdown
 table and writes it to perf/results/<date>-restart-cache.md. Usage:
@@ -45,30 +44,29 @@ def health(client: httpx.Client) -> dict:
 
 
 def one_round(settings: servers.Settings, cache_dir: str, seed: int, sections: int, max_tokens: int) -> dict:
-    system, other = handbook(seed, sections), handbook(seed + 500, sections)
+    system = handbook(seed, sections)
     question = "Which rules apply to a customer who is a member and asks about shipping?"
-    ask = ("What is the fee for a late billing case of a member?", "What is the fee for a late repairs case of a member?")
+    # They differ from their first word: either one prefills all of itself after the history.
+    ask = ("Billing: what is the fee for a late case of a member?", "Repairs: what is the fee for a late case of a member?")
     args = ("--cache-dir", cache_dir)
     row: dict = {}
     with servers.start("cllm", settings, args=args, label="restart-cache-1") as srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
         first = stream(c, "/v1/chat/completions", {"messages": turn(system, question), "max_tokens": max_tokens})
-        row["history_tokens"], reply = first.prompt_tokens, first.text
+        row["cold"] = {"ttft": first.ttft, "prompt_tokens": first.prompt_tokens, "cached": _cached(c, 0)[0]}
+        reply = first.text
     # Server 1 stopped with SIGTERM (the context manager): its engine wrote its streams' entries.
     files = [os.path.join(d, f) for d, _, names in os.walk(cache_dir) for f in names if f.endswith(".kv")]
     row["files"], row["file_mib"] = len(files), sum(os.path.getsize(f) for f in files) / 2**20
     with servers.start("cllm", settings, args=args, label="restart-cache-2") as srv, httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
-        for name, messages in (
-            ("after restart", turn(system, question, reply, ask[0])),
-            ("no restart", turn(system, question, reply, ask[1])),
-            ("cold", turn(other, question, reply, ask[0])),
-        ):
-            r = stream(c, "/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens})
-            cached = _cached(c, row.get("_hit_tokens", 0))
-            row["_hit_tokens"] = cached[1]
-            row[name] = {"ttft": r.ttft, "prompt_tokens": r.prompt_tokens, "cached": cached[0]}
+        # A short request first, as a serving engine has had: its first llama_decode sets up what every later one reuses.
+        stream(c, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})
+        hits = _cached(c, 0)[1]
+        for name, next_question in (("after restart", ask[0]), ("no restart", ask[1])):
+            r = stream(c, "/v1/chat/completions", {"messages": turn(system, question, reply, next_question), "max_tokens": max_tokens})
+            cached, hits = _cached(c, hits)
+            row[name] = {"ttft": r.ttft, "prompt_tokens": r.prompt_tokens, "cached": cached}
         figures = health(c)["prefix_cache"]
         row["disk_hits"], row["disk_load_seconds"] = figures["disk_hits"], figures["disk_load_seconds"]
-    del row["_hit_tokens"]
     return row
 
 
@@ -118,18 +116,20 @@ def render(rows: list[dict], args) -> str:
         f"({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, "
         f"model {os.path.basename(servers.resolve_model(args.model))}).",
         "",
-        "Server 1 serves the first turn and stops (SIGTERM); server 2, on the same cache folder, serves the next turn "
-        "(after restart), the same history with another question (no restart: its cells in a KV stream) and another "
-        "conversation of the same shape (cold). TTFT of streamed /v1/chat/completions, greedy; median over rounds.",
+        "Server 1 serves the first turn (cold: its whole prompt prefilled) and stops (SIGTERM); server 2, on the same cache "
+        "folder, serves a short request, then the next turn (after restart: the history's cells from the file), then the "
+        "same history with another question (no restart: its cells in a KV stream). TTFT of streamed "
+        "/v1/chat/completions, greedy; median over rounds. Cached: prompt tokens the cache served.",
         "",
-        "| round | history tokens | files (MiB) | next turn: prompt tokens | after restart: TTFT s (cached) | no restart: TTFT s (cached) | cold: TTFT s (cached) | disk load s |",
+        "| round | files (MiB) | next turn: prompt tokens | after restart: TTFT s (cached) | no restart: TTFT s (cached) | cold: prompt tokens, TTFT s | disk hit s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows, 1):
         cell = lambda name: f"{r[name]['ttft']:.3f} ({r[name]['cached']})"  # noqa: E731
         lines.append(
-            f"| {i} | {r['history_tokens']} | {r['files']} ({r['file_mib']:.1f}) | {r['after restart']['prompt_tokens']} | "
-            f"{cell('after restart')} | {cell('no restart')} | {cell('cold')} | {r['disk_load_seconds']:.3f} |"
+            f"| {i} | {r['files']} ({r['file_mib']:.1f}) | {r['after restart']['prompt_tokens']} | "
+            f"{cell('after restart')} | {cell('no restart')} | {r['cold']['prompt_tokens']}, {r['cold']['ttft']:.3f} | "
+            f"{r['disk_load_seconds']:.3f} |"
         )
     lines += [
         "",
