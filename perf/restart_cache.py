@@ -122,7 +122,7 @@ def render(rows: list[dict], args) -> str:
         "/v1/chat/completions, greedy; median over rounds. Cached: prompt tokens the cache served.",
         "",
         "| round | files (MiB) | next turn: prompt tokens | after restart: TTFT s (cached) | no restart: TTFT s (cached) | cold: prompt tokens, TTFT s | disk hit s |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows, 1):
         cell = lambda name: f"{r[name]['ttft']:.3f} ({r[name]['cached']})"  # noqa: E731
