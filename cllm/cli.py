@@ -63,6 +63,14 @@ def _serve_parser(sub) -> None:
         help=f"host RAM for prefix-cache entries the KV streams have no room for, restored instead of prefilled again; 0 turns it off (default {d.cache_ram})",
     )
     p.add_argument(
+        "--cache-dir", metavar="DIR",
+        help="folder where prefix-cache entries are also written, so that a restarted engine finds them again (README: Prefix cache; default: none)",
+    )
+    p.add_argument(
+        "--cache-dir-max", type=int, metavar="MIB",
+        help=f"most MiB the --cache-dir files may take, every model's together; the least recently used go first (default {d.cache_dir_max})",
+    )
+    p.add_argument(
         "--flash-attn", choices=get_args(FlashAttn),
         help=f"llama.cpp's flash attention; off is ~10%% slower here, but then the attention of a decode step does not depend on the other requests in it (README: What is exact; default {d.flash_attn})",
     )

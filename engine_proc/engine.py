@@ -9,6 +9,7 @@ import numpy as np
 
 from cllm.core.config import ServeConfig
 from cllm.core.protocol import Embed, Embeddings, EngineStats, SeqOutput, Submit
+from engine_proc.disk_cache import open_disk_cache
 from engine_proc.drafter import Drafter
 from engine_proc.embedder import Embedder
 from engine_proc.model_runner import ModelRunner
@@ -29,6 +30,7 @@ class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig):
         self.runner = ModelRunner(model_path, config)
         self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens)
+        disk = open_disk_cache(model_path, config, self.runner)  # None without --cache-dir
         self.scheduler = Scheduler(
             config.parallel,
             config.kv_streams,
@@ -39,6 +41,7 @@ class LLMEngine:
             config.prefix_cache_exact,
             config.cache_ram << 20,
             config.admit_per_step,
+            disk,
         )
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
         self.runner.info.spec_type, self.runner.info.draft_max = config.spec_type, config.draft_max
@@ -242,6 +245,14 @@ class LLMEngine:
         for seq in seqs:
             self.sampler.free(seq.sampler)
 
+    def persist_wait(self) -> float | None:
+        """Seconds the idle engine may wait before persist has work (None: as long as it likes)."""
+        return self.scheduler.cache.persist_wait() if self.scheduler.cache is not None else None
+
+    def persist(self) -> bool:
+        """The idle engine's cache entries go to disk (--cache-dir); whether its figures changed."""
+        return self.scheduler.cache is not None and self.scheduler.cache.persist(self.runner)
+
     def stats(self) -> EngineStats:
         """Current figures, and the per-step ones gathered since the last call."""
         running = self.scheduler.running
@@ -267,5 +278,7 @@ class LLMEngine:
 
     def close(self) -> None:
         self.drop_all()
+        if self.scheduler.cache is not None:  # what the streams hold goes to disk (--cache-dir)
+            self.scheduler.cache.close(self.runner)
         self.embedder.close()
         self.runner.close()

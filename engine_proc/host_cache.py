@@ -7,6 +7,11 @@ document between two of its questions) is copied to host memory
 gets it back (llama_state_seq_set_data): a memory copy of its cells instead
 of prefilling them again, as llama-server's ``--cache-ram`` does. Past the
 byte budget the least recently stored entry goes first.
+
+With ``--cache-dir`` an entry stored here is also handed to the disk cache
+(disk_cache), which writes it on a thread of its own, and a lookup that a
+file serves better than host RAM gives that file's entry, its cells read
+only once the prefix cache chooses it (load).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine_proc.disk_cache import DiskCache, OnDisk
 from engine_proc.sequence import common_prefix, starts_with
 
 
@@ -36,12 +42,14 @@ MIN_CELLS = 128
 @dataclass(slots=True, eq=False)
 class Stored:
     tokens: np.ndarray  # the tokens whose KV cells ``data`` holds, position by position
-    data: np.ndarray  # bytes, as llama_state_seq_get_data wrote them
+    data: np.ndarray | None  # bytes, as llama_state_seq_get_data wrote them (None: in ``disk``'s file, not read yet)
+    disk: OnDisk | None = None  # the file it comes from, if it is not in host RAM
 
 
 class HostCache:
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, disk: DiskCache | None = None):
         self.max_bytes = max_bytes
+        self.disk = disk
         self.entries: OrderedDict[int, Stored] = OrderedDict()  # id(stored) -> stored, oldest first
         self._by_head: dict[bytes, dict[int, Stored]] = {}
         self.bytes = 0
@@ -57,12 +65,15 @@ class HostCache:
         return any(starts_with(e.tokens, tokens) for e in self._alike(tokens))
 
     def wants(self, tokens: np.ndarray) -> bool:
-        """Whether ``put`` would keep these tokens' cells (asked before they are copied out)."""
-        return len(tokens) >= MIN_CELLS and not self.holds(tokens)
+        """Whether ``put`` would keep these tokens' cells, here or on disk (asked before they are copied out)."""
+        in_ram = self.max_bytes > 0 and len(tokens) >= MIN_CELLS and not self.holds(tokens)
+        return in_ram or (self.disk is not None and self.disk.wants(tokens))
 
     def put(self, tokens: np.ndarray, data: np.ndarray) -> None:
-        """Keep the cells; entries whose tokens are a prefix of these go, as they add nothing."""
-        if data.nbytes > self.max_bytes or not self.wants(tokens):
+        """Keep the cells (and write them to disk); entries whose tokens are a prefix of these go, as they add nothing."""
+        if self.disk is not None:
+            self.disk.put(tokens, data)
+        if data.nbytes > self.max_bytes or len(tokens) < MIN_CELLS or self.holds(tokens):
             return
         for e in self._alike(tokens):
             if starts_with(tokens, e.tokens):
@@ -75,15 +86,29 @@ class HostCache:
             self.take(next(iter(self.entries.values())))
 
     def lookup(self, prompt: np.ndarray, longest: int, unit: int) -> tuple[Stored | None, int]:
-        """The entry sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its length."""
+        """The entry sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its length;
+        a file's if it shares more than host RAM's (its cells not read yet: see load)."""
         best, n_best = None, 0
         for e in self._alike(prompt):
             n = min(common_prefix(prompt, e.tokens), longest) // unit * unit
             if n > n_best:
                 best, n_best = e, n
+        if self.disk is not None:
+            on_disk, n = self.disk.lookup(prompt, longest, unit)
+            if n > n_best:
+                return Stored(on_disk.tokens, None, on_disk), n
         return best, n_best
 
+    def load(self, stored: Stored) -> bool:
+        """Map a file's entry's cells into memory; False if the file is gone or wrong."""
+        if stored.data is None:
+            stored.data = self.disk.load(stored.disk)
+        return stored.data is not None
+
     def take(self, stored: Stored) -> None:
+        """The entry leaves host RAM (a file's entry: nothing to do here; the file stays)."""
+        if stored.disk is not None:
+            return
         del self.entries[id(stored)]
         head = stored.tokens[:HEAD].tobytes()
         alike = self._by_head[head]

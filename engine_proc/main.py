@@ -74,10 +74,12 @@ def main() -> int:
             records = requests.drain()
             reported = reported and not records
             if not records and not engine.has_work():
+                if engine.persist():  # idle a while: cache entries went to disk (--cache-dir), their figures go out
+                    reported = False
                 if session is not None and not reported:
                     send(engine.stats())  # going idle: the frontend sees the final figures
                     reported = True
-                if launch.lifeline in requests.wait(watch):
+                if launch.lifeline in requests.wait(watch, engine.persist_wait()):
                     break  # the supervisor is gone
                 continue
             refused = []

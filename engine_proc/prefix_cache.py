@@ -18,16 +18,21 @@ positions, in a llama_decode of its own, so its cells hold the same bits
 whether computed now or for an earlier request.
 
 Entries the streams have no room for are kept in host RAM (host_cache).
+With a disk cache (disk_cache) entries also go to files, so that they
+outlive the engine: those stored in host RAM as they are, those still in
+their streams once the engine has been idle PERSIST_IDLE seconds (persist).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 from msgspec.structs import replace
 
 from cllm.core.protocol import PrefixCacheStats
+from engine_proc.disk_cache import DiskCache
 from engine_proc.host_cache import HostCache, Stored
 from engine_proc.sequence import common_prefix, starts_with
 
@@ -37,31 +42,75 @@ from engine_proc.sequence import common_prefix, starts_with
 # about half a token's prefill), but it pushes a stream's entry out: a few
 # shared tokens, a chat template's opening, are no reason to.
 RESTORE_GAIN = 16
+# Seconds the engine waits idle before it copies its streams' new entries out
+# for the disk (4,000 cells of the embedded model are 92 MB: into new pages
+# 0.15-1 s on this busy machine): a chat's next turn sent at once does not wait for it.
+PERSIST_IDLE = 0.5
+# While the disk's writer works, the idle engine looks this often whether it is done (its figures go out then).
+WRITER_POLL = 0.1
 
 
 @dataclass(slots=True)
 class Entry:
     tokens: np.ndarray  # the tokens whose KV cells the stream holds, position by position
     last_used: int
+    persisted: bool = False  # handed to the disk cache, or passed over
 
 
 class PrefixCache:
-    def __init__(self, unit: int, host_bytes: int = 0):
+    def __init__(self, unit: int, host_bytes: int = 0, disk: DiskCache | None = None):
         self.unit = unit  # a reused prefix is a multiple of it
         self.entries: dict[int, Entry] = {}  # slot -> what its stream holds
-        self.host = HostCache(host_bytes) if host_bytes else None
+        self.host = HostCache(host_bytes, disk) if host_bytes or disk is not None else None
+        self.disk = disk
         self._stats = PrefixCacheStats()
         self._clock = 0
+        self._kept_at = 0.0  # when the last entry was kept (time.monotonic)
+        self._disk_seen = (0, 0)  # the disk's (entries, bytes) when persist last looked
 
     def stats(self) -> PrefixCacheStats:
         stats = replace(self._stats, cells=sum(len(e.tokens) for e in self.entries.values()))
         if self.host is not None:
             stats.host_cells, stats.host_bytes = self.host.cells(), self.host.bytes
+        if self.disk is not None:
+            stats.disk_entries, stats.disk_bytes = self.disk.stats()
+            stats.disk_hits, stats.disk_load_seconds = self.disk.hits, self.disk.load_seconds
         return stats
 
     def keep(self, slot: int, tokens: np.ndarray) -> None:
         self._clock += 1
         self.entries[slot] = Entry(tokens, self._clock)
+        self._kept_at = time.monotonic()
+
+    def persist_wait(self) -> float | None:
+        """Seconds until persist has something to do while the engine stays idle; None: nothing."""
+        if self.disk is None:
+            return None
+        if any(not e.persisted and self.disk.wants(e.tokens) for e in self.entries.values()):
+            return max(0.0, self._kept_at + PERSIST_IDLE - time.monotonic())
+        return WRITER_POLL if self.disk.writing() else None
+
+    def persist(self, kv, now: bool = False) -> bool:
+        """Hand the disk cache the streams' entries it has no file of, once the engine has been idle
+        PERSIST_IDLE seconds (``now``: at once); whether the disk's figures changed since the last call.
+
+        ``kv`` (the model runner) copies a settled stream's cells to host bytes.
+        """
+        if self.disk is None:
+            return False
+        if now or time.monotonic() >= self._kept_at + PERSIST_IDLE:
+            for slot, entry in self.entries.items():
+                if not entry.persisted and self.disk.wants(entry.tokens) and kv.settled(slot):
+                    self.disk.put(entry.tokens, kv.save(slot))
+                entry.persisted = True
+        seen, self._disk_seen = self._disk_seen, self.disk.stats()
+        return seen != self._disk_seen
+
+    def close(self, kv) -> None:
+        """The engine stops: its streams' entries go to disk, and the writer finishes (for a few seconds at most)."""
+        if self.disk is not None:
+            self.persist(kv, now=True)
+            self.disk.close()
 
     def lookup(
         self, prompt: np.ndarray, running: dict[int, np.ndarray], host: bool = True, into: int = -1
@@ -87,7 +136,7 @@ class PrefixCache:
                 src, best = slot, rank
         reuse = best[0]
         stored, n = self.host.lookup(prompt, longest, self.unit) if host and self.host is not None else (None, 0)
-        if n >= reuse + RESTORE_GAIN:
+        if n >= reuse + RESTORE_GAIN and self.host.load(stored):
             return -1, n, stored
         entry = self.entries.get(src)
         if entry is not None and reuse * 2 >= len(entry.tokens):  # a few shared words are no use of it
@@ -95,14 +144,17 @@ class PrefixCache:
             entry.last_used = self._clock
         return src, reuse, None
 
-    def count(self, reuse: int, restored: bool) -> None:
-        """Count an admission that reused ``reuse`` cached tokens, ``restored`` from host RAM or not."""
+    def count(self, reuse: int, stored: Stored | None) -> None:
+        """Count an admission that reused ``reuse`` cached tokens, ``stored`` in host RAM or a file, or in a stream (None)."""
         if reuse == 0:
             self._stats.misses += 1
             return
         self._stats.hits += 1
         self._stats.hit_tokens += reuse
-        self._stats.restored += restored
+        if stored is not None and stored.disk is not None:
+            self.disk.served()
+        elif stored is not None:
+            self._stats.restored += 1
 
     def rehome(self, entry: Entry, free_slots: list[int], running: dict[int, np.ndarray]) -> tuple[int, Entry | None]:
         """A free slot for ``entry``, whose own slot a running sequence takes (-1: none), and the entry

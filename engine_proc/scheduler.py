@@ -53,6 +53,7 @@ from typing import Protocol
 
 import numpy as np
 
+from engine_proc.disk_cache import DiskCache
 from engine_proc.host_cache import Stored
 from engine_proc.prefix_cache import Entry, PrefixCache
 from engine_proc.sequence import Chunk, Sequence
@@ -99,6 +100,7 @@ class Scheduler:
         exact: bool,
         host_bytes: int = 0,
         admit_per_step: int = 0,
+        disk: DiskCache | None = None,
     ):
         self.parallel = parallel
         self.admit_per_step = admit_per_step  # new requests a step may start; 0: see the module's docstring
@@ -109,7 +111,7 @@ class Scheduler:
         # what exact mode must match bit for bit.
         self.exact = exact or not prefix_cache
         self.kv = kv
-        self.cache = PrefixCache(self.block if exact else 1, host_bytes) if prefix_cache else None
+        self.cache = PrefixCache(self.block if exact else 1, host_bytes, disk) if prefix_cache else None
         self.steps = 0  # schedule() calls
         self.free_slots = list(range(slots))  # a heap: the lowest slot first
         self.waiting: deque[Sequence] = deque()
@@ -237,7 +239,7 @@ class Scheduler:
             src = self._fetch(stored, held)
             if src < 0:  # no stream can take it this step: the best a stream holds, then
                 src, reuse, stored = cache.lookup(prompt, held, host=False, into=into)
-        cache.count(reuse, stored is not None)
+        cache.count(reuse, stored)
         slot = seq.slot = heapq.heappop(self.free_slots)
         entry = cache.entries.get(src)
         if entry is not None and (len(entry.tokens) - reuse) * 8 <= reuse:

@@ -68,6 +68,8 @@ async def health(request: Request) -> Response:
         data.prefix_cache = PrefixCacheFigures(
             st.config.prefix_cache, cache.hits, cache.misses, cache.hit_tokens, cache.cells, cache.restored, cache.host_cells, cache.host_bytes
         )
+        data.prefix_cache.disk_hits, data.prefix_cache.disk_entries = cache.disk_hits, cache.disk_entries
+        data.prefix_cache.disk_bytes, data.prefix_cache.disk_load_seconds = cache.disk_bytes, round(cache.disk_load_seconds, 6)
     return json_response(Ok(data=data), 200 if healthy else 503)
 
 

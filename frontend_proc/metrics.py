@@ -78,6 +78,14 @@ class Metrics:
             "cllm_prefix_cache_restored_total", "Prefix cache hits served from host RAM (--cache-ram)", ENGINE, registry=r
         )
         self.cache_host_bytes = Gauge("cllm_prefix_cache_host_bytes", "Host RAM held by the prefix cache's entries", ENGINE, registry=r)
+        self.cache_disk_hits = Counter(
+            "cllm_prefix_cache_disk_hits_total", "Prefix cache hits served from files (--cache-dir)", ENGINE, registry=r
+        )
+        self.cache_disk_entries = Gauge("cllm_prefix_cache_disk_entries", "Prefix cache entries in files (--cache-dir)", ENGINE, registry=r)
+        self.cache_disk_bytes = Gauge("cllm_prefix_cache_disk_bytes", "Bytes of the prefix cache's entries in files (--cache-dir)", ENGINE, registry=r)
+        self.cache_disk_load_seconds = Counter(
+            "cllm_prefix_cache_disk_load_seconds", "Time spent reading files for prefix cache hits (--cache-dir)", ENGINE, registry=r
+        )
         self.drafted = Counter(
             "cllm_spec_drafted_tokens_total", "Tokens drafted by speculative decoding and verified", ENGINE, registry=r
         )
@@ -138,6 +146,10 @@ class Metrics:
         self.cache_cells.labels(*key).set(cache.cells)
         self.cache_restored.labels(*key).inc(cache.restored - last.restored)
         self.cache_host_bytes.labels(*key).set(cache.host_bytes)
+        self.cache_disk_hits.labels(*key).inc(cache.disk_hits - last.disk_hits)
+        self.cache_disk_entries.labels(*key).set(cache.disk_entries)
+        self.cache_disk_bytes.labels(*key).set(cache.disk_bytes)
+        self.cache_disk_load_seconds.labels(*key).inc(max(0.0, cache.disk_load_seconds - last.disk_load_seconds))
         seen.cache = cache
         self.drafted.labels(*key).inc(stats.drafted_tokens - seen.drafted)
         self.accepted.labels(*key).inc(stats.accepted_tokens - seen.accepted)

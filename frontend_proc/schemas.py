@@ -110,6 +110,10 @@ class PrefixCacheFigures(msgspec.Struct):
     restored: int  # hits served from host RAM (--cache-ram)
     host_cells: int  # KV cells the cache holds in host RAM
     host_bytes: int
+    disk_hits: int = 0  # hits served from files (--cache-dir)
+    disk_entries: int = 0  # entries in files
+    disk_bytes: int = 0
+    disk_load_seconds: float = 0.0  # spent reading files for hits
 
 
 class EngineStatus(msgspec.Struct):

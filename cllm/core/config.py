@@ -69,6 +69,9 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     cache_slots: Annotated[int, Meta(ge=0, le=255)] | None = None
     # MiB of host RAM for the cache's entries the streams have no room for; 0: none.
     cache_ram: Annotated[int, Meta(ge=0)] = 8192
+    # A folder where the cache's entries also go, so that they outlive the engine (restarts, unloads); None: none.
+    cache_dir: str | None = None
+    cache_dir_max: Annotated[int, Meta(ge=1)] = 4096  # MiB the folder's files may take, all models together
     # llama.cpp's flash attention: faster, but then a decode step's logits
     # depend on the other sequences in the step (see the README, "What is exact").
     flash_attn: FlashAttn = "auto"
@@ -143,6 +146,8 @@ def load_config(path: str | None, overrides: dict) -> ServeConfig:
     except msgspec.ValidationError as e:
         raise ConfigError(f"invalid setting: {e}") from None
     check_engine(config, "")
+    if config.cache_dir is not None:
+        config.cache_dir = os.path.abspath(config.cache_dir)  # the engines find it wherever they run
     if config.chat_template_file is not None:
         if not os.path.isfile(config.chat_template_file):
             raise ConfigError(f"--chat-template-file {config.chat_template_file}: no such file")

@@ -140,6 +140,10 @@ class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):
     restored: int = 0  # hits served from host RAM (--cache-ram)
     host_cells: int = 0  # KV cells held in host RAM
     host_bytes: int = 0
+    disk_hits: int = 0  # hits served from files (--cache-dir)
+    disk_entries: int = 0  # entries in files now
+    disk_bytes: int = 0  # their cells' bytes
+    disk_load_seconds: float = 0.0  # spent reading files for hits
 
 
 class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):

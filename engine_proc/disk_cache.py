@@ -1,0 +1,388 @@
+"""The prefix cache's entries on disk (``--cache-dir``): cells that outlive the engine.
+
+KV streams and host RAM go with the engine process. A restart (a deploy, a
+crash and the supervisor's restart, a model unloaded and loaded again) would
+make every open conversation prefill its whole history again: ~25 s for
+4,000 tokens here. So the cache's entries also go to files: an entry copied
+to host RAM as it is stored there (its bytes are at hand), an entry still in
+its KV stream once the engine has been idle a moment, or when it stops. A
+new engine reads the files' tokens, not their cells; a prompt that a file
+serves better than the streams and host RAM gets its cells from it
+(llama_state_seq_set_data), as from host RAM.
+
+- Never wrong cells: a file is kept under, and carries, the fingerprint of
+  the model file and of every setting that changes cells (see identity).
+  Another fingerprint's files are never read; they count only for the cap.
+- Never a broken file: written under a temporary name, fsynced, renamed. A
+  file whose header, fingerprint or length is wrong is skipped with one log
+  line; a temporary file its dead writer left is removed with one.
+- Never in the way: a thread writes; a lookup reads one file. A full disk or
+  a folder that cannot be written leaves the cache in RAM, with one warning.
+- The cap holds for the whole folder, every fingerprint and every engine
+  that shares it: before a write, the least recently used files go (a
+  file's mtime is its last use: written or read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import queue
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+
+import llama_cpp as L
+import msgspec
+import numpy as np
+
+from cllm.core.config import ServeConfig
+from engine_proc.sequence import common_prefix, starts_with
+
+log = logging.getLogger("cllm.engine")
+
+MAGIC = b"CLLMKV\x00\x01"  # the format's name and version
+SUFFIX = ".kv"
+TMP = ".tmp"
+# Entries are filed under their first HEAD tokens (as in host_cache).
+HEAD = 32
+# Shorter entries are not written: they prefill again in one block.
+MIN_CELLS = 128
+# Bytes handed to the writer and not written yet; past this, new entries are not
+# written (a disk slower than the cache's turnover).
+MAX_PENDING = 1 << 30
+# Seconds the writer gets to finish when the engine stops (the supervisor waits 5).
+CLOSE_WAIT = 3.0
+
+_LEN = struct.Struct("<I")
+
+
+class Header(msgspec.Struct, array_like=True):
+    fingerprint: str
+    n_tokens: int
+    n_bytes: int  # of the cells, as llama_state_seq_get_data wrote them
+    tokens_crc: int  # zlib.crc32 of the tokens
+
+
+@dataclass(slots=True, eq=False)
+class OnDisk:
+    tokens: np.ndarray
+    name: str  # the file's, in the fingerprint's folder
+    n_bytes: int
+    written: bool = False  # renamed into place (else still with the writer)
+
+
+def open_disk_cache(model_path: str, config: ServeConfig, runner) -> DiskCache | None:
+    """The engine's disk cache (``runner``: its ModelRunner), or None without --cache-dir or the prefix cache."""
+    if config.cache_dir is None or not config.prefix_cache:
+        return None
+    ident = identity(model_path, config, runner.seq_ctx, runner.token_budget, runner.info.gpu_layers)
+    return DiskCache(config.cache_dir, config.cache_dir_max << 20, ident)
+
+
+def identity(model_path: str, config: ServeConfig, seq_ctx: int, token_budget: int, gpu_layers: int) -> dict:
+    """What a KV cell's bits depend on, besides the tokens before it.
+
+    The model file (path, size, mtime), llama.cpp's build and this CPU's
+    features, the KV types, flash attention, where layers run, a sequence's
+    cells; in exact mode also the batch shapes, which fix the prefill blocks.
+    """
+    st = os.stat(model_path)
+    ident = {
+        "model": [os.path.realpath(model_path), st.st_size, st.st_mtime_ns],
+        "llama_cpp": [L.__version__, L.llama_print_system_info().decode(errors="replace")],
+        "kv": [config.cache_type_k, config.cache_type_v, config.flash_attn, gpu_layers, seq_ctx],
+        "exact": config.prefix_cache_exact,
+    }
+    if config.prefix_cache_exact:
+        ident["batch"] = [token_budget, min(token_budget, 512)]
+    return ident
+
+
+def fingerprint(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+class DiskCache:
+    def __init__(self, root: str, max_bytes: int, ident: dict):
+        self.root, self.max_bytes = os.path.abspath(root), max_bytes
+        self.fingerprint = fingerprint(ident)
+        self.dir = os.path.join(self.root, self.fingerprint)
+        self.entries: dict[str, OnDisk] = {}  # name -> entry: this fingerprint's files
+        self._by_head: dict[bytes, dict[str, OnDisk]] = {}
+        self.hits = 0  # lookups it served
+        self.load_seconds = 0.0
+        self.writable = True
+        self._t_load = 0.0  # when the last load began
+        self._gone: list[str] = []  # names the writer removed or could not write; the engine's thread drops them
+        self._pending = 0  # bytes handed to the writer and not written yet
+        self._pending_lock = threading.Lock()
+        self._jobs: queue.Queue = queue.Queue()
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            self._check_writable()
+        except OSError as e:
+            self._degrade(e)
+        self._scan()
+        self._writer = threading.Thread(target=self._write_loop, name="cllm-disk-cache", daemon=True)
+        self._writer.start()
+
+    # ---- the engine's thread ---------------------------------------------------
+
+    def _alike(self, tokens: np.ndarray) -> list[OnDisk]:
+        self._drop_gone()
+        if len(tokens) < HEAD:
+            return []
+        return list(self._by_head.get(tokens[:HEAD].tobytes(), {}).values())
+
+    def wants(self, tokens: np.ndarray) -> bool:
+        """Whether ``put`` would write these tokens' cells: no file has them yet."""
+        return (
+            self.writable
+            and len(tokens) >= MIN_CELLS
+            and not any(starts_with(e.tokens, tokens) for e in self._alike(tokens))
+        )
+
+    def put(self, tokens: np.ndarray, data: np.ndarray) -> None:
+        """Hand the cells to the writer (``data`` must not change after); files of a prefix of them go."""
+        size = data.nbytes + tokens.nbytes + 4096  # the file's, its header at most a few hundred bytes
+        if not self.wants(tokens) or size > self.max_bytes or self._pending + data.nbytes > MAX_PENDING:
+            return
+        drop = [e for e in self._alike(tokens) if starts_with(tokens, e.tokens)]
+        for e in drop:
+            self._forget(e.name)
+        entry = OnDisk(tokens, hashlib.sha256(tokens.tobytes()).hexdigest()[:32] + SUFFIX, data.nbytes)
+        self._add(entry)
+        with self._pending_lock:
+            self._pending += data.nbytes
+        self._jobs.put((entry, data, [e.name for e in drop]))
+
+    def lookup(self, prompt: np.ndarray, longest: int, unit: int) -> tuple[OnDisk | None, int]:
+        """The file sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its length."""
+        best, n_best = None, 0
+        for e in self._alike(prompt):
+            n = min(common_prefix(prompt, e.tokens), longest) // unit * unit
+            if n > n_best and e.written:
+                best, n_best = e, n
+        return best, n_best
+
+    def load(self, entry: OnDisk) -> np.ndarray | None:
+        """The entry's cells, the file mapped into memory; None (and the entry forgotten) if the file is gone or wrong.
+
+        Mapped, not read: the cells are copied once, into the stream, from the
+        page cache. Reading 92 MB into new memory took 150-1000 ms here, into a
+        used buffer 95 ms; mapping it under 1 ms, and the copy costs the same.
+        """
+        self._t_load = time.perf_counter()
+        path = os.path.join(self.dir, entry.name)
+        try:
+            with open(path, "rb") as f:
+                header = _read_header(f, self.fingerprint)
+                if header.n_tokens != len(entry.tokens) or header.n_bytes != entry.n_bytes:
+                    raise ValueError("it changed since the engine started")
+                start = f.tell() + header.n_tokens * 4
+                if os.fstat(f.fileno()).st_size != start + header.n_bytes:
+                    raise ValueError("it is truncated")
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError, msgspec.DecodeError) as e:
+            if not isinstance(e, FileNotFoundError):  # another engine's cap took it: nothing to say
+                log.warning("prefix cache file %s skipped: %s", path, e)
+            self._forget(entry.name)
+            return None
+        try:
+            os.utime(path)  # its last use, for the cap's LRU
+        except OSError:
+            pass
+        return np.frombuffer(mapped, np.uint8, header.n_bytes, start)
+
+    def served(self) -> None:
+        """The last load's cells are in a stream: a hit, and its time from the file's opening on."""
+        self.hits += 1
+        self.load_seconds += time.perf_counter() - self._t_load
+
+    def writing(self) -> bool:
+        """Whether the writer has entries it has not written yet."""
+        return self._pending > 0
+
+    def stats(self) -> tuple[int, int]:
+        """(entries, bytes) in files, those the writer has still to write left out."""
+        self._drop_gone()
+        written = [e for e in self.entries.values() if e.written]
+        return len(written), sum(e.n_bytes for e in written)
+
+    def close(self) -> None:
+        """Let the writer finish what it has (for at most CLOSE_WAIT seconds)."""
+        self._jobs.put(None)
+        self._writer.join(CLOSE_WAIT)
+
+    def _add(self, entry: OnDisk) -> None:
+        self.entries[entry.name] = entry
+        self._by_head.setdefault(entry.tokens[:HEAD].tobytes(), {})[entry.name] = entry
+
+    def _forget(self, name: str) -> None:
+        entry = self.entries.pop(name, None)
+        if entry is None:
+            return
+        head = entry.tokens[:HEAD].tobytes()
+        alike = self._by_head[head]
+        del alike[name]
+        if not alike:
+            del self._by_head[head]
+
+    def _drop_gone(self) -> None:
+        while self._gone:
+            self._forget(self._gone.pop())
+
+    def _scan(self) -> None:
+        """Index this fingerprint's files by their tokens; skip (with a line each) the ones that are wrong."""
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.dir, name)
+            if name.endswith(TMP):
+                _remove_torn(path)
+                continue
+            if not name.endswith(SUFFIX):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    header = _read_header(f, self.fingerprint)
+                    tokens = np.frombuffer(f.read(header.n_tokens * 4), np.int32)
+                    if len(tokens) != header.n_tokens or zlib.crc32(tokens.tobytes()) != header.tokens_crc:
+                        raise ValueError("its tokens are torn")
+                    if os.fstat(f.fileno()).st_size != f.tell() + header.n_bytes:
+                        raise ValueError("its length is wrong")
+            except (OSError, ValueError, msgspec.DecodeError) as e:
+                log.warning("prefix cache file %s skipped: %s", path, e)
+                continue
+            if len(tokens) >= HEAD:
+                self._add(OnDisk(tokens, name, header.n_bytes, written=True))
+        if self.entries:
+            log.info("prefix cache: %d entries on disk in %s", len(self.entries), self.dir)
+
+    def _check_writable(self) -> None:
+        probe = os.path.join(self.dir, f".probe.{os.getpid()}{TMP}")
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+
+    def _degrade(self, error: OSError) -> None:
+        """The folder cannot be written (read-only, full): the cache goes on in RAM, and reads what files it has."""
+        if self.writable:
+            log.warning("prefix cache folder %s cannot be written (%s): new entries stay in RAM only", self.dir, error.strerror or error)
+        self.writable = False
+
+    # ---- the writer's thread ---------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            entry, data, drop = job
+            try:
+                if self.writable:
+                    self._write(entry, data)
+                    for name in drop:
+                        _remove_quietly(os.path.join(self.dir, name))
+                else:
+                    self._gone.append(entry.name)
+            finally:
+                with self._pending_lock:
+                    self._pending -= data.nbytes
+
+    def _write(self, entry: OnDisk, data: np.ndarray) -> None:
+        path = os.path.join(self.dir, entry.name)
+        tmp = os.path.join(self.dir, f".{entry.name}.{os.getpid()}{TMP}")
+        header = msgspec.msgpack.encode(Header(self.fingerprint, len(entry.tokens), data.nbytes, zlib.crc32(entry.tokens.tobytes())))
+        try:
+            self._make_room(len(MAGIC) + _LEN.size + len(header) + entry.tokens.nbytes + data.nbytes)
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + _LEN.pack(len(header)) + header)
+                f.write(entry.tokens.tobytes())
+                f.write(memoryview(data))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(self.dir)
+        except OSError as e:
+            _remove_quietly(tmp)
+            self._gone.append(entry.name)
+            self._degrade(e)
+            return
+        entry.written = True
+
+    def _make_room(self, size: int) -> None:
+        """Remove the least recently used files of the whole folder until ``size`` more bytes fit the cap."""
+        files = []
+        for sub in os.scandir(self.root):
+            if not sub.is_dir(follow_symlinks=False):
+                continue
+            for f in os.scandir(sub.path):
+                if f.name.endswith(SUFFIX):
+                    try:
+                        st = f.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    files.append((st.st_mtime_ns, st.st_size, f.path))
+        total = sum(size for _, size, _ in files)
+        for _, n, path in sorted(files):
+            if total + size <= self.max_bytes:
+                break
+            _remove_quietly(path)
+            total -= n
+            if os.path.dirname(path) == self.dir:
+                self._gone.append(os.path.basename(path))
+
+
+def _read_header(f, fp: str) -> Header:
+    """The file's header, read from its start; ValueError if it is not one of ours for ``fp``."""
+    start = f.read(len(MAGIC) + _LEN.size)
+    if len(start) < len(MAGIC) + _LEN.size or start[: len(MAGIC)] != MAGIC:
+        raise ValueError("not a cllm prefix cache file of this version")
+    (n,) = _LEN.unpack(start[len(MAGIC):])
+    header = msgspec.msgpack.decode(f.read(n), type=Header)
+    if header.fingerprint != fp:
+        raise ValueError("another model's or other settings' cells")
+    return header
+
+
+def _remove_torn(path: str) -> None:
+    """A temporary file whose writer died mid-write: removed (one still being written is left alone)."""
+    try:
+        pid = int(os.path.basename(path).rsplit(".", 2)[-2])
+        os.kill(pid, 0)
+        return  # its writer lives (another engine on the same folder)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return  # another user's process lives
+    except (ValueError, IndexError):
+        pass  # not a name the writer gives
+    log.warning("prefix cache: removed %s, a file its writer did not finish", path)
+    _remove_quietly(path)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _fsync_dir(path: str) -> None:
+    """Make the rename durable (where a folder can be fsynced; not every system allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
