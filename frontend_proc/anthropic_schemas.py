@@ -10,7 +10,7 @@ decoded only to be refused with a clear message.
 
 What real clients send beyond the docs is taken as the API means it, once
 decoded (__post_init__): Claude Code's system-role messages inside `messages`
-join the system prompt, in order; tools and content blocks of kinds not known
+join the system prompt, in order, and its billing block leaves it; tools and content blocks of kinds not known
 here (server tools, `tool_reference`, ...) are skipped (frontend_proc.lenient);
 a tool with `defer_loading` is offered only once a `tool_reference` block
 (what Claude Code's ToolSearch returns) names it, as Anthropic's tool search does.
@@ -67,6 +67,9 @@ class RedactedThinkingBlock(msgspec.Struct, tag="redacted_thinking", tag_field="
 Block = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 BLOCKS = {cls.__struct_config__.tag: cls for cls in Block.__args__}
 RESULT_BLOCKS = {"text": TextBlock, "image": ImageBlock, "document": DocumentBlock}
+# Claude Code's first system block: metadata for Anthropic's billing, not for the model. Its hash changes with
+# every conversation's first prompt, so left in it would keep the prefix cache from reusing the ~12k tokens after it.
+BILLING = "x-anthropic-billing-header:"
 
 
 class Message(msgspec.Struct):
@@ -136,7 +139,9 @@ class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     context_management: dict | None = None  # Claude Code's; nothing here is cleared from a conversation
 
     def __post_init__(self) -> None:
-        system = [] if self.system is None else [self.system if isinstance(self.system, str) else "\n".join(b.text for b in self.system)]
+        if isinstance(self.system, list):  # Claude Code's billing block differs from one conversation to the next
+            self.system = "\n".join(b.text for b in self.system if not b.text.startswith(BILLING))
+        system = [self.system] if self.system else []
         messages, referenced = [], set()
         for i, message in enumerate(self.messages):
             if isinstance(message.content, list):

@@ -82,7 +82,7 @@ def check_responses_stream(stream: list[tuple[str, dict]]) -> None:
 @pytest.fixture(scope="module")
 def roomy():
     """One sequence that holds a coding agent's whole prompt (~12k tokens)."""
-    with start_server("--ctx-size", "32768", "--parallel", "1") as srv:
+    with start_server("--ctx-size", "16384", "--parallel", "1", "--request-timeout", "0") as srv:
         yield srv
 
 
@@ -124,6 +124,8 @@ def test_system_messages_inside_messages_join_the_system_prompt_in_order(claude)
               {"role": "system", "content": "Answer in French."}]
     assert count(claude, system="You help.", messages=inside) == count(claude, system="You help.\n\nBe brief.\n\nAnswer in French.")
     assert count(claude, messages=inside) == count(claude, system="Be brief.\n\nAnswer in French.")
+    billing = {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328.b7f; cc_entrypoint=sdk-cli;"}
+    assert count(claude, system=[billing, {"type": "text", "text": "You help."}]) == count(claude, system="You help.")
     with pytest.raises(anthropic.BadRequestError, match="user or assistant"):
         count(claude, messages=[{"role": "system", "content": "Only a system prompt."}])
     with pytest.raises(anthropic.BadRequestError, match="only text"):

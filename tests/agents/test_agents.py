@@ -4,10 +4,12 @@ Each completes a plain turn and a turn that asks for one of its own tools, as
 a new user would run them: `claude -p` with ANTHROPIC_BASE_URL, `codex exec`
 with a `model_providers` entry on the Responses API. Each request they send
 carries their whole system prompt and every tool they offer (~12k tokens for
-Claude Code), so the server holds 32k cells for one sequence; a run's second
-turn reads the first's prefix from the cache. The embedded 135M model's
-answers do not matter: the runs must end with exit 0 and the server must have
-answered every request with 200. `make test-agents` installs the CLIs and runs
+Claude Code), so the server holds 16k cells for one sequence and sets no
+deadline; a run's second turn reads the first's prefix from the cache. Past
+its 8k training context the embedded 135M model may never write an end: Claude
+Code asks for at most CLAUDE_CODE_MAX_OUTPUT_TOKENS, Codex (which sends no
+limit) gets what is left of the sequence. The answers do not matter: the runs
+must end with exit 0 and the server must have answered every request with 200. `make test-agents` installs the CLIs and runs
 this; without CLLM_TEST_AGENTS=1 it is skipped.
 """
 
@@ -32,6 +34,7 @@ if not os.environ.get("CLLM_TEST_AGENTS"):
 CLAUDE_ENV = {
     "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
     "DISABLE_ERROR_REPORTING": "1", "ANTHROPIC_API_KEY": "sk-local", "API_TIMEOUT_MS": str(RUN_TIMEOUT * 1000),
+    "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
 }
 CODEX_CONFIG = """\
 model = "smollm2"
@@ -54,7 +57,7 @@ enabled = false
 
 @pytest.fixture(scope="module")
 def server():
-    with start_server("--ctx-size", "32768", "--parallel", "1") as srv:
+    with start_server("--ctx-size", "16384", "--parallel", "1", "--request-timeout", "0") as srv:
         yield srv
 
 
