@@ -13,7 +13,7 @@ GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install install-cuda install-metal serve test test-ray test-docker test-browser bench bench-deps
+.PHONY: install install-cuda install-metal serve test test-ray test-docker test-browser test-agents bench bench-deps
 
 install: $(STAMP)
 
@@ -76,6 +76,17 @@ test-browser: install
 	$(PY) -m pip install -q -e '.[browser]'
 	test -x $(CHROMIUM) || { apt-get update -q && apt-get install -y -q chromium; }
 	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q tests/browser
+
+# Claude Code and Codex CLI, as published on npm (tests/agents/package-lock.json pins them), run against cllm serve.
+# npm may skip install scripts: Claude Code's own postinstall (install.cjs) puts its native binary in place.
+AGENTS := tests/agents/node_modules/.installed
+$(AGENTS): tests/agents/package.json tests/agents/package-lock.json
+	cd tests/agents && npm ci --no-audit --no-fund --engine-strict=false
+	cd tests/agents/node_modules/@anthropic-ai/claude-code && node install.cjs
+	touch $(AGENTS)
+
+test-agents: install $(AGENTS)
+	CLLM_TEST_AGENTS=1 $(PY) -m pytest -q tests/agents
 
 # ---- benchmarks: everything below lands in perf/cache/ (git ignores it) ----
 

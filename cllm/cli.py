@@ -115,12 +115,25 @@ def _serve_parser(sub) -> None:
         " stops it on exit; needs the ray extra; --host/--port are Serve's HTTP proxy's; README: Scaling out)",
     )
     p.add_argument(
+        "--allowed-hosts", type=_names, metavar="NAME[,NAME...]",
+        help="on a loopback --host, Host names answered besides loopback addresses, localhost and this machine's name; "
+        "others get 403, so that a web page cannot reach the server through a DNS name it controls (README: Security)",
+    )
+    p.add_argument(
+        "--allowed-origins", type=_names, metavar="ORIGIN[,ORIGIN...]",
+        help="web pages (as https://app.example:8443) whose scripts may call the API from a browser (CORS); default: none",
+    )
+    p.add_argument(
         "--api-key",
         metavar="KEY",
         default=os.environ.get("CLLM_API_KEY") or None,
         help="require 'Authorization: Bearer KEY' on every route but /health (default: $CLLM_API_KEY; "
         "prefer the variable, a command line is visible to every user)",
     )
+
+
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def _bench_parser(sub) -> None:

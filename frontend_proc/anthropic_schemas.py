@@ -2,11 +2,18 @@
 
 As on the OpenAI routes, an unknown top-level field is a 400 naming it, and
 those with no bearing on the output here (`metadata`, `service_tier`,
-`cache_control`, ...) are accepted and ignored. `temperature`, `top_p` and
+`cache_control`, `context_management`, ...) are accepted and ignored. `temperature`, `top_p` and
 `top_k`, which newer SDKs no longer send, are read when given. Content blocks carry more keys than are read here
 (`cache_control`, `citations`): those are ignored, so a conversation can be
 sent back as the SDK or Claude Code keeps it. Image and document blocks are
 decoded only to be refused with a clear message.
+
+What real clients send beyond the docs is taken as the API means it, once
+decoded (__post_init__): Claude Code's system-role messages inside `messages`
+join the system prompt, in order, and its billing block leaves it; tools and content blocks of kinds not known
+here (server tools, `tool_reference`, ...) are skipped (frontend_proc.lenient);
+a tool with `defer_loading` is offered only once a `tool_reference` block
+(what Claude Code's ToolSearch returns) names it, as Anthropic's tool search does.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from frontend_proc.lenient import known
 from frontend_proc.schemas import Seed
 
 
@@ -39,8 +47,12 @@ class ToolUseBlock(msgspec.Struct, tag="tool_use", tag_field="type"):
 
 class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type"):
     tool_use_id: str
-    content: str | list[TextBlock | ImageBlock | DocumentBlock] = ""
+    content: str | list[dict] = ""  # text, image and document blocks once decoded
     is_error: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.content, list):
+            self.content = known(self.content, RESULT_BLOCKS, "content", "tool result block")
 
 
 class ThinkingBlock(msgspec.Struct, tag="thinking", tag_field="type"):
@@ -53,17 +65,23 @@ class RedactedThinkingBlock(msgspec.Struct, tag="redacted_thinking", tag_field="
 
 
 Block = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+BLOCKS = {cls.__struct_config__.tag: cls for cls in Block.__args__}
+RESULT_BLOCKS = {"text": TextBlock, "image": ImageBlock, "document": DocumentBlock}
+# Claude Code's first system block: metadata for Anthropic's billing, not for the model. Its hash changes with
+# every conversation's first prompt, so left in it would keep the prefix cache from reusing the ~12k tokens after it.
+BILLING = "x-anthropic-billing-header:"
 
 
 class Message(msgspec.Struct):
-    role: Literal["user", "assistant"]
-    content: str | list[Block]
+    role: Literal["user", "assistant", "system"]  # system: Claude Code's own, joined to the system prompt
+    content: str | list[dict]  # blocks (Block) once decoded (_blocks)
 
 
 class Tool(msgspec.Struct):
     name: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,128}$")]  # Anthropic's rule: names go into prompts and grammars as they are
     input_schema: dict
     description: str | None = None
+    defer_loading: bool = False  # offered once a tool_reference block names it
 
 
 class ToolChoiceAuto(msgspec.Struct, tag="auto", tag_field="type", forbid_unknown_fields=True):
@@ -113,11 +131,48 @@ class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     model: str | None = None  # a model of the registry (None: the default); with one model, any name
     messages: Annotated[list[Message], Meta(min_length=1)]
     system: str | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
+    tools: list[dict] | None = None  # custom tools (Tool) once decoded; server tools are not run here
     tool_choice: ToolChoice | None = None
     thinking: ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled | None = None
     output_config: OutputConfig | None = None
     cache_control: dict | None = None  # prompt caching is automatic here (the prefix cache)
+    context_management: dict | None = None  # Claude Code's; nothing here is cleared from a conversation
+
+    def __post_init__(self) -> None:
+        if isinstance(self.system, list):  # Claude Code's billing block differs from one conversation to the next
+            self.system = "\n".join(b.text for b in self.system if not b.text.startswith(BILLING))
+        system = [self.system] if self.system else []
+        messages, referenced = [], set()
+        for i, message in enumerate(self.messages):
+            if isinstance(message.content, list):
+                message.content = _blocks(message.content, f"messages[{i}].content", referenced)
+            if message.role != "system":
+                messages.append(message)
+            elif text := _system_text(message.content, i):
+                system.append(text)
+        if not messages:
+            raise ValueError("messages must hold a user or assistant message - at `$.messages`")
+        self.messages = messages
+        self.system = "\n\n".join(system) if system else None
+        if self.tools is not None:
+            tools = known(self.tools, {"custom": Tool}, "tools", "tool", default="custom")
+            self.tools = [t for t in tools if not t.defer_loading or t.name in referenced]
+
+
+def _blocks(raw: list, path: str, referenced: set[str]) -> list:
+    """A message's content blocks, decoded; the tools its tool results' tool_reference blocks name go into ``referenced``."""
+    for block in raw:
+        if isinstance(block, dict) and block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+            referenced.update(b.get("tool_name") for b in block["content"] if isinstance(b, dict) and b.get("type") == "tool_reference")
+    return known(raw, BLOCKS, path, "content block")
+
+
+def _system_text(content: str | list, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if any(not isinstance(b, TextBlock) for b in content):
+        raise ValueError(f"a system message holds only text blocks - at `$.messages[{i}].content`")
+    return "\n".join(b.text for b in content)
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):

@@ -141,7 +141,7 @@ def build_app(app_state: AppState, lifespan) -> Starlette:
         middleware=[
             # Outermost, so that a request the guard refuses is counted too.
             Middleware(ObserveMiddleware, metrics=app_state.metrics),
-            Middleware(Guard, api_key=app_state.api_key, max_body_bytes=app_state.config.max_body_bytes),
+            Middleware(Guard, api_key=app_state.api_key, config=app_state.config),
         ],
         exception_handlers={ApiError: _on_api_error, HTTPException: _on_http_error},
     )

@@ -5,9 +5,12 @@
 their type (item()), each error naming the item at fault. As on the other
 OpenAI routes an unknown top-level field is a 400; fields Codex CLI and the
 Agents SDK send routinely that change nothing here (`include`,
-`prompt_cache_key`, `truncation`, ...) are accepted and ignored. Inside an
+`prompt_cache_key`, `truncation`, `client_metadata`, ...) are accepted and ignored. Inside an
 item, keys other than those read (`id`, `status`, `annotations`) are ignored,
-so a previous response's output can be sent back as it came.
+so a previous response's output can be sent back as it came. Tools and
+content parts of kinds not known here (Codex CLI's `namespace` and
+`web_search` tools, ...) are skipped (frontend_proc.lenient): only function
+tools are offered to the model.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import msgspec
 from msgspec import Meta
 
 from cllm.core.errors import ApiError
+from frontend_proc.lenient import known
 from frontend_proc.schemas import Seed
 
 
@@ -42,11 +46,16 @@ class Refusal(msgspec.Struct, tag="refusal", tag_field="type"):
 
 
 Part = InputText | OutputText | InputImage | InputFile | Refusal
+PARTS = {cls.__struct_config__.tag: cls for cls in Part.__args__}
 
 
 class MessageItem(msgspec.Struct):
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[Part]
+    content: str | list[dict]  # parts (Part) once decoded
+
+    def __post_init__(self) -> None:
+        if isinstance(self.content, list):
+            self.content = known(self.content, PARTS, "content", "content part")
 
 
 class FunctionCallItem(msgspec.Struct):
@@ -57,7 +66,11 @@ class FunctionCallItem(msgspec.Struct):
 
 class FunctionCallOutputItem(msgspec.Struct):
     call_id: str
-    output: str | list[Part]
+    output: str | list[dict]  # parts (Part) once decoded
+
+    def __post_init__(self) -> None:
+        if isinstance(self.output, list):
+            self.output = known(self.output, PARTS, "output", "content part")
 
 
 class ReasoningItem(msgspec.Struct):
@@ -107,7 +120,7 @@ class TextConfig(msgspec.Struct, forbid_unknown_fields=True):
     verbosity: str | None = None
 
 
-class FunctionTool(msgspec.Struct, tag="function", tag_field="type", forbid_unknown_fields=True):
+class FunctionTool(msgspec.Struct, tag="function", tag_field="type"):
     name: Annotated[str, Meta(pattern="^[A-Za-z0-9_.-]{1,64}$")]  # OpenAI's rule: names go into prompts and grammars as they are
     parameters: dict | None = None
     description: str | None = None
@@ -134,7 +147,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40  # as the other routes: a full-vocabulary draw costs ~8x more
     seed: Seed | None = None
     ignore_eos: bool = False  # llama-server's extension, as on the other routes
-    tools: list[FunctionTool] | None = None
+    tools: list[dict] | None = None  # function tools (FunctionTool) once decoded; others are not run here
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice = "auto"
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
@@ -151,4 +164,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     service_tier: str | None = None
     truncation: str | None = None
     stream_options: dict | None = None
+    client_metadata: dict | None = None  # Codex CLI's
     background: Literal[False] = False
+
+    def __post_init__(self) -> None:
+        if self.tools is not None:
+            self.tools = known(self.tools, {"function": FunctionTool}, "tools", "tool")

@@ -19,12 +19,17 @@ written into the conversation as text.
 The grammar makes every call well-formed: its `arguments` match the tool's
 `parameters`. With `required` or a named tool it constrains the whole output;
 with `auto` it is lazy: llama.cpp's sampler applies it from the moment the text
-matches a trigger pattern (the call's opening), so free text stays free.
+matches a trigger pattern (the call's opening), so free text stays free. A
+count in a tool's schema above COUNT_MAX (Claude Code's Workflow tool takes a
+script of up to 524288 characters) is left out of the grammar, not refused: a
+grammar writes one rule per unit of a count, the request's agent did not choose
+its tools' schemas, and no reply of a local model nears such a bound.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -32,6 +37,16 @@ from functools import lru_cache
 from llama_cpp.llama_grammar import SchemaConverter
 
 from frontend_proc.grammar import MAX_REPEATS, GrammarError, check, schema_grammar, schema_repeats
+
+log = logging.getLogger("cllm.frontend")
+COUNT_MAX = 1024  # larger counts (maxLength, maxItems, ...) in a tool's schema are not enforced by its grammar
+COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
+# Where a schema holds schemas, and the keys by which llama.cpp's converter tells what a schema is.
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SCHEMAS = ("items", "additionalProperties", "not", "contains", "if", "then", "else", "propertyNames")
+TYPED = {"type", "$ref", "anyOf", "oneOf", "allOf", "const", "enum", "properties", "additionalProperties", "items", "prefixItems", "pattern", "format"}
+ANY = ["string", "number", "boolean", "object", "array", "null"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +119,13 @@ def plan(tools: list[Tool], choice: str, parallel: bool, fmt: ToolFormat, vocab)
     names = [t.name for t in tools]
     if choice not in ("auto", "required") and choice not in names:
         raise ToolError(f"tool_choice names `{choice}`, which is not one of the tools ({', '.join(names)})", "tool_choice")
-    for i, tool in enumerate(tools):  # each schema alone, so the 400 says which tool is at fault
+    enforced = [_enforceable(t) for t in tools]
+    for i, tool in enumerate(enforced):  # each schema alone, so the 400 says which tool is at fault
         try:
             schema_grammar(json.loads(tool.parameters), vocab)
         except GrammarError as e:
             raise ToolError(str(e), f"tools[{i}].function.parameters", i) from None
-    allowed = tuple(t for t in tools if t.name == choice) if choice not in ("auto", "required") else tuple(tools)
+    allowed = tuple(t for t in enforced if t.name == choice) if choice not in ("auto", "required") else tuple(enforced)
     if fmt is HARMONY:  # one call a reply: <|call|> ends the generation
         grammar = harmony_grammar(allowed, choice == "auto", vocab)
     else:
@@ -118,6 +134,35 @@ def plan(tools: list[Tool], choice: str, parallel: bool, fmt: ToolFormat, vocab)
     if fmt.native:
         return ToolPlan(fmt, [t.as_openai() for t in tools], None, grammar, triggers, parse=True)
     return ToolPlan(fmt, None, generic_system_text(tools, choice), grammar, triggers, parse=True)
+
+
+def _enforceable(tool: Tool) -> Tool:
+    """The tool as its grammar enforces it (the prompt shows the schema as sent): counts above COUNT_MAX left out, and a
+    schema of annotations only (`{"description": ...}`: any value), which llama.cpp's converter refuses, made explicit."""
+    schema = json.loads(tool.parameters)
+    changes: list[str] = []
+    todo = [schema]
+    while todo:  # iterative, as grammar.schema_repeats
+        node = todo.pop()
+        for key in COUNTS:
+            if type(node.get(key)) is int and node[key] > COUNT_MAX:
+                changes.append(f"{key} {node.pop(key)}")
+        if node and not node.keys() & TYPED:
+            node["type"] = ANY
+            changes.append("any value")
+        for key, value in node.items():
+            if key in SCHEMA_MAPS and isinstance(value, dict):
+                todo.extend(v for v in value.values() if isinstance(v, dict))
+            elif key in SCHEMA_LISTS and isinstance(value, list):
+                todo.extend(v for v in value if isinstance(v, dict))
+            elif key in SCHEMAS and isinstance(value, dict):
+                todo.append(value)
+            elif key == "items" and isinstance(value, list):
+                todo.extend(v for v in value if isinstance(v, dict))
+    if not changes:
+        return tool
+    log.debug("a tool's schema loosened for its grammar", extra={"fields": {"tool": tool.name, "changes": ", ".join(changes)}})
+    return Tool(tool.name, tool.description, json.dumps(schema))
 
 
 class ToolError(ValueError):

@@ -44,7 +44,7 @@ def raw_exchange(url: str, head: bytes, chunks: list[bytes] = (), timeout: float
 
 def test_declared_oversized_body_is_413_before_it_is_sent(server):
     head = (
-        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: 1000000000\r\n\r\n"
     )
     status, headers, body, _ = raw_exchange(server.url, head)  # not a byte of the body is sent
@@ -53,7 +53,7 @@ def test_declared_oversized_body_is_413_before_it_is_sent(server):
 
 
 def test_chunked_oversized_body_is_413_once_the_count_passes_the_limit(server):
-    head = b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = b"POST /encode HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     piece = b"x" * 65536
     chunks = [b"%x\r\n%s\r\n" % (len(piece), piece)] * 64  # 4 MiB offered, 1 MiB allowed
     status, headers, body, _ = raw_exchange(server.url, head, chunks)
@@ -63,7 +63,7 @@ def test_chunked_oversized_body_is_413_once_the_count_passes_the_limit(server):
 
 def test_chunked_body_under_the_limit_is_read(server):
     payload = b'{"text": "Hello world"}'
-    head = b"POST /encode HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    head = b"POST /encode HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     status, _, body, _ = raw_exchange(server.url, head, [b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)])
     assert status == 200 and b'"length":2' in body
 

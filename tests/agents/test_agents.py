@@ -1,0 +1,117 @@
+"""Claude Code and Codex CLI, as published (tests/agents/package.json pins them), run against `cllm serve`.
+
+Each completes a plain turn and a turn that asks for one of its own tools, as
+a new user would run them: `claude -p` with ANTHROPIC_BASE_URL, `codex exec`
+with a `model_providers` entry on the Responses API. Each request they send
+carries their whole system prompt and every tool they offer (~12k tokens for
+Claude Code), so the server holds 16k cells for one sequence and sets no
+deadline; a run's second turn reads the first's prefix from the cache. Past
+its 8k training context the embedded 135M model may never write an end: Claude
+Code asks for at most CLAUDE_CODE_MAX_OUTPUT_TOKENS, Codex (which sends no
+limit) gets what is left of the sequence. The answers do not matter: the runs
+must end with exit 0 and the server must have answered every request with 200. `make test-agents` installs the CLIs and runs
+this; without CLLM_TEST_AGENTS=1 it is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import start_server
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.path.join(HERE, "node_modules", ".bin")
+RUN_TIMEOUT = 1800  # one long prefill on a slow CPU
+
+if not os.environ.get("CLLM_TEST_AGENTS"):
+    pytest.skip("the coding agents run in `make test-agents`", allow_module_level=True)
+
+# Nothing but the server: no telemetry, update checks or error reports (the network may be off).
+CLAUDE_ENV = {
+    "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1", "ANTHROPIC_API_KEY": "sk-local", "API_TIMEOUT_MS": str(RUN_TIMEOUT * 1000),
+    "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
+}
+CODEX_CONFIG = """\
+model = "smollm2"
+model_provider = "cllm"
+check_for_update_on_startup = false
+
+[model_providers.cllm]
+name = "cllm"
+base_url = "{url}/v1"
+wire_api = "responses"
+stream_idle_timeout_ms = {idle_ms}
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server("--ctx-size", "16384", "--parallel", "1", "--request-timeout", "0") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A home and a project directory of their own: nothing of the user's settings is read."""
+    root = tmp_path_factory.mktemp("agents")
+    (root / "home").mkdir()
+    (root / "project").mkdir()
+    (root / "project" / "notes.txt").write_text("a file for the agent to list\n")
+    return root
+
+
+def run(argv: list[str], home, env: dict) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"], "HOME": str(home / "home"), "LANG": "C.UTF-8"}
+    return subprocess.run(
+        argv, cwd=home / "project", env={**base, **env}, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+    )
+
+
+def answered(server, route: str, before: int) -> list[str]:
+    """How the requests to ``route`` logged since line ``before`` of the server's log ended: "200 stop", ..."""
+    pattern = re.compile(rf"route={re.escape(route)} status=(\d+) .*finish_reason=(\w+)")
+    return [" ".join(m.groups()) for line in server.stderr_lines[before:] if (m := pattern.search(line))]
+
+
+def check(done: subprocess.CompletedProcess, server, route: str, before: int) -> None:
+    assert done.returncode == 0, done.stdout + done.stderr
+    ends = answered(server, route, before)
+    assert ends and all(e in ("200 stop", "200 length") for e in ends), (ends, done.stderr)
+
+
+def claude(server, home, *args: str) -> subprocess.CompletedProcess:
+    env = {**CLAUDE_ENV, "ANTHROPIC_BASE_URL": server.url, "CLAUDE_CONFIG_DIR": str(home / "home" / ".claude")}
+    return run([os.path.join(BIN, "claude"), "-p", *args, "--model", "smollm2"], home, env)
+
+
+def codex(server, home, prompt: str) -> subprocess.CompletedProcess:
+    codex_home = home / "home" / ".codex"
+    codex_home.mkdir(exist_ok=True)
+    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=server.url, idle_ms=RUN_TIMEOUT * 1000))
+    return run([os.path.join(BIN, "codex"), "exec", "--skip-git-repo-check", prompt], home, {"CODEX_HOME": str(codex_home)})
+
+
+@pytest.mark.parametrize("args", [
+    ("Say hello.", "--max-turns", "1"),
+    ("List the files in this directory.", "--max-turns", "3", "--allowedTools", "Bash"),
+], ids=["plain", "tools"])
+def test_claude_code(server, home, args):
+    before = len(server.stderr_lines)
+    check(claude(server, home, *args), server, "/v1/messages", before)
+
+
+@pytest.mark.parametrize("prompt", ["Say hello.", "List the files in this directory."], ids=["plain", "tools"])
+def test_codex(server, home, prompt):
+    before = len(server.stderr_lines)
+    check(codex(server, home, prompt), server, "/v1/responses", before)
