@@ -1,7 +1,7 @@
 """The Starlette application: error handling, body decoding, Server-Sent Events (the state is frontend_proc.state).
 
 Every route goes through the same steps, whatever API it belongs to: the
-Guard middleware (API key, body size), ``decode_body`` (content type, UTF-8,
+Guard middleware (API key, Host and Origin, body size), ``decode_body`` (content type, UTF-8,
 JSON, fields), then frontend_proc.generation (limits, the queue bound, the
 deadline, a client that hangs up).
 """
