@@ -36,6 +36,7 @@ from frontend_proc.state import AppState
 
 NDJSON = "application/x-ndjson"
 _FIELDS = Fields(output="format", tool_schema="tools[{}].function.parameters")
+_GENERATE_FIELDS = Fields(messages="prompt", output="format")
 _json = msgspec.json.Encoder()
 _NO_FILES = (
     "cllm does not pull, push, create, copy or delete models, nor take model files over HTTP: it serves the GGUF files"
@@ -137,7 +138,7 @@ def _request(body: ChatBody | GenerateBody, messages: list[dict], st: AppState, 
     thinking, effort = _thinking(body.think)
     return ChatRequest(
         messages=messages, sampling=sampling, tools=list(tools), output=_output(body.format),
-        thinking=thinking, effort=effort, stops=stops, stream=body.stream, fields=_FIELDS,
+        thinking=thinking, effort=effort, stops=stops, stream=body.stream, fields=_FIELDS if isinstance(body, ChatBody) else _GENERATE_FIELDS,
     )
 
 
