@@ -189,3 +189,28 @@ def test_keep_alive_zero_unloads_as_ollama_stop_does(pool):
     r = client.chat("b", messages=ask("Hi"), options=FEW, keep_alive=0)  # it loads, answers, and goes again
     assert r.done
     wait_until(lambda: [m.model for m in client.ps().models] == ["a:latest"], 30)
+
+
+def test_langchain_chat_ollama(server):
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_ollama import ChatOllama
+    from pydantic import BaseModel
+
+    llm = ChatOllama(base_url=server.url, model=NAME, temperature=0, num_predict=8)
+    assert llm.invoke("What is the capital of France?").content
+    chunks = list(llm.stream("Hi"))
+    assert "".join(c.content for c in chunks).strip() and any(c.response_metadata.get("done_reason") == "length" for c in chunks)
+
+    class City(BaseModel):
+        city: str
+        population: int
+
+    structured = ChatOllama(base_url=server.url, model=NAME, temperature=0, num_predict=60).with_structured_output(City)
+    assert isinstance(structured.invoke("Name a city and its population."), City)
+
+    history = []
+    for i, city in enumerate(("London", "Berlin")):
+        call = {"name": "get_weather", "args": {"city": city}, "id": f"call_{i}"}
+        history += [HumanMessage(f"Weather in {city}?"), AIMessage("", tool_calls=[call]), ToolMessage("15 C", tool_call_id=f"call_{i}"), AIMessage(f"15 C in {city}.")]
+    reply = ChatOllama(base_url=server.url, model=NAME, temperature=0).bind_tools([WEATHER]).invoke([*history, HumanMessage("Weather in Paris?")])
+    assert [(c["name"], c["args"]) for c in reply.tool_calls] == [("get_weather", {"city": "Paris"})]
