@@ -60,10 +60,13 @@ def _keep_alive(value) -> float | None:
         raise invalid(str(e), "keep_alive") from None
 
 
-async def _state(request: Request, model: Model) -> tuple[AppState, int]:
-    """The model's state, loaded, and the nanoseconds its load took (0 when it was loaded)."""
+async def _state(request: Request, model: Model, keep: float | None) -> tuple[AppState, int]:
+    """The model's state, loaded (and kept as long as keep_alive says), and the nanoseconds its load took."""
     t0 = time.perf_counter_ns()
-    st = await state(request).pool.state_for(model.id)
+    pool = state(request).pool
+    if keep:
+        pool.keep(model, keep)
+    st = await pool.state_for(model.id)
     return st, time.perf_counter_ns() - t0
 
 
@@ -80,7 +83,7 @@ async def _load_only(request: Request, model: Model, keep: float | None, name: s
             await pool.unload(model, "keep-alive")
         reason = "unload"
     else:
-        await _state(request, model)
+        await _state(request, model, keep)
         reason = "load"
     out = {"model": name, "created_at": now(), "done": True, "done_reason": reason}
     out.update({"message": {"role": "assistant", "content": ""}} if chat_route else {"response": ""})
@@ -241,8 +244,7 @@ class _Stream(respond.Stream):
         return _line({"error": e.message or e.error})
 
 
-async def _respond(request: Request, body, st: AppState, req: ChatRequest, prompt: chat.ChatPrompt, model: Model, t0: int, load_ns: int):
-    keep = _keep_alive(body.keep_alive)
+async def _respond(request: Request, body, st: AppState, req: ChatRequest, prompt: chat.ChatPrompt, model: Model, keep, t0: int, load_ns: int):
     gen = await chat.start(st, req, prompt)
     writer, reply = _Writer(body.model, isinstance(body, ChatBody)), prompt.reply()
     after = BackgroundTask(state(request).pool.unload, model, "keep-alive") if _unloads(request, model, keep) else None
@@ -261,13 +263,13 @@ async def _respond(request: Request, body, st: AppState, req: ChatRequest, promp
 async def chat_route(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     body = await decode_body(request, ChatBody)
-    model = find(request, body.model)
+    model, keep = find(request, body.model), _keep_alive(body.keep_alive)
     if not body.messages:
-        return await _load_only(request, model, _keep_alive(body.keep_alive), body.model, True)
-    st, load_ns = await _state(request, model)
+        return await _load_only(request, model, keep, body.model, True)
+    st, load_ns = await _state(request, model, keep)
     tools = [tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()]
     req = _request(body, _messages(body.messages), st, tools)
-    return await _respond(request, body, st, req, chat.prompt(st, req), model, t0, load_ns)
+    return await _respond(request, body, st, req, chat.prompt(st, req), model, keep, t0, load_ns)
 
 
 async def generate(request: Request) -> Response:
@@ -275,21 +277,20 @@ async def generate(request: Request) -> Response:
     body = await decode_body(request, GenerateBody)
     if body.images:
         raise not_text("image", "images")
-    model = find(request, body.model)
+    model, keep = find(request, body.model), _keep_alive(body.keep_alive)
     if not body.prompt and body.suffix is None:
-        return await _load_only(request, model, _keep_alive(body.keep_alive), body.model, False)
-    st, load_ns = await _state(request, model)
+        return await _load_only(request, model, keep, body.model, False)
+    st, load_ns = await _state(request, model, keep)
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
     req = _request(body, messages, st)
-    return await _respond(request, body, st, req, _generate_prompt(body, st, req), model, t0, load_ns)
+    return await _respond(request, body, st, req, _generate_prompt(body, st, req), model, keep, t0, load_ns)
 
 
 async def embed(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     body = await decode_body(request, EmbedBody)
     model = find(request, body.model)
-    _keep_alive(body.keep_alive)
-    st, load_ns = await _state(request, model)
+    st, load_ns = await _state(request, model, _keep_alive(body.keep_alive))
     vectors, n_tokens = await embeddings_api.embed(st, request, body.input)
     return json_response({
         "model": body.model, "embeddings": vectors.tolist(),
@@ -300,8 +301,7 @@ async def embed(request: Request) -> Response:
 async def embeddings(request: Request) -> Response:
     body = await decode_body(request, EmbeddingsBody)
     model = find(request, body.model)
-    _keep_alive(body.keep_alive)
-    st, _ = await _state(request, model)
+    st, _ = await _state(request, model, _keep_alive(body.keep_alive))
     vectors, _ = await embeddings_api.embed(st, request, body.prompt)
     return json_response({"embedding": vectors[0].tolist()})
 

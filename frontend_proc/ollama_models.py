@@ -178,7 +178,7 @@ async def ps(request: Request) -> Response:
         size = info.model_bytes + info.kv_bytes
         keep = model.keep_alive if state(request).pool.multi else 0
         entry.update(
-            expires_at=rfc3339(time.time() + keep) if keep else FOREVER,
+            expires_at=rfc3339(time.time() + keep - (time.monotonic() - model.last_used)) if keep else FOREVER,
             size=size,
             size_vram=size if info.gpu_layers else 0,
             context_length=info.seq_ctx,

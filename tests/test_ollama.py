@@ -214,3 +214,14 @@ def test_langchain_chat_ollama(server):
         history += [HumanMessage(f"Weather in {city}?"), AIMessage("", tool_calls=[call]), ToolMessage("15 C", tool_call_id=f"call_{i}"), AIMessage(f"15 C in {city}.")]
     reply = ChatOllama(base_url=server.url, model=NAME, temperature=0).bind_tools([WEATHER]).invoke([*history, HumanMessage("Weather in Paris?")])
     assert [(c["name"], c["args"]) for c in reply.tool_calls] == [("get_weather", {"city": "Paris"})]
+
+
+def test_keep_alive_duration_keeps_the_model_that_long(pool):
+    client = ollama.Client(host=pool.url, timeout=300)
+    client.generate("b", "", keep_alive="1s")
+    assert "b:latest" in {m.model for m in client.ps().models}
+    wait_until(lambda: [m.model for m in client.ps().models] == ["a:latest"], 30)  # idle past its second: unloaded
+    client.generate("b", "", keep_alive=-1)  # for good
+    (b,) = [m for m in client.ps().models if m.model == "b:latest"]
+    assert b.expires_at.year == 9999
+    client.generate("b", "", keep_alive=0)
