@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError, json_response
+from cllm.core.protocol import SamplingParams
 from frontend_proc import chat, embeddings_api, generation, respond
 from frontend_proc.app import decode_body, state
 from frontend_proc.chat_request import ChatRequest, Fields, JsonOutput, invalid, not_text, template_call, tool
@@ -99,13 +100,12 @@ def _output(fmt) -> JsonOutput | None:
     return JsonOutput(None if fmt == "json" else fmt)
 
 
-def _sampling(st: AppState, options: Options, stops: list[str] | None):
-    sampling = options.sampling()
+def _sampling(st: AppState, options: Options) -> SamplingParams:
     seq_ctx = generation.engine_info(st).seq_ctx
     if options.num_ctx is not None and options.num_ctx > seq_ctx:
         # The slot's size is set at launch; a longer prompt still gets the usual 400, never a silent cut.
         log.info("num_ctx %d is clamped to the %d tokens a sequence of this model holds", options.num_ctx, seq_ctx)
-    return sampling, stops or ()
+    return options.sampling()
 
 
 def _messages(messages: list[Message]) -> list[dict]:
@@ -137,11 +137,10 @@ def _thinking(think) -> tuple[bool | None, str | None]:
 
 def _request(body: ChatBody | GenerateBody, messages: list[dict], st: AppState, tools=()) -> ChatRequest:
     options = body.options or NO_OPTIONS
-    sampling, stops = _sampling(st, options, options.stop)
     thinking, effort = _thinking(body.think)
     return ChatRequest(
-        messages=messages, sampling=sampling, tools=list(tools), output=_output(body.format),
-        thinking=thinking, effort=effort, stops=stops, stream=body.stream, fields=_FIELDS if isinstance(body, ChatBody) else _GENERATE_FIELDS,
+        messages=messages, sampling=_sampling(st, options), tools=list(tools), output=_output(body.format),
+        thinking=thinking, effort=effort, stops=options.stop or (), stream=body.stream, fields=_FIELDS if isinstance(body, ChatBody) else _GENERATE_FIELDS,
     )
 
 
@@ -158,11 +157,11 @@ def _generate_prompt(body: GenerateBody, st: AppState, req: ChatRequest) -> chat
         raise invalid("system cannot be combined with raw or suffix: the prompt is sent as it is", "system")
     text = body.prompt
     if body.suffix is not None:
-        vocab, token = st.tokenizer.vocab, st.tokenizer.token_str
+        vocab = st.tokenizer.vocab
         fim = (L.llama_vocab_fim_pre(vocab), L.llama_vocab_fim_suf(vocab), L.llama_vocab_fim_mid(vocab))
         if min(fim) < 0:
             raise invalid("this model has no fill-in-the-middle tokens, so it cannot complete between prompt and suffix", "suffix")
-        pre, suf, mid = map(token, fim)
+        pre, suf, mid = (L.llama_vocab_get_text(vocab, t).decode() for t in fim)  # encoded back as the control tokens
         text = f"{pre}{body.prompt}{suf}{body.suffix}{mid}"
     return chat.ChatPrompt(st, text, chat.tool_plan(req, st.chat_template, st.tokenizer.vocab))
 
