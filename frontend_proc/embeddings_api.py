@@ -89,17 +89,22 @@ async def embeddings(request: Request) -> Response:
     info = generation.engine_info(st)
     if body.dimensions is not None and body.dimensions != info.embedding_dim:
         raise ApiError(400, "invalid request", f"this model's vectors have {info.embedding_dim} dimensions", param="dimensions")
-    inputs = _inputs(st, body.input, info.max_embedding_tokens)
-    vectors = np.frombuffer(await _embed(st, request, inputs), np.float32).reshape(len(inputs), -1)
+    vectors, n_tokens = await embed(st, request, body.input)
     if body.encoding_format == "base64":
         data = [Embedding(i, base64.b64encode(v.astype("<f4").tobytes()).decode()) for i, v in enumerate(vectors)]
     else:
         data = [Embedding(i, v) for i, v in enumerate(vectors.tolist())]
-    n_tokens = sum(map(len, inputs))
     return json_response(EmbeddingList(data, st.model_id, EmbeddingUsage(n_tokens, n_tokens)))
 
 
-async def _embed(st: AppState, request: Request, inputs: list[list[int]]) -> bytes:
+async def embed(st: AppState, request: Request, value: str | list) -> tuple[np.ndarray, int]:
+    """The vectors of the inputs (one row each) and their tokens in all; Ollama's door uses it too."""
+    inputs = _inputs(st, value, generation.engine_info(st).max_embedding_tokens)
+    vectors = np.frombuffer(await _engine_vectors(st, request, inputs), np.float32).reshape(len(inputs), -1)
+    return vectors, sum(map(len, inputs))
+
+
+async def _engine_vectors(st: AppState, request: Request, inputs: list[list[int]]) -> bytes:
     """The engine's vectors; a client hanging up first cancels the request."""
     job = asyncio.ensure_future(st.client.embed(inputs))
     hangup = asyncio.ensure_future(generation.disconnected(request))

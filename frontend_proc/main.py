@@ -27,6 +27,8 @@ from frontend_proc import (
     embeddings_api,
     llama_server_api,
     models_api,
+    ollama_api,
+    ollama_models,
     openai_api,
     openai_chat_api,
     responses_api,
@@ -80,6 +82,7 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         operations=[
             *cllm_api.operations, *openai_api.operations, *openai_chat_api.operations, *embeddings_api.operations,
             *llama_server_api.operations, *models_api.operations, *anthropic_api.operations, *responses_api.operations,
+            *ollama_models.operations, *ollama_api.operations,
         ],
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,

@@ -52,13 +52,15 @@ class Model:
         self.error = ""  # why the last load failed
         self.last_used = time.monotonic()
         self.unloading_since = 0.0
+        self.kept: float | None = None  # seconds idle before unloading, as the last request asked (Ollama's keep_alive)
         self.loading: asyncio.Task | None = None
         self.stopped = asyncio.Event()  # every engine process is gone
         self.stopped.set()
 
     @property
     def keep_alive(self) -> float:
-        return self.spec.config.keep_alive
+        """Seconds idle before the model is unloaded; 0: never."""
+        return self.spec.config.keep_alive if self.kept is None else self.kept
 
     def idle(self) -> bool:
         return self.client.in_flight == 0
@@ -71,6 +73,7 @@ class ModelPool:
         self.default.state = base
         self.multi = multi  # a registry: unknown names are 404, models load and unload
         self.by_name = {name: m for m in self.models for name in (m.id, *m.spec.aliases)}
+        self._expiring: asyncio.Task | None = None  # the keep-alive watch, once a model has one
         self.metrics: Metrics = base.metrics
         self._config = base.config
         self._control = control_fd
@@ -88,7 +91,7 @@ class ModelPool:
                 model.status = "loading"
                 model.loading = self._spawn(self._await_ready(model, None))  # started by the supervisor: no duration to measure
         if self.multi and any(m.keep_alive for m in self.models):
-            self._spawn(self._expire())
+            self._expiring = self._spawn(self._expire())
 
     def stop(self) -> None:
         for task in self._tasks:
@@ -246,9 +249,8 @@ class ModelPool:
 
     async def _expire(self) -> None:
         """Unload models idle past their keep-alive; a model serving a request is never idle."""
-        period = max(0.2, min(m.keep_alive for m in self.models if m.keep_alive) / 4)
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(max(0.2, min((m.keep_alive for m in self.models if m.keep_alive), default=1.0) / 4))
             now = time.monotonic()
             for model in self.models:
                 if model.status != "loaded" or not model.keep_alive:
@@ -257,6 +259,12 @@ class ModelPool:
                     model.last_used = now
                 elif now - model.last_used > model.keep_alive:
                     self._request_unload(model, "keep-alive")
+
+    def keep(self, model: Model, seconds: float) -> None:
+        """Keep the model loaded this long once idle (negative: for good), in place of its registry's keep-alive."""
+        model.kept = max(seconds, 0.0)
+        if self.multi and seconds > 0 and self._expiring is None:
+            self._expiring = self._spawn(self._expire())
 
     def _send(self, msg: LoadModel | UnloadModel) -> None:
         os.write(self._control, msgspec.json.encode(msg) + b"\n")

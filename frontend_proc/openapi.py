@@ -13,7 +13,7 @@ from typing import Callable
 import msgspec
 from starlette.routing import Route
 
-from cllm.core.errors import AnthropicError, Error, OpenAIError, error_type
+from cllm.core.errors import AnthropicError, Error, OllamaError, OpenAIError, error_type
 
 ERRORS = {
     400: "Bad input; the message names the field",
@@ -57,7 +57,7 @@ class Operation:
 def document(title: str, operations: list[Operation], open_paths: tuple[str, ...], secured: bool, maxima: dict[str, int]) -> dict:
     """``maxima``: limits set at run time, as the maximum of request fields of that name."""
     types = list(dict.fromkeys(t for op in operations for t in (op.body, op.response, op.events) if t not in (None, str)))
-    types += [Error, OpenAIError, AnthropicError]
+    types += [Error, OpenAIError, AnthropicError, OllamaError]
     refs, schemas = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
     ref = dict(zip(types, refs))
     for body in {op.body for op in operations if op.body}:

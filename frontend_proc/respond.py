@@ -34,6 +34,7 @@ class Stream:
     """What a door's stream writes at each moment."""
 
     ping: bytes | None = None  # written every PING_SECONDS while the first piece is awaited (None: nothing)
+    media_type: str | None = None  # None: Server-Sent Events; else the stream's own type (Ollama's NDJSON)
 
     def start(self) -> bytes:
         return b""
@@ -51,7 +52,9 @@ class Stream:
 
 
 def stream(gen: Generation, door: Stream) -> StreamingResponse:
-    return sse_response(_events(gen, door))
+    if door.media_type is None:
+        return sse_response(_events(gen, door))
+    return StreamingResponse(_events(gen, door), media_type=door.media_type, headers={"Cache-Control": "no-cache"})
 
 
 async def _events(gen: Generation, door: Stream):

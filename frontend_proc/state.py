@@ -36,6 +36,8 @@ class Pool(Protocol):
 
     async def unload(self, model, reason: str) -> None: ...
 
+    def keep(self, model, seconds: float) -> None: ...
+
 
 @dataclass
 class AppState:

@@ -1,4 +1,5 @@
-"""Errors, answered in the shape of the API the path belongs to: cLLM's, Anthropic's under /v1/messages, or OpenAI's under /v1/."""
+"""Errors, answered in the shape of the API the path belongs to: cLLM's, Anthropic's under /v1/messages, OpenAI's under
+/v1/, or Ollama's under /api/."""
 
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ class AnthropicError(msgspec.Struct, kw_only=True):
     error: AnthropicErrorDetail
 
 
+class OllamaError(msgspec.Struct):
+    """Ollama's {"error": "..."}: its clients raise the message with the status."""
+
+    error: str
+
+
 # Anthropic's error type per status; the SDK raises its exception class from the status.
 ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -76,13 +83,18 @@ class ApiError(Exception):
 def error_type(path: str) -> type:
     if path.startswith("/v1/messages"):
         return AnthropicError
+    if path.startswith("/api/"):
+        return OllamaError
     return OpenAIError if path.startswith("/v1/") else Error
 
 
-def error_body(path: str, exc: ApiError) -> Error | OpenAIError | AnthropicError:
+def error_body(path: str, exc: ApiError) -> Error | OpenAIError | AnthropicError | OllamaError:
     kind = error_type(path)
     if kind is Error:
         return Error(success=False, error=exc.error, message=exc.message)
+    if kind is OllamaError:
+        message = exc.message or exc.error
+        return OllamaError(f"{exc.param}: {message}" if exc.param and exc.status == 400 else message)
     if kind is AnthropicError:
         message = f"{exc.param}: {exc.message}" if exc.param and exc.message else exc.message or exc.error
         default = "invalid_request_error" if exc.status < 500 else "api_error"
