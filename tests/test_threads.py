@@ -49,6 +49,21 @@ def test_the_thread_count_changes_no_output(tok):
     assert one == all_threads  # tokens and logprobs, bit for bit
 
 
+
+@needs_cpus
+def test_without_flash_attention_the_thread_count_changes_no_output_past_512_cells(tok):
+    """Flash attention splits a decode over 512+ cells between the threads; the plain attention does not."""
+    engine = _engine(fixed_threads=True, flash_attn="off")
+    try:
+        prompt = tok.encode("Notes on price. " + " ".join(f"Fact {i}: the price of item {i} is {i * 7 % 13}." for i in range(40)))
+        assert len(prompt) + 48 > 512
+        all_threads = _greedy(engine, [prompt], 1)
+        engine.runner.set_threads(1)
+        one = _greedy(engine, [prompt], 10)
+    finally:
+        engine.close()
+    assert one == all_threads
+
 def _decode_until(engine: LLMEngine, done, timeout: float) -> None:
     """Keep one long request decoding until ``done()``, for at most ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
