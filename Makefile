@@ -13,7 +13,7 @@ GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install install-cuda install-metal serve test test-ray test-docker test-browser test-agents bench bench-deps
+.PHONY: install install-cuda install-metal serve test test-unit test-model test-ray test-docker test-browser test-agents bench bench-deps
 
 install: $(STAMP)
 
@@ -38,8 +38,22 @@ install-metal: install
 serve: install
 	$(VENV)/bin/cllm serve $(ARGS)
 
+# Two layers: tests/unit/ (no model, no server: seconds), then the tests on the embedded model;
+# a failing unit layer stops `make test` before the long one.
+NOT_EXTRA   := -m "not ray and not docker"
+# The unit layer loads no plugin of the fuzzing tools (hypothesis, schemathesis): their imports took longer than its tests.
+UNIT_LAYER  := $(PY) -m pytest -q -p no:schemathesis -p no:hypothesispytest -p no:anyio tests/unit $(NOT_EXTRA)
+MODEL_LAYER := $(PY) -m pytest -q tests --ignore=tests/unit --ignore=tests/browser $(NOT_EXTRA)
+
 test: install
-	$(PY) -m pytest -q tests --ignore=tests/browser -m "not ray and not docker"
+	$(UNIT_LAYER)
+	$(MODEL_LAYER)
+
+test-unit: install
+	$(UNIT_LAYER)
+
+test-model: install
+	$(MODEL_LAYER)
 
 # Ray Serve (README: Scaling out): the ray extra (~500 MB), then the tests that start a local Ray cluster.
 RAY_STAMP := $(VENV)/.ray-installed

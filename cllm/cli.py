@@ -32,7 +32,7 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--fixed-threads", action="store_true", default=None,
         help="decode on all --threads even while other programs keep the CPUs busy (default: on as many as get CPUs, "
-        "trying all again every few seconds; README: Threads)",
+        "trying all again every few seconds; under flash attention the count can change output; README: Threads)",
     )
     p.add_argument("--batch-size", type=int, help=f"token budget of one engine step, prompt chunks included (default {d.batch_size})")
     p.add_argument(

@@ -1,4 +1,8 @@
-"""Fixtures that run `cllm serve` for real, on free ports, and always clean up."""
+"""Fixtures that run `cllm serve` for real, on free ports, and always clean up.
+
+Tests come in two layers: tests/unit/ needs neither the model nor a server and runs alone in
+seconds (`make test-unit`, or `-m unit`); everything else in tests/ runs llama.cpp on the embedded model.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
-import openai
 import psutil
 import pytest
+
+if TYPE_CHECKING:
+    import openai
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT = 90.0
@@ -23,6 +30,20 @@ STOP_TIMEOUT = 30.0
 
 # A chat-formatted prompt after which SmolLM2-Instruct answers briefly and ends with <|im_end|>.
 CHAT_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+UNIT = os.path.join(ROOT, "tests", "unit")
+# The fixtures that load the model or start a server: a test under tests/unit/ may not ask for them.
+MODEL_FIXTURES = {"engine", "tok", "server", "http", "oai"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not str(item.path).startswith(UNIT + os.sep):
+            continue
+        item.add_marker(pytest.mark.unit)
+        if MODEL_FIXTURES & set(item.fixturenames):
+            raise pytest.UsageError(f"{item.nodeid} is in tests/unit/ but asks for the model or a server: move it up to tests/")
 
 
 def free_port() -> int:
@@ -176,5 +197,7 @@ def http(server) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="session")
 def oai(server) -> Iterator[openai.OpenAI]:
     """The openai SDK pointed at the shared server."""
+    import openai  # here: its import costs the unit layer a second for nothing
+
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0) as client:
         yield client

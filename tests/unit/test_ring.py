@@ -104,7 +104,7 @@ CONSUMER = """
 import random, sys
 sys.path.insert(0, {root!r})
 from cllm.core.ring import Ring, RingSpec
-from tests.test_ring import record
+from tests.unit.test_ring import record
 import msgspec
 ring = Ring(msgspec.json.decode(sys.argv[1], type=RingSpec))
 i = 0
@@ -123,7 +123,7 @@ print("ok", i, flush=True)
 def test_two_processes_exchange_100k_records_byte_exact():
     count = 100_000
     ring = Ring.create(64 * 1024)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     child = subprocess.Popen(
         [sys.executable, "-c", CONSUMER.format(root=root, count=count), msgspec.json.encode(ring.spec)],
         pass_fds=ring.spec.fds(),
@@ -131,8 +131,8 @@ def test_two_processes_exchange_100k_records_byte_exact():
         text=True,
     )
     try:
-        for i in range(count):
-            ring.put(record(i))
+        for i in range(count):  # a consumer that died ends its output: the put gives up instead of waiting forever
+            assert ring.put(record(i), (child.stdout.fileno(),)) == [], child.stdout.read()
         out, _ = child.communicate(timeout=120)
     finally:
         child.kill()

@@ -1,12 +1,10 @@
-"""Chat template rendering (no server: templates are plain strings, plus the embedded model's vocabulary)."""
+"""Chat template rendering: templates are plain strings, no model (the embedded model's own: tests/test_model_template.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cllm.core.model_file import resolve_model
 from frontend_proc.chat_template import FALLBACK_TEMPLATE, ChatTemplate, ChatTemplateError
-from frontend_proc.tokenizer import Tokenizer
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -76,12 +74,3 @@ def test_sandbox(source):
 def test_template_failing_on_unexpected_data_is_an_error():
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{{ messages[0]['content'] + 1 }}").render(TURNS)
-
-
-def test_embedded_model_template_from_gguf_metadata():
-    tmpl = Tokenizer(resolve_model(None)).chat_template()
-    assert "<|im_start|>" in tmpl.source
-    assert tmpl.bos_token == "<|im_start|>" and tmpl.eos_token == "<|im_end|>"
-    # SmolLM2's template adds its default system prompt when the conversation has none.
-    assert tmpl.render(TURNS[1:2]).startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
-    assert tmpl.render(TURNS).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi")
