@@ -53,12 +53,13 @@ PARTS = [
 
 
 def _timed(totals: dict, key: str, fn):
-    perf = time.perf_counter
+    perf, cpu = time.perf_counter, time.thread_time
 
     def wrapper(*args):
-        t = perf()
+        t, c = perf(), cpu()
         result = fn(*args)
         totals[key] += perf() - t
+        totals[key + "_cpu"] += cpu() - c
         return result
 
     return wrapper
@@ -83,21 +84,29 @@ def _timing(engine, totals: dict):
             delattr(obj, name)
 
 
-def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1, copy: bool = False) -> list[bytes]:
-    """Encoded Submit records, as the frontend would write them: fresh prompts of exactly prompt_tokens, or copy tasks."""
-    params = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1, copy: bool = False,
+                       sampled: bool = False) -> list[bytes]:
+    """Encoded Submit records, as the frontend would write them: fresh prompts of exactly prompt_tokens, or copy tasks.
+
+    Greedy, or with ``sampled`` temperature 0.7, top-p 0.9 and a seed of its own per request.
+    """
     encode = msgspec.msgpack.Encoder().encode
     records = []
+
+    def params(i: int) -> SamplingParams:
+        if sampled:
+            return SamplingParams(max_tokens=gen_tokens, temperature=0.7, top_p=0.9, seed=first_id + i, ignore_eos=True)
+        return SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
     if copy:
         tasks = list(copy_prompts().values())
         for i in range(n):
             tokens = tokenize(f"[{i}] {tasks[i % len(tasks)]}\n\nAnswer:\n")
-            records.append(encode(Submit(first_id + i, tokens, params)))
+            records.append(encode(Submit(first_id + i, tokens, params(i))))
         return records
     for i, text in enumerate(make_prompts(n, prompt_tokens)):
         tokens = tokenize(text)
         tokens = (tokens * (prompt_tokens // len(tokens) + 1))[:prompt_tokens]
-        records.append(encode(Submit(first_id + i, tokens, params)))
+        records.append(encode(Submit(first_id + i, tokens, params(i))))
     return records
 
 
@@ -107,7 +116,7 @@ def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = 
     encode = msgspec.msgpack.Encoder().encode
     ring = Ring.create(OUTPUT_RING_BYTES)
     totals = totals if totals is not None else defaultdict(float)
-    perf = time.perf_counter
+    perf, cpu = time.perf_counter, time.thread_time
     pending = deque(records)
     in_flight = steps = tokens = 0
     ring.arm_wait()
@@ -118,13 +127,14 @@ def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = 
             while pending and in_flight < concurrency:
                 engine.add(decode(pending.popleft()))
                 in_flight += 1
-            t1 = perf()
+            t1, c1 = perf(), cpu()
             outputs = engine.step()
-            t2 = perf()
+            t2, c2 = perf(), cpu()
             ring.put(encode(StepOutputs(outputs)))
             t3 = perf()
             totals["admit"] += t1 - t
             totals["step"] += t2 - t1
+            totals["step_cpu"] += c2 - c1
             totals["publish"] += t3 - t2
             ring.end_wait()  # the frontend's side, woken by the put
             ring.drain()
@@ -157,8 +167,32 @@ def breakdown(totals: dict, seconds: float) -> dict[str, float]:
     return parts
 
 
+HOST_PARTS = ("schedule", "batch", "sampling", "retire", "other")
+
+
+def host_per_step(totals: dict, steps: int) -> dict[str, dict[str, float]]:
+    """Microseconds per step of the step's work outside llama_decode, by part: wall clock, and the engine
+    thread's CPU time (steadier on a busy machine); "host" is their sum."""
+    if "decode_call" not in totals or not steps:
+        return {}
+    out = {}
+    for kind, suffix in (("wall", ""), ("cpu", "_cpu")):
+        t = lambda key: totals[key + suffix]  # noqa: E731
+        parts = {
+            "schedule": t("schedule"),
+            "batch": t("decode_call") - t("llama_decode"),
+            "sampling": t("sampling"),
+            "retire": t("step") - t("schedule") - t("decode_call") - t("sampling"),
+            "other": 0.0,
+        }
+        parts["host"] = sum(parts.values())
+        out[kind] = {k: 1e6 * v / steps for k, v in parts.items()}
+    return out
+
+
 def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_tokens: int, threads: int,
-          batch_size: int, profile: str | None = None, spec_type: str = "none", copy: bool = False) -> dict:
+          batch_size: int, profile: str | None = None, spec_type: str = "none", copy: bool = False,
+          sampled: bool = False) -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
     seq_ctx = 256 * ((max(prompt_tokens, 1024 if copy else 0) + gen_tokens) // 256 + 1)
@@ -169,7 +203,7 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         tokenize = _tokenizer(engine)
         # The first decodes allocate llama.cpp's compute graphs: warm up untimed.
         drive(engine, synthetic_requests(tokenize, concurrency, prompt_tokens, 4, first_id=10**9), concurrency)
-        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens, copy=copy)
+        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens, copy=copy, sampled=sampled)
         totals: dict = defaultdict(float)
         if profile:
             profiler = cProfile.Profile()
@@ -196,6 +230,8 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         "tokens_per_second": tokens / seconds,
         "step_ms": 1000 * seconds / steps,
         "parts_seconds": breakdown(totals, seconds),
+        "host_us_per_step": host_per_step(totals, steps),
+        "sampled": sampled,
         "copy": copy,
         "spec_type": spec_type,
         "drafted_tokens": drafted,
@@ -224,7 +260,8 @@ def report(r: dict) -> str:
         f"concurrency {r['concurrency']}, {r['threads']} threads",
         f"  {r['tokens_per_second']:.1f} tok/s: {r['generated_tokens']} tokens in {r['seconds']:.2f} s, "
         f"{r['steps']} steps of {r['step_ms']:.2f} ms",
-        f"  speculative: {r['spec_type']}, {r['accepted_tokens']} of {r['drafted_tokens']} drafted tokens accepted",
+        f"  {'sampled (temperature 0.7, top-p 0.9, seeded)' if r['sampled'] else 'greedy'};"
+        f" speculative: {r['spec_type']}, {r['accepted_tokens']} of {r['drafted_tokens']} drafted tokens accepted",
         f"  {'part':<13}{'ms/step':>9}{'share':>8}",
     ]
     for name, what in PARTS:
@@ -232,6 +269,25 @@ def report(r: dict) -> str:
         if s is None:
             continue
         lines.append(f"  {name:<13}{1000 * s / r['steps']:9.3f}{100 * s / r['seconds']:7.1f}%  {what}")
+    host = r["host_us_per_step"]
+    if host:
+        lines.append("  host us/step (the step outside llama_decode), wall / engine thread CPU:")
+        lines.append("    " + "  ".join(f"{k} {host['wall'][k]:.0f}/{host['cpu'][k]:.0f}" for k in ("host", *HOST_PARTS)))
+    return "\n".join(lines)
+
+
+SWEEP = (1, 8, 32, 64)
+
+
+def sweep_table(results: list[dict]) -> str:
+    """Host us per step, engine thread CPU (wall in brackets), by concurrency, greedy and sampled."""
+    head = f"{'c':>3} {'mode':<8}{'host':>13}" + "".join(f"{k:>13}" for k in HOST_PARTS) + f"{'decode ms':>11}"
+    lines = ["host us/step: engine thread CPU [wall]", head]
+    for r in results:
+        h = r["host_us_per_step"]
+        cells = "".join(f"{h['cpu'][k]:>6.0f} [{h['wall'][k]:>4.0f}]" for k in ("host", *HOST_PARTS))
+        decode_ms = 1000 * r["parts_seconds"]["llama_decode"] / r["steps"]
+        lines.append(f"{r['concurrency']:>3} {'sampled' if r['sampled'] else 'greedy':<8}{cells}{decode_ms:>11.1f}")
     return "\n".join(lines)
 
 
@@ -247,6 +303,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--spec-type", choices=["none", "ngram"], default="none", help="speculative decoding (default none)")
     ap.add_argument("--prompts", choices=["fresh", "copy"], default="fresh",
                     help="fresh: synthetic prompts of -p tokens; copy: tasks that copy or quote a ~600-token text")
+    ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)")
+    ap.add_argument("--sweep", action="store_true",
+                    help=f"host us/step at concurrency {', '.join(map(str, SWEEP))}, greedy and sampled, 2c requests each (-c, -n, --sampled ignored)")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
@@ -257,8 +316,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         model = resolve_model(args.model)
     except ModelFileError as e:
         ap.error(str(e))
-    r = bench(model, args.requests, args.concurrency, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count(),
-              args.batch_size, args.profile, args.spec_type, args.prompts == "copy")
+    run = lambda n, c, sampled, profile=None: bench(  # noqa: E731
+        model, n, c, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count(), args.batch_size, profile,
+        args.spec_type, args.prompts == "copy", sampled)
+    if args.sweep:
+        results = [run(2 * c, c, sampled) for c in SWEEP for sampled in (False, True)]
+        print(msgspec.json.encode(results).decode() if args.json else sweep_table(results))
+        return 0
+    r = run(args.requests, args.concurrency, args.sampled, args.profile)
     if args.json:
         print(msgspec.json.encode(r).decode())
     else:
