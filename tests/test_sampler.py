@@ -18,7 +18,7 @@ def run(engine, submits) -> dict[int, tuple[list[int], str]]:
     for _ in range(500):
         if not engine.has_work():
             break
-        for out in engine.step():
+        for out in (o for result in engine.step() for o in result.outputs):
             if out.token is not None:
                 results[out.id][0].append(out.token)
             if out.finish:
@@ -109,8 +109,9 @@ def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, t
             engine.add(Submit(30 + i, prompt, params, per_step=per_step))
             urgent = []
             while engine.has_work():
-                if engine.step():
-                    urgent.append(engine.urgent)
+                for result in engine.step():
+                    if result.outputs:
+                        urgent.append(result.wake)
             assert urgent == expected
     finally:
         engine.stream_interval = ServeConfig().stream_interval_ms / 1000

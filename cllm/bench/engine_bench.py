@@ -9,20 +9,20 @@ the new requests (msgpack-decode the Submit, build its sampler), one
 engine.step(), publish the StepOutputs (msgpack-encode, ring write, waking a
 reader that sleeps as the frontend does).
 
-Where a step's time goes is measured by wrapping the methods step() calls
-(scheduler.schedule, runner.decode, llama_decode inside it,
-sampler.sample) for this run only: the production step carries no timing
-code. A wrapper costs well under a microsecond per call; steps take
-milliseconds. With --profile the wrappers stay off (they would hide the call
-structure), so the split is coarser: admit, step, publish. cProfile does not
-see calls into C through ctypes: llama_decode's time shows as the own time of
-ModelRunner.decode.
+Where a step's time goes comes from the engine's own timing hooks (a
+StepTimer set on it for the timed run: the step marks where each part
+ends, and with no timer set makes no such call): wall clock and the engine
+thread's CPU time of schedule, batch fill, llama_decode, sampling, retire
+and the rest of the step. The host's work per step is all of it but
+llama_decode; the thread's CPU time is the steadier figure on a busy
+machine. With --profile the timer stays off, so the split is coarser:
+admit, step, publish. cProfile does not see calls into C through ctypes:
+llama_decode's time shows as the own time of ModelRunner.decode.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import os
 import pstats
@@ -38,6 +38,7 @@ from cllm.core.model_file import ModelFileError, resolve_model
 from cllm.core.protocol import SamplingParams, StepOutputs, Submit, ToEngine
 from cllm.core.ring import Ring
 from cllm.bench.prompts import copy_prompts, make_prompts
+from engine_proc.step_timer import StepTimer
 
 PARTS = [
     ("admit", "decode Submit records, build sampler chains"),
@@ -45,43 +46,12 @@ PARTS = [
     ("schedule", "pick this step's chunks, copy and trim KV streams"),
     ("batch", "fill the llama_batch"),
     ("llama_decode", "the forward pass"),
-    ("sampling", "Sampler.sample per sequence (argmax or llama.cpp chain)"),
+    ("sampling", "pick each sequence's token (one argmax over greedy rows, llama.cpp chains)"),
     ("retire", "finish checks, SeqOutputs, free finished sequences"),
+    ("other", "the rest of the step (drafting's books, embeddings, step figures)"),
     ("publish", "encode StepOutputs, write the ring"),
     ("loop", "the rest of the loop (bench bookkeeping, the reader's drain)"),
 ]
-
-
-def _timed(totals: dict, key: str, fn):
-    perf, cpu = time.perf_counter, time.thread_time
-
-    def wrapper(*args):
-        t, c = perf(), cpu()
-        result = fn(*args)
-        totals[key] += perf() - t
-        totals[key + "_cpu"] += cpu() - c
-        return result
-
-    return wrapper
-
-
-@contextlib.contextmanager
-def _timing(engine, totals: dict):
-    """Time the pieces of engine.step() by wrapping what it calls, for this run only."""
-    import llama_cpp
-
-    runner, sampler, scheduler = engine.runner, engine.sampler, engine.scheduler
-    scheduler.schedule = _timed(totals, "schedule", scheduler.schedule)
-    runner.decode = _timed(totals, "decode_call", runner.decode)
-    sampler.sample = _timed(totals, "sampling", sampler.sample)
-    llama_decode = llama_cpp.llama_decode
-    llama_cpp.llama_decode = _timed(totals, "llama_decode", llama_decode)
-    try:
-        yield
-    finally:
-        llama_cpp.llama_decode = llama_decode
-        for obj, name in ((scheduler, "schedule"), (runner, "decode"), (sampler, "sample")):
-            delattr(obj, name)
 
 
 def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1, copy: bool = False,
@@ -116,7 +86,7 @@ def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = 
     encode = msgspec.msgpack.Encoder().encode
     ring = Ring.create(OUTPUT_RING_BYTES)
     totals = totals if totals is not None else defaultdict(float)
-    perf, cpu = time.perf_counter, time.thread_time
+    perf = time.perf_counter
     pending = deque(records)
     in_flight = steps = tokens = 0
     ring.arm_wait()
@@ -127,42 +97,36 @@ def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = 
             while pending and in_flight < concurrency:
                 engine.add(decode(pending.popleft()))
                 in_flight += 1
-            t1, c1 = perf(), cpu()
-            outputs = engine.step()
-            t2, c2 = perf(), cpu()
-            ring.put(encode(StepOutputs(outputs)))
+            t1 = perf()
+            published = 0.0
+            for result in engine.step():  # first tokens, then the step's own outputs, each published as main.py does
+                t2 = perf()
+                ring.put(encode(StepOutputs(result.outputs)), wake=result.wake)
+                published += perf() - t2
+                tokens += len(result.outputs)
+                in_flight -= sum(1 for o in result.outputs if o.finish is not None)
             t3 = perf()
             totals["admit"] += t1 - t
-            totals["step"] += t2 - t1
-            totals["step_cpu"] += c2 - c1
-            totals["publish"] += t3 - t2
-            ring.end_wait()  # the frontend's side, woken by the put
+            totals["step"] += t3 - t1 - published
+            totals["publish"] += published
+            ring.end_wait()  # the frontend's side, woken by a put
             ring.drain()
             ring.arm_wait()
             steps += 1
-            tokens += len(outputs)
-            in_flight -= sum(1 for o in outputs if o.finish is not None)
     finally:
         ring.close()
         ring.close_fds()
     return steps, tokens, perf() - t0
 
 
-def breakdown(totals: dict, seconds: float) -> dict[str, float]:
-    """Seconds per part: the step's remainder is retire, the loop's remainder is loop."""
-    if "decode_call" not in totals:  # not wrapped (profiling): the step as one part
-        parts = {"admit": totals["admit"], "step": totals["step"], "publish": totals["publish"]}
-        parts["loop"] = seconds - sum(parts.values())
-        return parts
-    parts = {
-        "admit": totals["admit"],
-        "schedule": totals["schedule"],
-        "batch": totals["decode_call"] - totals["llama_decode"],
-        "llama_decode": totals["llama_decode"],
-        "sampling": totals["sampling"],
-        "retire": totals["step"] - totals["schedule"] - totals["decode_call"] - totals["sampling"],
-        "publish": totals["publish"],
-    }
+def breakdown(totals: dict, seconds: float, timer: StepTimer | None) -> dict[str, float]:
+    """Seconds per part: the step's from the engine's timer (without one, the step as one part); the loop's remainder is loop."""
+    parts = {"admit": totals["admit"]}
+    if timer is None:
+        parts["step"] = totals["step"]
+    else:
+        parts.update(timer.wall)
+    parts["publish"] = totals["publish"]
     parts["loop"] = seconds - sum(parts.values())
     return parts
 
@@ -170,23 +134,16 @@ def breakdown(totals: dict, seconds: float) -> dict[str, float]:
 HOST_PARTS = ("schedule", "batch", "sampling", "retire", "other")
 
 
-def host_per_step(totals: dict, steps: int) -> dict[str, dict[str, float]]:
+def host_per_step(timer: StepTimer | None, steps: int) -> dict[str, dict[str, float]]:
     """Microseconds per step of the step's work outside llama_decode, by part: wall clock, and the engine
     thread's CPU time (steadier on a busy machine); "host" is their sum."""
-    if "decode_call" not in totals or not steps:
+    if timer is None or not steps:
         return {}
     out = {}
-    for kind, suffix in (("wall", ""), ("cpu", "_cpu")):
-        t = lambda key: totals[key + suffix]  # noqa: E731
-        parts = {
-            "schedule": t("schedule"),
-            "batch": t("decode_call") - t("llama_decode"),
-            "sampling": t("sampling"),
-            "retire": t("step") - t("schedule") - t("decode_call") - t("sampling"),
-            "other": 0.0,
-        }
+    for kind, seconds in (("wall", timer.wall), ("cpu", timer.cpu)):
+        parts = {k: 1e6 * seconds[k] / steps for k in HOST_PARTS}
         parts["host"] = sum(parts.values())
-        out[kind] = {k: 1e6 * v / steps for k, v in parts.items()}
+        out[kind] = parts
     return out
 
 
@@ -205,6 +162,7 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         drive(engine, synthetic_requests(tokenize, concurrency, prompt_tokens, 4, first_id=10**9), concurrency)
         records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens, copy=copy, sampled=sampled)
         totals: dict = defaultdict(float)
+        timer = None
         if profile:
             profiler = cProfile.Profile()
             profiler.enable()
@@ -212,8 +170,9 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
             profiler.disable()
             profiler.dump_stats(profile)
         else:
-            with _timing(engine, totals):
-                steps, tokens, seconds = drive(engine, records, concurrency, totals)
+            timer = engine.timer = StepTimer()
+            steps, tokens, seconds = drive(engine, records, concurrency, totals)
+            engine.timer = None
         drafter = engine.drafter
         drafted, accepted = (drafter.drafted, drafter.accepted) if drafter else (0, 0)
     finally:
@@ -229,8 +188,8 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         "seconds": seconds,
         "tokens_per_second": tokens / seconds,
         "step_ms": 1000 * seconds / steps,
-        "parts_seconds": breakdown(totals, seconds),
-        "host_us_per_step": host_per_step(totals, steps),
+        "parts_seconds": breakdown(totals, seconds, timer),
+        "host_us_per_step": host_per_step(timer, steps),
         "sampled": sampled,
         "copy": copy,
         "spec_type": spec_type,
