@@ -44,7 +44,10 @@ class StepResult:
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig):
         self.runner = ModelRunner(model_path, config)
-        self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens)
+        # Sampling on the device: by default with GPU layers; never beside drafts, whose rows are verified one by one.
+        device = config.device_sampling == "on" or (config.device_sampling == "auto" and self.runner.info.gpu_layers > 0)
+        device = device and config.spec_type == "none"
+        self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens, device)
         self.scheduler = Scheduler(
             config.parallel,
             config.kv_streams,
@@ -203,6 +206,10 @@ class LLMEngine:
         ``plain``: the chunks are the decode batch without drafts (see Batch.fill).
         """
         timer = self.timer
+        if self.sampler.device:
+            for c in chunks:
+                if c.samples:
+                    self.sampler.attach(c.seq.sampler, c.seq.slot)
         rows = self.runner.fill(chunks, plain)
         if timer:
             timer.lap("batch")

@@ -22,6 +22,21 @@ and a run's greedy rows take one numpy call over its logits matrix
 
 Logprobs are computed with numpy from the logits row, and only for the
 sequences that ask.
+
+Sampling on the device (``device``: --device-sampling, on by default with
+GPU layers): a request whose chain llama.cpp can run inside llama_decode
+(greedy, temperature, top-k, top-p, min-p, the seeded draw, and the EOS ban
+of ignore_eos) gets its chain attached to its KV stream's seq_id with
+llama_set_sampler, so that only its token id comes back from the device and
+its logits are not copied to the host at all (llama_sampler_sample then
+returns the token the device drew, and advances the chain's state).
+Grammars, penalties, a request's own logit bias, logprobs and speculative
+drafts stay on the host, as does every request without the switch: their
+rows are copied and sampled as above. A greedy token is the same either
+way (the argmax of the same logits); a seeded request repeats its text
+run to run either way, but the device's draw is not the host's.
+Attaching or detaching a chain makes llama.cpp re-plan its compute graph at
+the next decode; chains stay attached while their sequence keeps its slot.
 """
 
 from __future__ import annotations
@@ -68,11 +83,16 @@ class SeqSampler:
     ban_eog: bool = False  # plain greedy under ignore_eos
     triggers: list[re.Pattern] | None = None  # a lazy grammar's
     waiting: str | None = None  # a lazy grammar's text while it waits for a trigger; None once it applies
+    device: bool = False  # the chain runs inside llama_decode once attached to the sequence's slot
+    slot: int = -1  # the slot its chain is attached to
+    placed: bool = False  # its chain was attached once: llama.cpp takes a chain onto the device only once
 
 
 class Sampler:
-    def __init__(self, ctx, vocab, n_vocab: int, eog_tokens: frozenset[int]):
+    def __init__(self, ctx, vocab, n_vocab: int, eog_tokens: frozenset[int], device: bool = False):
         self.ctx = ctx
+        self.device = device  # chains llama.cpp can run go onto the device (see the module's docstring)
+        self._attached: dict[int, SeqSampler] = {}  # slot -> the chain llama_decode samples it with
         self.vocab = vocab
         self.n_vocab = n_vocab
         self._ban_eog = dict.fromkeys(sorted(eog_tokens), float("-inf"))
@@ -102,7 +122,10 @@ class Sampler:
                 s.triggers, s.waiting = [re.compile(t) for t in params.grammar_triggers], ""
         penalize = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
         greedy = params.temperature < MIN_TEMPERATURE
-        if greedy and not (penalize or params.logit_bias or s.grammar):
+        s.device = self.device and not (
+            penalize or params.logit_bias or s.grammar or params.logprobs is not None or params.prompt_logprobs is not None
+        )
+        if greedy and not (penalize or params.logit_bias or s.grammar or s.device):
             return s
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda sampler: L.llama_sampler_chain_add(chain, sampler)  # noqa: E731
@@ -274,8 +297,33 @@ class Sampler:
     def _logits(self, row: int) -> np.ndarray:
         return np.frombuffer(self._row.from_address(_logits_ith(self.ctx, row)), np.float32)
 
-    @staticmethod
-    def free(s: SeqSampler) -> None:
+    def attach(self, s: SeqSampler, slot: int) -> None:
+        """Before a decode that samples the sequence in ``slot``: its chain attached there if it runs on the
+        device, else whatever an earlier sequence left there detached."""
+        want = s if s.device else None
+        if self._attached.get(slot) is want:
+            return
+        self._detach(self._attached.get(slot))
+        if want is None:
+            return
+        self._detach(want)  # from the slot it moved away from
+        if want.placed:  # a chain goes onto the device once: a copy of it, state and all, goes on now
+            old, want.chain = want.chain, L.llama_sampler_clone(want.chain)
+            L.llama_sampler_free(old)
+        if L.llama_set_sampler(self.ctx, slot, want.chain):
+            self._attached[slot], want.slot, want.placed = want, slot, True
+        else:  # refused: it samples on the host from now on
+            want.device = False
+
+    def _detach(self, s: SeqSampler | None) -> None:
+        if s is not None and s.slot >= 0:
+            if self._attached.get(s.slot) is s:
+                L.llama_set_sampler(self.ctx, s.slot, None)
+                del self._attached[s.slot]
+            s.slot = -1
+
+    def free(self, s: SeqSampler) -> None:
+        self._detach(s)
         if s.chain is not None:
             L.llama_sampler_free(s.chain)
         if s.grammar is not None:
