@@ -149,12 +149,12 @@ def host_per_step(timer: StepTimer | None, steps: int) -> dict[str, dict[str, fl
 
 def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_tokens: int, threads: int,
           batch_size: int, profile: str | None = None, spec_type: str = "none", copy: bool = False,
-          sampled: bool = False) -> dict:
+          sampled: bool = False, device_sampling: str = "auto") -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
     seq_ctx = 256 * ((max(prompt_tokens, 1024 if copy else 0) + gen_tokens) // 256 + 1)
     config = ServeConfig(parallel=concurrency, ctx_size=seq_ctx * concurrency, threads=threads, batch_size=batch_size,
-                         spec_type=spec_type)
+                         spec_type=spec_type, device_sampling=device_sampling)
     engine = LLMEngine(model, config)
     try:
         tokenize = _tokenizer(engine)
@@ -191,6 +191,7 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         "parts_seconds": breakdown(totals, seconds, timer),
         "host_us_per_step": host_per_step(timer, steps),
         "sampled": sampled,
+        "device_sampling": engine.sampler.device,
         "copy": copy,
         "spec_type": spec_type,
         "drafted_tokens": drafted,
@@ -219,7 +220,8 @@ def report(r: dict) -> str:
         f"concurrency {r['concurrency']}, {r['threads']} threads",
         f"  {r['tokens_per_second']:.1f} tok/s: {r['generated_tokens']} tokens in {r['seconds']:.2f} s, "
         f"{r['steps']} steps of {r['step_ms']:.2f} ms",
-        f"  {'sampled (temperature 0.7, top-p 0.9, seeded)' if r['sampled'] else 'greedy'};"
+        f"  {'sampled (temperature 0.7, top-p 0.9, seeded)' if r['sampled'] else 'greedy'}"
+        f" on the {'device' if r['device_sampling'] else 'host'};"
         f" speculative: {r['spec_type']}, {r['accepted_tokens']} of {r['drafted_tokens']} drafted tokens accepted",
         f"  {'part':<13}{'ms/step':>9}{'share':>8}",
     ]
@@ -263,6 +265,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--prompts", choices=["fresh", "copy"], default="fresh",
                     help="fresh: synthetic prompts of -p tokens; copy: tasks that copy or quote a ~600-token text")
     ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)")
+    ap.add_argument("--device-sampling", choices=["auto", "on", "off"], default="auto",
+                    help="sample inside llama_decode where a request allows (default auto: with GPU layers)")
     ap.add_argument("--sweep", action="store_true",
                     help=f"host us/step at concurrency {', '.join(map(str, SWEEP))}, greedy and sampled, 2c requests each (-c, -n, --sampled ignored)")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)")
@@ -277,7 +281,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         ap.error(str(e))
     run = lambda n, c, sampled, profile=None: bench(  # noqa: E731
         model, n, c, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count(), args.batch_size, profile,
-        args.spec_type, args.prompts == "copy", sampled)
+        args.spec_type, args.prompts == "copy", sampled, args.device_sampling)
     if args.sweep:
         results = [run(2 * c, c, sampled) for c in SWEEP for sampled in (False, True)]
         print(msgspec.json.encode(results).decode() if args.json else sweep_table(results))
