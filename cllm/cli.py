@@ -9,7 +9,7 @@ import sys
 from typing import get_args
 
 from cllm.core.config import (
-    CacheType, ConfigError, FlashAttn, LogFormat, LogLevel, ReasoningFormat, ReplicaRouting, ServeConfig, SpecType, load_config,
+    CacheType, ConfigError, DeviceSampling, FlashAttn, LogFormat, LogLevel, ReasoningFormat, ReplicaRouting, ServeConfig, SpecType, load_config,
 )
 from cllm.core.model_file import ModelFileError
 from cllm.core.registry import build_registry, is_pool
@@ -85,6 +85,11 @@ def _serve_parser(sub) -> None:
         "--spec-type", choices=get_args(SpecType),
         help="speculative decoding: ngram drafts tokens by matching a sequence's last tokens against its own prompt and output, "
         f"and verifies them in the step's batch; none turns it off (README: Speculative decoding; default {d.spec_type})",
+    )
+    p.add_argument(
+        "--device-sampling", choices=get_args(DeviceSampling),
+        help="sample inside llama_decode where a request allows (no grammar, penalties, logit bias or logprobs), so only "
+        f"token ids leave the device; auto: when layers are offloaded to a GPU (default {d.device_sampling})",
     )
     p.add_argument("--draft-max", type=int, help=f"most tokens one sequence drafts in a step (default {d.draft_max})")
     p.add_argument("--models-dir", metavar="DIR", help="serve every *.gguf in DIR too, by its file name without .gguf (README: Several models)")

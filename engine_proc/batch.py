@@ -1,15 +1,20 @@
 """A llama_batch backed by numpy arrays that live as long as it does.
 
-Filling it is a few vectorised slice writes per sequence: no per-token
-ctypes calls, nothing allocated per step.
+Filling it is a few vectorised slice writes per chunk, and a decode batch of
+one token per sequence is written column by column: no per-token ctypes
+calls, no numpy call per sequence.
 """
 
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 import llama_cpp as L
 import numpy as np
+
+if TYPE_CHECKING:
+    from engine_proc.sequence import Chunk
 
 
 class Batch:
@@ -28,6 +33,47 @@ class Batch:
         self.batch.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         self.batch.seq_id = self._seq_id_rows
         self.batch.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def fill(self, chunks: list[Chunk], positions: np.ndarray, plain: bool = False) -> tuple[int, list[int | None]]:
+        """Write the chunks' tokens; (tokens written, each chunk's last logits row or None if it has none).
+
+        A row is counted from the end of the decode's outputs (-1: the last),
+        as llama_get_logits_ith takes it, and a chunk that scores or drafts has
+        a row for each token, consecutive, its last one returned. ``plain``: every
+        chunk is one decoding sequence's last sampled token, all sampling.
+        """
+        if plain:
+            n = len(chunks)
+            self.token[:n] = [c.seq.output[-1] for c in chunks]
+            self.pos[:n] = [c.start for c in chunks]
+            self.seq_id[:n] = [c.seq.slot for c in chunks]
+            self.logits[:n] = 1
+            return n, list(range(-n, 0))
+        rows: list[int | None] = []
+        i = outputs = 0
+        for c in chunks:
+            seq, n = c.seq, c.end - c.start
+            if c.start >= len(seq.prompt):  # decoding: feed the last sampled token, then the draft
+                self.token[i] = seq.output[-1]
+                if c.draft is not None:
+                    self.token[i + 1 : i + n] = c.draft
+            else:
+                self.token[i : i + n] = seq.prompt[c.start : c.end]
+            self.pos[i : i + n] = positions[c.start : c.end]
+            self.seq_id[i : i + n] = seq.slot
+            every_row = c.every_row
+            self.logits[i : i + n] = every_row
+            i += n
+            if every_row:
+                outputs += n
+                rows.append(outputs - 1)
+            elif c.samples:
+                self.logits[i - 1] = 1
+                outputs += 1
+                rows.append(outputs - 1)
+            else:
+                rows.append(None)
+        return i, [r if r is None else r - outputs for r in rows]
 
     def decode(self, ctx, n_tokens: int) -> None:
         """llama_decode of the batch's first ``n_tokens`` tokens."""

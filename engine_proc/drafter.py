@@ -20,15 +20,12 @@ nearly free, that share is low; on this CPU at 32 sequences, nearly all.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from engine_proc.sequence import Chunk, Sequence
+from engine_proc.sequence import FIRST_DRAFT, Chunk, Drafting, Sequence
 
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
 SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
-FIRST_DRAFT = 2  # tokens a sequence drafts before it has shown how much it copies
 # Until the engine has timed both kinds of step, a drafted token is taken to cost
 # what a step of one sequence costs (its weights read) about, as on a 2-core CPU.
 VERIFY_COST = 1.0
@@ -37,18 +34,6 @@ PROBE_STEPS = 64  # steps without drafts, where they do not pay, before trying a
 # Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
 STEP_DRAFT_ROWS = 128
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
-
-
-@dataclass(slots=True)
-class Drafting:
-    """A sequence's speculation: its known tokens in one array, and how well its drafts fare."""
-
-    tokens: np.ndarray  # prompt then output; capacity grows by doubling
-    n: int  # tokens of it that are known
-    want: int = FIRST_DRAFT  # the draft it earned: doubles when one is accepted whole
-    rate: float = 1.0  # accepted / drafted, recent drafts weighing most
-    rest: int = 0  # steps to wait before drafting again after a draft failed outright
-    misses: int = 0  # drafts in a row that failed outright
 
 
 class Drafter:
@@ -81,9 +66,7 @@ class Drafter:
                 continue
             d = seq.drafting
             if d is None:
-                d = seq.drafting = _start(seq)
-            else:
-                _sync(d, seq)
+                d = seq.drafting = Drafting()
             if d.rest:
                 d.rest -= 1
                 continue
@@ -91,7 +74,7 @@ class Drafter:
                 d.rate += (1 - d.rate) / 8  # drift back, to try again once the text may have turned to copying
                 continue
             room = min(d.want, self.draft_max, budget, seq.params.max_tokens - len(seq.output) - 1, self.seq_ctx - chunk.end)
-            if room > 0 and (draft := lookup(d.tokens[: d.n], room)) is not None:
+            if room > 0 and (draft := lookup(seq.known(len(seq.prompt) + len(seq.output)), room)) is not None:
                 chunk.draft = draft
                 budget -= len(draft)
                 drafted.append(chunk)
@@ -195,22 +178,3 @@ def lookup(tokens: np.ndarray, k: int) -> np.ndarray | None:
         return None
     at = int(cand[np.flatnonzero(length == best)[-1]]) + 1
     return tokens[at : at + k].copy()
-
-
-def _start(seq: Sequence) -> Drafting:
-    known = len(seq.prompt) + len(seq.output)
-    tokens = np.empty(max(2 * known, 256), np.int32)
-    tokens[: len(seq.prompt)] = seq.prompt
-    tokens[len(seq.prompt) : known] = seq.output
-    return Drafting(tokens, known)
-
-
-def _sync(d: Drafting, seq: Sequence) -> None:
-    """Append the output tokens sampled since the last call."""
-    known = len(seq.prompt) + len(seq.output)
-    if known > len(d.tokens):
-        d.tokens = np.concatenate((d.tokens, np.empty(max(len(d.tokens), known), np.int32)))
-    new = known - d.n
-    if new:
-        d.tokens[d.n : known] = seq.output[-new:]
-        d.n = known

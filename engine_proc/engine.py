@@ -1,14 +1,21 @@
-"""The engine: one step = schedule, draft, decode, sample (and verify drafts), retire."""
+"""The engine: one step = schedule (and draft), run (llama_decode, sample, verify drafts), postprocess (retire).
+
+``step()`` yields StepResults: the first tokens of streamed prompts as soon
+as their llama_decode call ends (see _prefill_runs), then the step's own
+result, with its embeddings and whether the frontend must wake for it.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
+from msgspec.structs import replace
 
 from cllm.core.config import ServeConfig
-from cllm.core.protocol import Embed, Embeddings, EngineStats, SeqOutput, Submit
+from cllm.core.protocol import Embed, Embeddings, EngineStats, ModelInfo, SeqOutput, Submit
 from engine_proc.disk_cache import open_disk_cache
 from engine_proc.drafter import Drafter
 from engine_proc.embedder import Embedder
@@ -16,6 +23,7 @@ from engine_proc.model_runner import ModelRunner
 from engine_proc.sampler import GrammarError, Sampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, Sequence
+from engine_proc.step_timer import StepTimer
 
 
 # While sequences decode, embeddings get at most this fraction (1/n) of a step's budget.
@@ -26,10 +34,21 @@ EMBED_SHARE = 4
 FIRST_TOKEN_GROUP = 48
 
 
+@dataclass(slots=True)
+class StepResult:
+    outputs: list[SeqOutput]
+    embeddings: list[Embeddings] = field(default_factory=list)
+    wake: bool = True  # the frontend wants these now (see step)
+    last: bool = True  # the step's own result; earlier ones carry first tokens sent before the step ends
+
+
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig):
         self.runner = ModelRunner(model_path, config)
-        self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens)
+        # Sampling on the device: by default with GPU layers; never beside drafts, whose rows are verified one by one.
+        device = config.device_sampling == "on" or (config.device_sampling == "auto" and self.runner.info.gpu_layers > 0)
+        device = device and config.spec_type == "none"
+        self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens, device)
         disk = open_disk_cache(model_path, config, self.runner)  # None without --cache-dir
         self.scheduler = Scheduler(
             config.parallel,
@@ -44,16 +63,17 @@ class LLMEngine:
             disk,
         )
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
-        self.runner.info.spec_type, self.runner.info.draft_max = config.spec_type, config.draft_max
         self.embedder = Embedder(self.runner.model, config, self.runner.token_budget)
-        self.runner.contexts.append(self.embedder.ctx)
-        self.runner.info.embedding_dim = self.embedder.dim
-        self.runner.info.max_embedding_tokens = self.embedder.max_tokens
-        self.embedded: list[Embeddings] = []  # vectors of the last step: the caller sends them
-        # Sends outputs ready before the step ends (first tokens); unset, they are step()'s too.
-        self.emit: Callable[[list[SeqOutput]], None] | None = None
+        self.runner.share_threads(self.embedder.ctx)
+        self.info: ModelInfo = replace(
+            self.runner.info,
+            spec_type=config.spec_type,
+            draft_max=config.draft_max,
+            embedding_dim=self.embedder.dim,
+            max_embedding_tokens=self.embedder.max_tokens,
+        )
+        self.timer: StepTimer | None = None  # set, it sums the time of each part of every step
         self.steps = 0
-        self.urgent = True  # the last step's outputs are wanted at once (see step)
         self.stream_interval = config.stream_interval_ms / 1000
         self._woke = 0.0  # when the last urgent step ended
         self.generated_tokens = 0
@@ -83,37 +103,50 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self.embedder.jobs)
 
-    def step(self) -> list[SeqOutput]:
+    def step(self) -> Iterator[StepResult]:
+        """Schedule, run, postprocess: one step. Yields a result for each group of streamed prompts'
+        first tokens as it is ready (last=False), then the step's own result (last=True)."""
+        timer = self.timer
+        if timer:
+            timer.start()
         t0 = time.perf_counter()
         step = self.scheduler.schedule()
+        first, later = self._prefill_runs(step.prefill)
+        # Drafts only in steps without prompt work: those are compute-bound already.
+        drafting = self.drafter is not None and bool(step.decode) and not step.prefill
+        if drafting:
+            self.drafter.draft(step.decode, self.runner.token_budget - len(step.decode))
+        if timer:
+            timer.lap("schedule")
         outputs: list[SeqOutput] = []
         done: list[Sequence] = []
-        first, later = self._prefill_runs(step.prefill)
-        for chunks in first:  # their tokens are sent now: see _prefill_runs
+        for chunks in first:  # their tokens go now: see _prefill_runs
             sent: list[SeqOutput] = []
             self._run(chunks, sent, done)
             self.generated_tokens += len(sent)
-            self.emit(sent)
+            if timer:
+                timer.lap("other")
+            yield StepResult(sent, last=False)
+            if timer:
+                timer.start()
         if step.decode:
-            # Drafts only in steps without prompt work: those are compute-bound already.
-            drafting = self.drafter is not None and not step.prefill
-            if drafting:
-                self.drafter.draft(step.decode, self.runner.token_budget - len(step.decode))
             t_decode = time.perf_counter()
-            self._run(step.decode, outputs, done)
+            self._run(step.decode, outputs, done, plain=not drafting)
             if drafting:
                 self.drafter.end_step(len(step.decode), time.perf_counter() - t_decode)
         for chunks in later:
             self._run(chunks, outputs, done)
         if done:
             self._release(self.scheduler.remove({s.id for s in done}))
-        self.embedded = []
+            if timer:
+                timer.lap("retire")
+        embeddings: list[Embeddings] = []
         if self.embedder.jobs:  # in what the generation left of the budget
             used = len(step.decode) + sum(c.end - c.start for c in step.prefill)
             budget = self.runner.token_budget - used
             if step.decode:  # embedding is prefill work: a full budget of it beside decoding streams slows them ~15x
                 budget = min(budget, self.runner.token_budget // EMBED_SHARE)
-            self.embedded = self.embedder.step(budget)
+            embeddings = self.embedder.step(budget)
         # The frontend wants this step now if a request begins (its first token
         # times TTFT) or ends. A token read as it comes (per_step) may wait in the
         # ring while the next step, if it takes as long as this one, still ends
@@ -121,18 +154,20 @@ class LLMEngine:
         # frontend then carries a few tokens, and its CPU goes to llama.cpp.
         t1 = time.perf_counter()
         streams = any(c.seq.per_step for c in step.decode)
-        self.urgent = (
+        wake = (
             bool(done)
             or any(c.samples for c in step.prefill)
             or (streams and 2 * t1 - t0 - self._woke >= self.stream_interval)
         )
-        if self.urgent:
+        if wake:
             self._woke = t1
         self.steps += 1
         self.generated_tokens += len(outputs)
         self.step_seconds.append(t1 - t0)
         self.batch_sizes.append(len(step.decode) + len({id(c.seq) for c in step.prefill}))
-        return outputs
+        if timer:
+            timer.lap("other")
+        yield StepResult(outputs, embeddings, wake)
 
     def _prefill_runs(self, chunks: list[Chunk]) -> tuple[list[list[Chunk]], list[list[Chunk]]]:
         """The step's prompt chunks as llama_decode calls: those to run before the decode batch, and after it.
@@ -143,7 +178,7 @@ class LLMEngine:
         would otherwise all wait for the whole burst's prefill and the decode
         batch: 6 prompts of 27 tokens took 494 ms in one call here, and as
         three calls of two 501 ms in all, their first tokens coming after
-        338 ms on average. So with an emit, the streamed prompts that end in
+        338 ms on average. So the streamed prompts that end in
         this step (a shared chunk is its sequence's only one this step) go
         first, shortest first, in calls of at least FIRST_TOKEN_GROUP tokens,
         and each call's tokens are sent at once. The decode batch's tokens
@@ -155,23 +190,51 @@ class LLMEngine:
         alone = [[c] for c in chunks if self.scheduler.exact or c.scores]
         shared = [c for c in chunks if not (self.scheduler.exact or c.scores)]
         first: list[list[Chunk]] = []
-        if self.emit is not None:
-            starting = sorted((c for c in shared if c.samples and c.seq.per_step), key=lambda c: c.end - c.start)
-            shared = [c for c in shared if not (c.samples and c.seq.per_step)]
-            group: list[Chunk] = []
-            tokens = 0
-            for chunk in starting:
-                group.append(chunk)
-                tokens += chunk.end - chunk.start
-                if tokens >= FIRST_TOKEN_GROUP or chunk is starting[-1]:
-                    first.append(sorted(group, key=by_slot))
-                    group, tokens = [], 0
+        starting = sorted((c for c in shared if c.samples and c.seq.per_step), key=lambda c: c.end - c.start)
+        shared = [c for c in shared if not (c.samples and c.seq.per_step)]
+        group: list[Chunk] = []
+        tokens = 0
+        for chunk in starting:
+            group.append(chunk)
+            tokens += chunk.end - chunk.start
+            if tokens >= FIRST_TOKEN_GROUP or chunk is starting[-1]:
+                first.append(sorted(group, key=by_slot))
+                group, tokens = [], 0
         later = [sorted(shared, key=by_slot)] if shared else []
         return first, later + alone
 
-    def _run(self, chunks: list[Chunk], outputs: list[SeqOutput], done: list[Sequence]) -> None:
-        """One llama_decode, then a token for each chunk that ends its sequence's known tokens."""
-        rows = self.runner.decode(chunks)
+    def _run(self, chunks: list[Chunk], outputs: list[SeqOutput], done: list[Sequence], plain: bool = False) -> None:
+        """One llama_decode, then a token for each chunk that ends its sequence's known tokens.
+
+        ``plain``: the chunks are the decode batch without drafts (see Batch.fill).
+        """
+        timer = self.timer
+        if self.sampler.device:
+            for c in chunks:
+                if c.samples:
+                    self.sampler.attach(c.seq.sampler, c.seq.slot)
+        rows = self.runner.fill(chunks, plain)
+        if timer:
+            timer.lap("batch")
+        self.runner.decode()
+        if timer:
+            timer.lap("llama_decode")
+        if plain:
+            tokens = self.sampler.sample_rows([c.seq.sampler for c in chunks], rows)
+        else:  # for the chunks _postprocess takes a sampled token for
+            picks = [(c.seq.sampler, row) for c, row in zip(chunks, rows)
+                     if c.draft is None and c.samples and not (c.scores and c.seq.params.max_tokens == 0)]
+            tokens = self.sampler.sample_rows([s for s, _ in picks], [row for _, row in picks]) if picks else []
+        if timer:
+            timer.lap("sampling")
+        self._postprocess(chunks, rows, tokens, outputs, done)
+        if timer:
+            timer.lap("retire")
+
+    def _postprocess(self, chunks: list[Chunk], rows: list[int | None], tokens: list[int], outputs: list[SeqOutput],
+                     done: list[Sequence]) -> None:
+        """Record the run's tokens (``tokens``: those sampled for its sampling chunks, in order), verify its drafts."""
+        picked = iter(tokens)
         for chunk, row in zip(chunks, rows):
             seq = chunk.seq
             if chunk.draft is not None:
@@ -185,7 +248,7 @@ class LLMEngine:
             if chunk.scores and seq.params.max_tokens == 0:  # scored, nothing to generate
                 out = SeqOutput(seq.id, None, "length")
             else:
-                out = self._sample(seq, row)
+                out = self._output(seq, next(picked), row)
             if chunk.start < len(seq.prompt):  # its first output: what the prefix cache served, the prompt's logprobs
                 out.cached_tokens = seq.reused
                 if chunk.scores:
@@ -207,7 +270,7 @@ class LLMEngine:
         first = last_row - len(draft)
         for j in range(len(draft) + 1):
             seq.n_cached = chunk.start + j + 1
-            out = self._sample(seq, first + j)
+            out = self._output(seq, self.sampler.sample_rows([seq.sampler], [first + j])[0], first + j)
             outputs.append(out)
             if out.finish:
                 done.append(seq)
@@ -219,11 +282,9 @@ class LLMEngine:
         if not out.finish and seq.n_cached < chunk.end:
             self.runner.trim(seq.slot, seq.n_cached)
 
-    def _sample(self, seq: Sequence, row: int) -> SeqOutput:
-        """The sequence's next token from the row, recorded, and whether it ends the sequence."""
-        try:
-            token = self.sampler.sample(seq.sampler, row)
-        except GrammarError:  # a dead end: this request ends, the rest go on
+    def _output(self, seq: Sequence, token: int, row: int) -> SeqOutput:
+        """The sampled token (-1: the sequence's grammar allowed none) recorded, and whether it ends the sequence."""
+        if token < 0:  # a dead end: this request ends, the rest go on
             return SeqOutput(seq.id, None, "error")
         is_eog = token in self.runner.eog_tokens
         finish = self.scheduler.finish_reason(seq, token, is_eog)

@@ -63,8 +63,7 @@ def main() -> int:
     except ModelLoadError as e:
         log.error("%s", e)
         return EXIT_LOAD_FAILED
-    _log_start(engine.runner.info, f"{launch.model_id}#{launch.replica}")
-    engine.emit = lambda outs: send(StepOutputs(outs))  # first tokens, before their step ends
+    _log_start(engine.info, f"{launch.model_id}#{launch.replica}")
 
     session = None  # records before the first Hello were meant for a dead engine
     stats_due = 0.0
@@ -89,7 +88,7 @@ def main() -> int:
                     engine.drop_all()  # they belonged to a frontend that is gone
                     refused.clear()
                     session = msg.session
-                    send(EngineReady(engine.runner.info, session, launch.generation))
+                    send(EngineReady(engine.info, session, launch.generation))
                 elif session is None:
                     continue
                 elif type(msg) is Submit:
@@ -103,13 +102,14 @@ def main() -> int:
             if refused:
                 send(StepOutputs(refused))
             if engine.has_work():
-                outs = engine.step()
-                reported = not engine.has_work()
-                if reported:  # the figures go before the last outputs: whoever sees a response end sees its figures
-                    send(engine.stats(), wake=False)
-                send(StepOutputs(outs), engine.urgent)
-                for vectors in engine.embedded:
-                    send(vectors)
+                for result in engine.step():  # first tokens as they come, then the step's result
+                    if result.last:
+                        reported = not engine.has_work()
+                        if reported:  # the figures go before the last outputs: whoever sees a response end sees its figures
+                            send(engine.stats(), wake=False)
+                    send(StepOutputs(result.outputs), result.wake)
+                    for vectors in result.embeddings:
+                        send(vectors)
                 if not reported and time.monotonic() >= stats_due:
                     if select.select([launch.lifeline], [], [], 0)[0]:
                         break  # the supervisor is gone: no one will read what we make

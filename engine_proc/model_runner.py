@@ -85,6 +85,7 @@ class ModelRunner:
         self.threads = Threads(config.n_threads, self.set_threads, follow)
 
         self._b = Batch(self.token_budget)
+        self._n = 0  # tokens in the batch
         self._moving: set[int] = set()  # streams a copy asked since the last llama_decode reads or writes
         # The host buffers at-once copies go through, kept from one to the next: a new
         # one's pages fault in as they are written (a 26 MB save took 9-60 ms so, 1.4 ms into a used one).
@@ -115,36 +116,21 @@ class ModelRunner:
             cache_type_v=config.cache_type_v,
         )
 
-    def decode(self, chunks: list[Chunk]) -> list[int]:
-        """One llama_decode for all chunks; returns each chunk's last logits row (-1: none).
+    def fill(self, chunks: list[Chunk], plain: bool = False) -> list[int | None]:
+        """Put the chunks in the batch the next decode() runs; each one's last logits row (see Batch.fill)."""
+        self._n, rows = self._b.fill(chunks, self._positions, plain)
+        return rows
 
-        A chunk that scores or drafts has a row for each of its tokens, the last one's returned.
-        """
-        b = self._b
-        rows = []
-        i = 0
-        for c in chunks:
-            seq, n = c.seq, c.end - c.start
-            if c.start >= len(seq.prompt):  # decoding: feed the last sampled token, then the draft
-                b.token[i] = seq.output[-1]
-                if c.draft is not None:
-                    b.token[i + 1 : i + n] = c.draft
-            else:
-                b.token[i : i + n] = seq.prompt[c.start : c.end]
-            b.pos[i : i + n] = self._positions[c.start : c.end]
-            b.seq_id[i : i + n] = seq.slot
-            b.logits[i : i + n] = c.every_row
-            i += n
-            if c.samples or c.scores:
-                b.logits[i - 1] = 1
-                rows.append(i - 1)
-            else:
-                rows.append(-1)
+    def decode(self) -> None:
+        """One llama_decode of the batch fill() wrote."""
         cpu, wall = time.process_time(), time.perf_counter()
-        b.decode(self.ctx, i)
+        self._b.decode(self.ctx, self._n)
         self.threads.decoded(time.perf_counter() - wall, time.process_time() - cpu)
         self._moving.clear()
-        return rows
+
+    def share_threads(self, ctx) -> None:
+        """Let another context on this model (the embedder's) decode on as many threads as this one."""
+        self.contexts.append(ctx)
 
     def set_threads(self, n: int) -> None:
         for ctx in self.contexts:

@@ -16,10 +16,27 @@ only when the grammar refuses it.
 Plain greedy (temperature ~0, no penalty, no bias but the EOS ban, no
 grammar) needs no chain: its token is the argmax of its logits row, which
 numpy finds without the copy of the whole vocabulary into a candidate
-array that llama_sampler_sample makes (32 rows: 0.1 ms instead of 1.7 ms).
+array that llama_sampler_sample makes (32 rows: 0.1 ms instead of 1.7 ms),
+and a run's greedy rows take one numpy call over its logits matrix
+(sample_rows).
 
 Logprobs are computed with numpy from the logits row, and only for the
 sequences that ask.
+
+Sampling on the device (``device``: --device-sampling, on by default with
+GPU layers): a request whose chain llama.cpp can run inside llama_decode
+(greedy, temperature, top-k, top-p, min-p, the seeded draw, and the EOS ban
+of ignore_eos) gets its chain attached to its KV stream's seq_id with
+llama_set_sampler, so that only its token id comes back from the device and
+its logits are not copied to the host at all (llama_sampler_sample then
+returns the token the device drew, and advances the chain's state).
+Grammars, penalties, a request's own logit bias, logprobs and speculative
+drafts stay on the host, as does every request without the switch: their
+rows are copied and sampled as above. A greedy token is the same either
+way (the argmax of the same logits); a seeded request repeats its text
+run to run either way, but the device's draw is not the host's.
+Attaching or detaching a chain makes llama.cpp re-plan its compute graph at
+the next decode; chains stay attached while their sequence keeps its slot.
 """
 
 from __future__ import annotations
@@ -66,17 +83,23 @@ class SeqSampler:
     ban_eog: bool = False  # plain greedy under ignore_eos
     triggers: list[re.Pattern] | None = None  # a lazy grammar's
     waiting: str | None = None  # a lazy grammar's text while it waits for a trigger; None once it applies
+    device: bool = False  # the chain runs inside llama_decode once attached to the sequence's slot
+    slot: int = -1  # the slot its chain is attached to
+    placed: bool = False  # its chain was attached once: llama.cpp takes a chain onto the device only once
 
 
 class Sampler:
-    def __init__(self, ctx, vocab, n_vocab: int, eog_tokens: frozenset[int]):
+    def __init__(self, ctx, vocab, n_vocab: int, eog_tokens: frozenset[int], device: bool = False):
         self.ctx = ctx
+        self.device = device  # chains llama.cpp can run go onto the device (see the module's docstring)
+        self._attached: dict[int, SeqSampler] = {}  # slot -> the chain llama_decode samples it with
         self.vocab = vocab
         self.n_vocab = n_vocab
         self._ban_eog = dict.fromkeys(sorted(eog_tokens), float("-inf"))
         self._eog = np.array(sorted(eog_tokens), dtype=np.intp)
         self._scratch = np.empty(n_vocab, np.float32)
         self._row = ctypes.c_float * n_vocab
+        self._matrices: dict[int, type] = {}  # rows -> the ctypes type of that many logits rows
         # Candidate arrays for grammar sequences: the whole vocabulary, and one token.
         self._ids = np.arange(n_vocab, dtype=np.int32)
         self._cur = np.zeros(n_vocab, TOKEN_DATA)
@@ -99,7 +122,10 @@ class Sampler:
                 s.triggers, s.waiting = [re.compile(t) for t in params.grammar_triggers], ""
         penalize = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
         greedy = params.temperature < MIN_TEMPERATURE
-        if greedy and not (penalize or params.logit_bias or s.grammar):
+        s.device = self.device and not (
+            penalize or params.logit_bias or s.grammar or params.logprobs is not None or params.prompt_logprobs is not None
+        )
+        if greedy and not (penalize or params.logit_bias or s.grammar or s.device):
             return s
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda sampler: L.llama_sampler_chain_add(chain, sampler)  # noqa: E731
@@ -131,6 +157,43 @@ class Sampler:
         seed = L.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
         add(L.llama_sampler_init_dist(seed))
         return s
+
+    def sample_rows(self, samplers: list[SeqSampler], rows: list[int]) -> list[int]:
+        """Each sequence's next token from its row (rows of one decode, in output order); -1 where its
+        grammar allows none. Plain greedy rows go through one argmax over the logits matrix."""
+        greedy = [k for k, s in enumerate(samplers) if s.chain is None]
+        if not greedy:
+            return [self._sample_or_dead(s, row) for s, row in zip(samplers, rows)]
+        argmax = self._argmax_rows([rows[k] for k in greedy])
+        if len(greedy) == len(samplers):
+            tokens = argmax
+        else:
+            tokens = [-1 if s.chain is None else self._sample_or_dead(s, row) for s, row in zip(samplers, rows)]
+            for k, token in zip(greedy, argmax):
+                tokens[k] = token
+        ban = self._ban_eog
+        for k in greedy:
+            if tokens[k] in ban and samplers[k].ban_eog:  # rare: look again without the EOS tokens
+                tokens[k] = self._argmax(rows[k], True)
+        return tokens
+
+    def _sample_or_dead(self, s: SeqSampler, row: int) -> int:
+        try:
+            return self.sample(s, row)
+        except GrammarError:
+            return -1
+
+    def _argmax_rows(self, rows: list[int]) -> list[int]:
+        """The argmax of each logits row (increasing rows counted from the end of the outputs, as llama_get_logits_ith takes them)."""
+        k = -rows[0]  # the outputs from the first row on, as one matrix
+        matrix = self._matrices.get(k)
+        if matrix is None:
+            matrix = self._matrices[k] = ctypes.c_float * (k * self.n_vocab)
+        last = _logits_ith(self.ctx, -1)
+        logits = np.frombuffer(matrix.from_address(last - (k - 1) * 4 * self.n_vocab), np.float32).reshape(k, self.n_vocab)
+        if len(rows) == k:  # every row of the span
+            return logits.argmax(axis=1).tolist()
+        return [int(logits[k + r].argmax()) for r in rows]
 
     def sample(self, s: SeqSampler, row: int) -> int:
         """The next token; GrammarError when the sequence's grammar allows none."""
@@ -234,8 +297,33 @@ class Sampler:
     def _logits(self, row: int) -> np.ndarray:
         return np.frombuffer(self._row.from_address(_logits_ith(self.ctx, row)), np.float32)
 
-    @staticmethod
-    def free(s: SeqSampler) -> None:
+    def attach(self, s: SeqSampler, slot: int) -> None:
+        """Before a decode that samples the sequence in ``slot``: its chain attached there if it runs on the
+        device, else whatever an earlier sequence left there detached."""
+        want = s if s.device else None
+        if self._attached.get(slot) is want:
+            return
+        self._detach(self._attached.get(slot))
+        if want is None:
+            return
+        self._detach(want)  # from the slot it moved away from
+        if want.placed:  # a chain goes onto the device once: a copy of it, state and all, goes on now
+            old, want.chain = want.chain, L.llama_sampler_clone(want.chain)
+            L.llama_sampler_free(old)
+        if L.llama_set_sampler(self.ctx, slot, want.chain):
+            self._attached[slot], want.slot, want.placed = want, slot, True
+        else:  # refused: it samples on the host from now on
+            want.device = False
+
+    def _detach(self, s: SeqSampler | None) -> None:
+        if s is not None and s.slot >= 0:
+            if self._attached.get(s.slot) is s:
+                L.llama_set_sampler(self.ctx, s.slot, None)
+                del self._attached[s.slot]
+            s.slot = -1
+
+    def free(self, s: SeqSampler) -> None:
+        self._detach(s)
         if s.chain is not None:
             L.llama_sampler_free(s.chain)
         if s.grammar is not None:

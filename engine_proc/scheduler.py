@@ -115,7 +115,9 @@ class Scheduler:
         self.steps = 0  # schedule() calls
         self.free_slots = list(range(slots))  # a heap: the lowest slot first
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in slot order after every schedule()
+        self._ordered = True  # running is in slot order
+        self._held: dict[int, np.ndarray] | None = None  # this schedule()'s, built at its first admission
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
@@ -147,6 +149,7 @@ class Scheduler:
 
     def schedule(self) -> Step:
         self.steps += 1
+        self._held = None
         decode = [Chunk(seq, seq.n_cached, seq.n_cached + 1) for seq in self.running if not seq.prefilling]
         budget = self.token_budget - len(decode)
         prefill: list[Chunk] = []
@@ -170,7 +173,10 @@ class Scheduler:
             continued = self._admit(seq) or continued
             budget = self._prefill(seq, budget, prefill)
         self._compact()
-        decode.sort(key=lambda c: c.seq.slot)
+        if not self._ordered:  # slots moved, or sequences came in: the decode batch goes in slot order
+            self.running.sort(key=lambda s: s.slot)
+            decode.sort(key=lambda c: c.seq.slot)
+            self._ordered = True
         return Step(decode, prefill)
 
     def _prefill(self, seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
@@ -201,9 +207,12 @@ class Scheduler:
             return 0 if seq.scored else min(seq.n_cached, len(seq.prompt)) // self.block * self.block
         return seq.n_cached
 
-    def _held(self) -> dict[int, np.ndarray]:
-        """Slot -> the reusable tokens each running sequence's stream holds."""
-        return {s.slot: s.known(self._reusable(s)) for s in self.running}
+    def _held_now(self) -> dict[int, np.ndarray]:
+        """Slot -> the reusable tokens each running sequence's stream holds: built once a step, kept as
+        sequences are admitted (nothing else changes a running one's slot or tokens within schedule())."""
+        if self._held is None:
+            self._held = {s.slot: s.known(self._reusable(s)) for s in self.running}
+        return self._held
 
     def _admit(self, seq: Sequence) -> bool:
         """Start the sequence; whether it continues a cache entry."""
@@ -213,7 +222,10 @@ class Scheduler:
         else:
             seq.n_cached, continues = self._reuse_prefix(seq)
             seq.reused = seq.n_cached
+            if self._held is not None:
+                self._held[seq.slot] = seq.known(self._reusable(seq))
         self.running.append(seq)
+        self._ordered = False
         return continues
 
     def _reuse_prefix(self, seq: Sequence) -> tuple[int, bool]:
@@ -231,7 +243,7 @@ class Scheduler:
         first brought back into a free stream (see _fetch).
         """
         cache = self.cache
-        held = self._held()
+        held = self._held_now()
         prompt = seq.prompt[:1] if seq.scored else seq.prompt  # a scored prompt needs every token's logits
         into = self.free_slots[0]  # the slot the sequence takes: _fetch leaves free_slots as they are
         src, reuse, stored = cache.lookup(prompt, held, into=into)
@@ -319,12 +331,13 @@ class Scheduler:
                 self.kv.copy(seq.slot, hole, seq.n_cached)
                 self.kv.clear(seq.slot)
             seq.slot = hole
+            self._ordered = False
 
     def finish_reason(self, seq: Sequence, token: int, is_eog: bool) -> str | None:
         """Record the sampled token; say why the sequence ends, if it does."""
         if is_eog and not seq.params.ignore_eos:
             return "stop"
-        seq.output.append(token)
+        seq.append(token)
         if len(seq.output) >= seq.params.max_tokens or seq.n_cached >= self.seq_ctx:
             return "length"
         return None

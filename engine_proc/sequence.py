@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cllm.core.protocol import SamplingParams, TokenLogprobs
 from engine_proc.sampler import SeqSampler
 
-if TYPE_CHECKING:
-    from engine_proc.drafter import Drafting
+FIRST_DRAFT = 2  # tokens a sequence drafts before it has shown how much it copies
+
+
+@dataclass(slots=True)
+class Drafting:
+    """How well a sequence's speculative drafts fare (see drafter)."""
+
+    want: int = FIRST_DRAFT  # the draft it earned: doubles when one is accepted whole
+    rate: float = 1.0  # accepted / drafted, recent drafts weighing most
+    rest: int = 0  # steps to wait before drafting again after a draft failed outright
+    misses: int = 0  # drafts in a row that failed outright
 
 
 @dataclass(eq=False, slots=True)
@@ -28,6 +36,20 @@ class Sequence:
     drafting: Drafting | None = None  # its speculation, once it decodes with the engine's drafter
     per_step: bool = True  # the frontend reads each step's token as it comes (Submit.per_step)
     arrived: int = 0  # the scheduler's step count when it was queued
+    # Its known tokens, prompt then output, in one array whose capacity doubles: known() is a view, not a copy.
+    tokens: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.tokens = np.empty(len(self.prompt) + 16, np.int32)
+        self.tokens[: len(self.prompt)] = self.prompt
+
+    def append(self, token: int) -> None:
+        """Record a sampled token."""
+        n = len(self.prompt) + len(self.output)
+        if n == len(self.tokens):
+            self.tokens = np.concatenate((self.tokens, np.empty(n, np.int32)))
+        self.tokens[n] = token
+        self.output.append(token)
 
     @property
     def scored(self) -> bool:
@@ -39,10 +61,8 @@ class Sequence:
         return self.n_cached < len(self.prompt)
 
     def known(self, n: int) -> np.ndarray:
-        """Its first ``n`` known tokens: the prompt's, then the output's."""
-        if n <= len(self.prompt):
-            return self.prompt[:n]
-        return np.concatenate((self.prompt, np.array(self.output[: n - len(self.prompt)], np.int32)))
+        """Its first ``n`` known tokens: the prompt's, then the output's (a view: later tokens never change them)."""
+        return self.tokens[:n]
 
 
 @dataclass(slots=True)

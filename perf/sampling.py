@@ -58,7 +58,7 @@ def measure(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
         # ignore_eos keeps all running; a grammar needs its end token, so those may finish early.
         engine.add(Submit(i, prompt, msgspec.structs.replace(params, max_tokens=10_000, ignore_eos=params.grammar is None, seed=i)))
     while any(s.prefilling for s in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()
+        list(engine.step())
     sample, logprobs = Timed(engine.sampler.sample), Timed(engine.sampler.logprobs)
     engine.sampler.sample, engine.sampler.logprobs = sample, logprobs
     sampling, whole, fewest = [], [], len(prompts)
@@ -67,7 +67,7 @@ def measure(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
             fewest = min(fewest, len(engine.scheduler.running))
             before = sample.total + logprobs.total
             t = time.perf_counter()
-            engine.step()
+            list(engine.step())
             whole.append(time.perf_counter() - t)
             sampling.append(sample.total + logprobs.total - before)
     finally:

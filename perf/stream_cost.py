@@ -84,11 +84,11 @@ def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int, context
             tokens = peer.post("/tokenize", json={"content": prompt}).json()["tokens"]
             engine.add(Submit(r + 1, tokens, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)))
             # The prompt, in as many steps as the budget cuts it into: llama-server's figure leaves it out too.
-            while not engine.step():
+            while not any(r.outputs for r in engine.step()):
                 pass
             spent[0], n = 0.0, 0
             while engine.has_work():
-                n += len(engine.step())
+                n += sum(len(r.outputs) for r in engine.step())
             ours.append(spent[0] / n * 1e3)
     finally:
         batch.Batch.decode = decode

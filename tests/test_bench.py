@@ -20,12 +20,25 @@ def bench(*args: str) -> list | dict:
 
 def test_bench_engine_counts_every_token_and_splits_the_step():
     r = bench("engine", "-n", "3", "-c", "2", "-p", "12", "-g", "4")
-    assert r["generated_tokens"] == 12
+    assert r["generated_tokens"] == 12 and not r["sampled"]
     assert r["steps"] >= 4 + 1  # two waves: 3 requests at most 2 at a time
     parts = r["parts_seconds"]
-    assert {"admit", "schedule", "batch", "llama_decode", "sampling", "retire", "publish", "loop"} <= parts.keys()
+    assert {"admit", "schedule", "batch", "llama_decode", "sampling", "retire", "other", "publish", "loop"} <= parts.keys()
     assert parts["llama_decode"] > 0
     assert all(s >= 0 for s in parts.values())
+
+
+def test_bench_engine_reports_the_hosts_time_per_step_sampled():
+    r = bench("engine", "-n", "2", "-c", "2", "-p", "12", "-g", "3", "--sampled")
+    assert r["generated_tokens"] == 6 and r["sampled"]
+    host = r["host_us_per_step"]
+    for kind in ("wall", "cpu"):
+        parts = host[kind]
+        assert {"schedule", "batch", "sampling", "retire", "other"} < parts.keys()
+        assert all(v >= 0 for v in parts.values()) and parts["sampling"] > 0
+        assert abs(parts["host"] - sum(v for k, v in parts.items() if k != "host")) < 1e-6 * parts["host"] + 1e-9
+    # The wall clock's host part is the step's time but llama_decode: below the step's whole time.
+    assert host["wall"]["host"] < 1000 * r["step_ms"]
 
 
 def test_bench_engine_speculates_on_copy_tasks():

@@ -18,7 +18,7 @@ def run(engine, submits) -> dict[int, tuple[list[int], str]]:
     for _ in range(500):
         if not engine.has_work():
             break
-        for out in engine.step():
+        for out in (o for result in engine.step() for o in result.outputs):
             if out.token is not None:
                 results[out.id][0].append(out.token)
             if out.finish:
@@ -109,8 +109,45 @@ def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, t
             engine.add(Submit(30 + i, prompt, params, per_step=per_step))
             urgent = []
             while engine.has_work():
-                if engine.step():
-                    urgent.append(engine.urgent)
+                for result in engine.step():
+                    if result.outputs:
+                        urgent.append(result.wake)
             assert urgent == expected
     finally:
         engine.stream_interval = ServeConfig().stream_interval_ms / 1000
+
+
+def _device_or_host(tok, device: str) -> dict:
+    """Greedy, logprobs and seeded outputs of an engine that samples on the device or on the host."""
+    from cllm.core.model_file import resolve_model
+    from engine_proc.engine import LLMEngine
+
+    engine = LLMEngine(resolve_model(None), ServeConfig(parallel=4, ctx_size=2048, device_sampling=device))
+    try:
+        prompts = [tok.encode(t) for t in ("Write a story about a dragon.", "List the planets:", "Hello, my name is")]
+        greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        seeded = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, ignore_eos=True)
+        out = {"greedy": run(engine, [Submit(i, p, greedy) for i, p in enumerate(prompts)])}
+        out["logprobs"] = run(engine, [Submit(10 + i, p, msgspec.structs.replace(greedy, logprobs=1)) for i, p in enumerate(prompts)])
+        for name, first in (("seeded", 20), ("again", 30)):
+            submits = [Submit(first + i, p, msgspec.structs.replace(seeded, seed=i)) for i, p in enumerate(prompts)]
+            out[name] = run(engine, submits)
+        engine.add(Submit(40, prompts[0], seeded))
+        list(engine.step())
+        out["on_device"] = len(engine.sampler._attached)  # chains attached while it decodes
+        while engine.has_work():
+            list(engine.step())
+        out["left"] = len(engine.sampler._attached)  # none once it has ended
+        return out
+    finally:
+        engine.close()
+
+
+def test_device_sampling_gives_the_hosts_greedy_text_and_repeats_a_seed(tok):
+    host, device = _device_or_host(tok, "off"), _device_or_host(tok, "on")
+    assert (device["on_device"], device["left"]) == (1, 0) and host["on_device"] == 0
+    renumber = lambda results, first: {i - first: r for i, r in results.items()}  # noqa: E731
+    assert device["greedy"] == host["greedy"]
+    assert renumber(device["logprobs"], 10) == host["greedy"]  # logprobs: sampled on the host, the same tokens
+    assert renumber(device["again"], 30) == renumber(device["seeded"], 20)
+    assert all(len(tokens) == 12 and finish == "length" for tokens, finish in device["again"].values())

@@ -29,7 +29,7 @@ def _greedy(engine: LLMEngine, prompts: list[list[int]], first_id: int) -> list[
     for i, prompt in enumerate(prompts):
         engine.add(Submit(first_id + i, prompt, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logprobs=2)))
     while engine.has_work():
-        for out in engine.step():
+        for out in (o for result in engine.step() for o in result.outputs):
             if out.token is not None:
                 got[out.id].append((out.token, out.logprobs))
     return [got[first_id + i] for i in range(len(prompts))]
@@ -73,7 +73,7 @@ def _decode_until(engine: LLMEngine, done, timeout: float) -> None:
         if not engine.has_work():
             next_id += 1
             engine.add(Submit(next_id, list(range(100, 140)), SamplingParams(max_tokens=512, temperature=0, ignore_eos=True)))
-        engine.step()
+        list(engine.step())
 
 
 @needs_cpus

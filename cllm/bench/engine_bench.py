@@ -9,20 +9,20 @@ the new requests (msgpack-decode the Submit, build its sampler), one
 engine.step(), publish the StepOutputs (msgpack-encode, ring write, waking a
 reader that sleeps as the frontend does).
 
-Where a step's time goes is measured by wrapping the methods step() calls
-(scheduler.schedule, runner.decode, llama_decode inside it,
-sampler.sample) for this run only: the production step carries no timing
-code. A wrapper costs well under a microsecond per call; steps take
-milliseconds. With --profile the wrappers stay off (they would hide the call
-structure), so the split is coarser: admit, step, publish. cProfile does not
-see calls into C through ctypes: llama_decode's time shows as the own time of
-ModelRunner.decode.
+Where a step's time goes comes from the engine's own timing hooks (a
+StepTimer set on it for the timed run: the step marks where each part
+ends, and with no timer set makes no such call): wall clock and the engine
+thread's CPU time of schedule, batch fill, llama_decode, sampling, retire
+and the rest of the step. The host's work per step is all of it but
+llama_decode; the thread's CPU time is the steadier figure on a busy
+machine. With --profile the timer stays off, so the split is coarser:
+admit, step, publish. cProfile does not see calls into C through ctypes:
+llama_decode's time shows as the own time of ModelRunner.decode.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import os
 import pstats
@@ -38,6 +38,7 @@ from cllm.core.model_file import ModelFileError, resolve_model
 from cllm.core.protocol import SamplingParams, StepOutputs, Submit, ToEngine
 from cllm.core.ring import Ring
 from cllm.bench.prompts import copy_prompts, make_prompts
+from engine_proc.step_timer import StepTimer
 
 PARTS = [
     ("admit", "decode Submit records, build sampler chains"),
@@ -45,59 +46,37 @@ PARTS = [
     ("schedule", "pick this step's chunks, copy and trim KV streams"),
     ("batch", "fill the llama_batch"),
     ("llama_decode", "the forward pass"),
-    ("sampling", "Sampler.sample per sequence (argmax or llama.cpp chain)"),
+    ("sampling", "pick each sequence's token (one argmax over greedy rows, llama.cpp chains)"),
     ("retire", "finish checks, SeqOutputs, free finished sequences"),
+    ("other", "the rest of the step (drafting's books, embeddings, step figures)"),
     ("publish", "encode StepOutputs, write the ring"),
     ("loop", "the rest of the loop (bench bookkeeping, the reader's drain)"),
 ]
 
 
-def _timed(totals: dict, key: str, fn):
-    perf = time.perf_counter
+def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1, copy: bool = False,
+                       sampled: bool = False) -> list[bytes]:
+    """Encoded Submit records, as the frontend would write them: fresh prompts of exactly prompt_tokens, or copy tasks.
 
-    def wrapper(*args):
-        t = perf()
-        result = fn(*args)
-        totals[key] += perf() - t
-        return result
-
-    return wrapper
-
-
-@contextlib.contextmanager
-def _timing(engine, totals: dict):
-    """Time the pieces of engine.step() by wrapping what it calls, for this run only."""
-    import llama_cpp
-
-    runner, sampler, scheduler = engine.runner, engine.sampler, engine.scheduler
-    scheduler.schedule = _timed(totals, "schedule", scheduler.schedule)
-    runner.decode = _timed(totals, "decode_call", runner.decode)
-    sampler.sample = _timed(totals, "sampling", sampler.sample)
-    llama_decode = llama_cpp.llama_decode
-    llama_cpp.llama_decode = _timed(totals, "llama_decode", llama_decode)
-    try:
-        yield
-    finally:
-        llama_cpp.llama_decode = llama_decode
-        for obj, name in ((scheduler, "schedule"), (runner, "decode"), (sampler, "sample")):
-            delattr(obj, name)
-
-
-def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1, copy: bool = False) -> list[bytes]:
-    """Encoded Submit records, as the frontend would write them: fresh prompts of exactly prompt_tokens, or copy tasks."""
-    params = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+    Greedy, or with ``sampled`` temperature 0.7, top-p 0.9 and a seed of its own per request.
+    """
     encode = msgspec.msgpack.Encoder().encode
     records = []
+
+    def params(i: int) -> SamplingParams:
+        if sampled:
+            return SamplingParams(max_tokens=gen_tokens, temperature=0.7, top_p=0.9, seed=first_id + i, ignore_eos=True)
+        return SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
     if copy:
         tasks = list(copy_prompts().values())
         for i in range(n):
             tokens = tokenize(f"[{i}] {tasks[i % len(tasks)]}\n\nAnswer:\n")
-            records.append(encode(Submit(first_id + i, tokens, params)))
+            records.append(encode(Submit(first_id + i, tokens, params(i))))
         return records
     for i, text in enumerate(make_prompts(n, prompt_tokens)):
         tokens = tokenize(text)
         tokens = (tokens * (prompt_tokens // len(tokens) + 1))[:prompt_tokens]
-        records.append(encode(Submit(first_id + i, tokens, params)))
+        records.append(encode(Submit(first_id + i, tokens, params(i))))
     return records
 
 
@@ -119,58 +98,71 @@ def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = 
                 engine.add(decode(pending.popleft()))
                 in_flight += 1
             t1 = perf()
-            outputs = engine.step()
-            t2 = perf()
-            ring.put(encode(StepOutputs(outputs)))
+            published = 0.0
+            for result in engine.step():  # first tokens, then the step's own outputs, each published as main.py does
+                t2 = perf()
+                ring.put(encode(StepOutputs(result.outputs)), wake=result.wake)
+                published += perf() - t2
+                tokens += len(result.outputs)
+                in_flight -= sum(1 for o in result.outputs if o.finish is not None)
             t3 = perf()
             totals["admit"] += t1 - t
-            totals["step"] += t2 - t1
-            totals["publish"] += t3 - t2
-            ring.end_wait()  # the frontend's side, woken by the put
+            totals["step"] += t3 - t1 - published
+            totals["publish"] += published
+            ring.end_wait()  # the frontend's side, woken by a put
             ring.drain()
             ring.arm_wait()
             steps += 1
-            tokens += len(outputs)
-            in_flight -= sum(1 for o in outputs if o.finish is not None)
     finally:
         ring.close()
         ring.close_fds()
     return steps, tokens, perf() - t0
 
 
-def breakdown(totals: dict, seconds: float) -> dict[str, float]:
-    """Seconds per part: the step's remainder is retire, the loop's remainder is loop."""
-    if "decode_call" not in totals:  # not wrapped (profiling): the step as one part
-        parts = {"admit": totals["admit"], "step": totals["step"], "publish": totals["publish"]}
-        parts["loop"] = seconds - sum(parts.values())
-        return parts
-    parts = {
-        "admit": totals["admit"],
-        "schedule": totals["schedule"],
-        "batch": totals["decode_call"] - totals["llama_decode"],
-        "llama_decode": totals["llama_decode"],
-        "sampling": totals["sampling"],
-        "retire": totals["step"] - totals["schedule"] - totals["decode_call"] - totals["sampling"],
-        "publish": totals["publish"],
-    }
+def breakdown(totals: dict, seconds: float, timer: StepTimer | None) -> dict[str, float]:
+    """Seconds per part: the step's from the engine's timer (without one, the step as one part); the loop's remainder is loop."""
+    parts = {"admit": totals["admit"]}
+    if timer is None:
+        parts["step"] = totals["step"]
+    else:
+        parts.update(timer.wall)
+    parts["publish"] = totals["publish"]
     parts["loop"] = seconds - sum(parts.values())
     return parts
 
 
+HOST_PARTS = ("schedule", "batch", "sampling", "retire", "other")
+
+
+def host_per_step(timer: StepTimer | None, steps: int) -> dict[str, dict[str, float]]:
+    """Microseconds per step of the step's work outside llama_decode, by part: wall clock, and the engine
+    thread's CPU time (steadier on a busy machine); "host" is their sum."""
+    if timer is None or not steps:
+        return {}
+    out = {}
+    for kind, seconds in (("wall", timer.wall), ("cpu", timer.cpu)):
+        parts = {k: 1e6 * seconds[k] / steps for k in HOST_PARTS}
+        parts["host"] = sum(parts.values())
+        out[kind] = parts
+    return out
+
+
 def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_tokens: int, threads: int,
-          batch_size: int, profile: str | None = None, spec_type: str = "none", copy: bool = False) -> dict:
+          batch_size: int, profile: str | None = None, spec_type: str = "none", copy: bool = False,
+          sampled: bool = False, device_sampling: str = "auto") -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
     seq_ctx = 256 * ((max(prompt_tokens, 1024 if copy else 0) + gen_tokens) // 256 + 1)
     config = ServeConfig(parallel=concurrency, ctx_size=seq_ctx * concurrency, threads=threads, batch_size=batch_size,
-                         spec_type=spec_type)
+                         spec_type=spec_type, device_sampling=device_sampling)
     engine = LLMEngine(model, config)
     try:
         tokenize = _tokenizer(engine)
         # The first decodes allocate llama.cpp's compute graphs: warm up untimed.
         drive(engine, synthetic_requests(tokenize, concurrency, prompt_tokens, 4, first_id=10**9), concurrency)
-        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens, copy=copy)
+        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens, copy=copy, sampled=sampled)
         totals: dict = defaultdict(float)
+        timer = None
         if profile:
             profiler = cProfile.Profile()
             profiler.enable()
@@ -178,8 +170,9 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
             profiler.disable()
             profiler.dump_stats(profile)
         else:
-            with _timing(engine, totals):
-                steps, tokens, seconds = drive(engine, records, concurrency, totals)
+            timer = engine.timer = StepTimer()
+            steps, tokens, seconds = drive(engine, records, concurrency, totals)
+            engine.timer = None
         drafter = engine.drafter
         drafted, accepted = (drafter.drafted, drafter.accepted) if drafter else (0, 0)
     finally:
@@ -195,7 +188,10 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         "seconds": seconds,
         "tokens_per_second": tokens / seconds,
         "step_ms": 1000 * seconds / steps,
-        "parts_seconds": breakdown(totals, seconds),
+        "parts_seconds": breakdown(totals, seconds, timer),
+        "host_us_per_step": host_per_step(timer, steps),
+        "sampled": sampled,
+        "device_sampling": engine.sampler.device,
         "copy": copy,
         "spec_type": spec_type,
         "drafted_tokens": drafted,
@@ -224,7 +220,9 @@ def report(r: dict) -> str:
         f"concurrency {r['concurrency']}, {r['threads']} threads",
         f"  {r['tokens_per_second']:.1f} tok/s: {r['generated_tokens']} tokens in {r['seconds']:.2f} s, "
         f"{r['steps']} steps of {r['step_ms']:.2f} ms",
-        f"  speculative: {r['spec_type']}, {r['accepted_tokens']} of {r['drafted_tokens']} drafted tokens accepted",
+        f"  {'sampled (temperature 0.7, top-p 0.9, seeded)' if r['sampled'] else 'greedy'}"
+        f" on the {'device' if r['device_sampling'] else 'host'};"
+        f" speculative: {r['spec_type']}, {r['accepted_tokens']} of {r['drafted_tokens']} drafted tokens accepted",
         f"  {'part':<13}{'ms/step':>9}{'share':>8}",
     ]
     for name, what in PARTS:
@@ -232,6 +230,25 @@ def report(r: dict) -> str:
         if s is None:
             continue
         lines.append(f"  {name:<13}{1000 * s / r['steps']:9.3f}{100 * s / r['seconds']:7.1f}%  {what}")
+    host = r["host_us_per_step"]
+    if host:
+        lines.append("  host us/step (the step outside llama_decode), wall / engine thread CPU:")
+        lines.append("    " + "  ".join(f"{k} {host['wall'][k]:.0f}/{host['cpu'][k]:.0f}" for k in ("host", *HOST_PARTS)))
+    return "\n".join(lines)
+
+
+SWEEP = (1, 8, 32, 64)
+
+
+def sweep_table(results: list[dict]) -> str:
+    """Host us per step, engine thread CPU (wall in brackets), by concurrency, greedy and sampled."""
+    head = f"{'c':>3} {'mode':<8}{'host':>13}" + "".join(f"{k:>13}" for k in HOST_PARTS) + f"{'decode ms':>11}"
+    lines = ["host us/step: engine thread CPU [wall]", head]
+    for r in results:
+        h = r["host_us_per_step"]
+        cells = "".join(f"{h['cpu'][k]:>6.0f} [{h['wall'][k]:>4.0f}]" for k in ("host", *HOST_PARTS))
+        decode_ms = 1000 * r["parts_seconds"]["llama_decode"] / r["steps"]
+        lines.append(f"{r['concurrency']:>3} {'sampled' if r['sampled'] else 'greedy':<8}{cells}{decode_ms:>11.1f}")
     return "\n".join(lines)
 
 
@@ -247,6 +264,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--spec-type", choices=["none", "ngram"], default="none", help="speculative decoding (default none)")
     ap.add_argument("--prompts", choices=["fresh", "copy"], default="fresh",
                     help="fresh: synthetic prompts of -p tokens; copy: tasks that copy or quote a ~600-token text")
+    ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)")
+    ap.add_argument("--device-sampling", choices=["auto", "on", "off"], default="auto",
+                    help="sample inside llama_decode where a request allows (default auto: with GPU layers)")
+    ap.add_argument("--sweep", action="store_true",
+                    help=f"host us/step at concurrency {', '.join(map(str, SWEEP))}, greedy and sampled, 2c requests each (-c, -n, --sampled ignored)")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
@@ -257,8 +279,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         model = resolve_model(args.model)
     except ModelFileError as e:
         ap.error(str(e))
-    r = bench(model, args.requests, args.concurrency, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count(),
-              args.batch_size, args.profile, args.spec_type, args.prompts == "copy")
+    run = lambda n, c, sampled, profile=None: bench(  # noqa: E731
+        model, n, c, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count(), args.batch_size, profile,
+        args.spec_type, args.prompts == "copy", sampled, args.device_sampling)
+    if args.sweep:
+        results = [run(2 * c, c, sampled) for c in SWEEP for sampled in (False, True)]
+        print(msgspec.json.encode(results).decode() if args.json else sweep_table(results))
+        return 0
+    r = run(args.requests, args.concurrency, args.sampled, args.profile)
     if args.json:
         print(msgspec.json.encode(r).decode())
     else:

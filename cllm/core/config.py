@@ -16,6 +16,7 @@ ReasoningFormat = Literal["auto", "none"]
 MAX_DRAFT = 256  # tokens one sequence may draft in a step
 MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the prefix cache's scratch
 CacheType = Literal["f32", "f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
+DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/sampler.py)
 SpecType = Literal["none", "ngram"]  # llama-server's --spec-type names; ngram: prompt lookup (engine_proc/drafter.py)
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 
@@ -79,6 +80,8 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     n_gpu_layers: Annotated[int, Meta(ge=0)] | None = None
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"  # quantized V needs flash attention (llama.cpp's rule)
+    # Sampling inside llama_decode (llama.cpp's backend samplers) where a request's chain allows; auto: with GPU layers.
+    device_sampling: DeviceSampling = "auto"
     # Speculative decoding: tokens drafted from the sequence's own text, verified in the step's batch.
     spec_type: SpecType = "none"  # on loses at 8 copy-type streams here: perf/results/2026-11-23-speculative.md
     draft_max: Annotated[int, Meta(ge=1, le=MAX_DRAFT)] = 64  # most tokens one sequence drafts in a step

@@ -87,7 +87,7 @@ def run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], rng: random.Ran
         done = set()
         for seq in sched.running:  # as the engine samples: a token for every sequence past its known ones
             if not seq.prefilling and seq.n_cached == len(seq.prompt) + len(seq.output):
-                seq.output.append(rng.randrange(1000, 2000))
+                seq.append(rng.randrange(1000, 2000))
                 if len(seq.output) == seq.params.max_tokens:
                     done.add(seq.id)
         sched.remove(done)
@@ -111,7 +111,7 @@ def prefilled_by_step(sched: Scheduler, kv: FakeStreams, steps: int) -> list[lis
             kv.write(chunk.seq.slot, chunk.start, chunk.seq.known(chunk.end)[chunk.start :].tolist())
             chunk.seq.n_cached = chunk.end
             if not chunk.seq.prefilling:
-                chunk.seq.output.append(7)
+                chunk.seq.append(7)
     return prefilled
 
 
