@@ -26,24 +26,17 @@ MODEL_LOADERS = {
     "conftest": {"start_server"},
 }
 
-# Circles other branches are removing while this one is written: the lead deletes this list at merge.
-# Each entry is expected to still be there (strict xfail below): once it is gone, its test says to delete it.
-KNOWN_CIRCLES_TO_DELETE_AT_MERGE = [
-    frozenset({"frontend_proc.app", "frontend_proc.generation", "frontend_proc.model_pool", "frontend_proc.observe"}),
-    frozenset({"engine_proc.drafter", "engine_proc.sequence"}),
-]
-
-
 def module_name(path: str) -> str:
     parts = os.path.relpath(path, ROOT)[: -len(".py")].split(os.sep)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def sources(*tops: str) -> dict[str, str]:
-    """Module name -> file, for every .py file under the given top folders."""
+    """Module name -> file, for every .py file under the given top folders (not perf/cache/: the peers' venvs)."""
     found = {}
     for top in tops:
-        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+        for folder, subfolders, files in os.walk(os.path.join(ROOT, top)):
+            subfolders[:] = [d for d in subfolders if d not in ("cache", "__pycache__", "node_modules")]
             for f in files:
                 if f.endswith(".py"):
                     found[module_name(os.path.join(folder, f))] = os.path.join(folder, f)
@@ -135,19 +128,8 @@ def test_circles_are_found():
     assert "engine_proc.engine" in graph()["engine_proc.main"]
 
 
-def test_no_import_circle_but_the_known_ones():
-    unknown = [sorted(c) for c in circles(graph()) if not any(c <= known for known in KNOWN_CIRCLES_TO_DELETE_AT_MERGE)]
-    assert unknown == []
-
-
-@pytest.mark.parametrize(
-    "known",
-    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="being removed on another branch")) for c in KNOWN_CIRCLES_TO_DELETE_AT_MERGE],
-    ids=lambda c: "+".join(sorted(m.rpartition(".")[2] for m in c)),
-)
-def test_a_known_circle_is_gone(known):
-    """Passes (and so, strict, fails) once the circle is gone: then delete KNOWN_CIRCLES_TO_DELETE_AT_MERGE's entry."""
-    assert not any(c & known for c in circles(graph()))
+def test_no_import_circle():
+    assert [sorted(c) for c in circles(graph())] == []
 
 
 def test_the_shared_bottom_imports_nothing_above_it():
