@@ -42,8 +42,7 @@ class LLMEngine:
         )
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
         self.runner.info.spec_type, self.runner.info.draft_max = config.spec_type, config.draft_max
-        self.embedder = Embedder(self.runner.model, config, self.runner.token_budget)
-        self.runner.contexts.append(self.embedder.ctx)
+        self.embedder = Embedder(self.runner)
         self.runner.info.embedding_dim = self.embedder.dim
         self.runner.info.max_embedding_tokens = self.embedder.max_tokens
         self.embedded: list[Embeddings] = []  # vectors of the last step: the caller sends them
