@@ -56,7 +56,8 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument(
         "--cache-slots", type=int,
-        help="KV streams beyond --parallel that keep finished conversations for the prefix cache, each the size of a sequence's (default: as many as --parallel)",
+        help="KV streams beyond --parallel that keep finished conversations for the prefix cache, each the size of a sequence's; "
+        "without them, entries wait in idle slots and then in host RAM (--cache-ram), which takes no GPU memory (default 0)",
     )
     p.add_argument(
         "--cache-ram", type=int, metavar="MIB",

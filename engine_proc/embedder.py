@@ -2,7 +2,9 @@
 
 A second llama_context on the same llama_model, with embeddings on and the
 GGUF's pooling (mean when it names none), shares the weights: it adds only
-its own small KV cache and compute buffers. Each engine step, after the
+its own small KV cache and compute buffers (~26 MiB for the embedded model),
+made on the first embeddings request, so that a server that never embeds
+never holds them (on a GPU, they are its memory). Each engine step, after the
 generation decodes, packs whole inputs into what is left of the step's token
 budget (one input at least, so a full budget never starves them) and decodes
 them together, one sequence each, from an empty cache. A big batch of inputs
@@ -20,12 +22,13 @@ import numpy as np
 
 from cllm.core.config import ServeConfig
 from cllm.core.protocol import Embed, Embeddings
-from engine_proc.batch import Batch
 from cllm.core.model_meta import meta
-from engine_proc.model_runner import ModelLoadError
+from engine_proc.batch import Batch
+from engine_proc.model_runner import ModelRunner
 
 MAX_SEQS = 64  # most inputs in one decode
 POOLINGS = (L.LLAMA_POOLING_TYPE_MEAN, L.LLAMA_POOLING_TYPE_CLS, L.LLAMA_POOLING_TYPE_LAST)
+NO_CONTEXT = "llama.cpp could not create the embeddings context (out of memory?)"
 
 
 @dataclass(slots=True)
@@ -36,29 +39,39 @@ class Job:
 
 
 class Embedder:
-    def __init__(self, model, config: ServeConfig, token_budget: int):
+    def __init__(self, runner: ModelRunner):
+        model = runner.model
         pooling = int(meta(model, f"{meta(model, 'general.architecture')}.pooling_type") or 0)
-        self.max_tokens = min(token_budget, L.llama_model_n_ctx_train(model))  # one input fits one decode
+        self.max_tokens = min(runner.token_budget, L.llama_model_n_ctx_train(model))  # one input fits one decode
+        self.max_seqs = min(MAX_SEQS, self.max_tokens)
+        self.dim = L.llama_model_n_embd(model)
+        self.jobs: deque[Job] = deque()
+        self._runner = runner
+        self._pooling = pooling if pooling in POOLINGS else L.LLAMA_POOLING_TYPE_MEAN
+        self.ctx = None  # made by the first step: see the module's docstring
+        self.memory = None
+        self._b: Batch | None = None
+        self._positions = np.arange(self.max_tokens, dtype=np.int32)
+
+    def _open(self) -> bool:
+        """Make the context; False if llama.cpp cannot (out of memory): the waiting requests then fail."""
         cparams = L.llama_context_default_params()
         cparams.embeddings = True
-        cparams.pooling_type = pooling if pooling in POOLINGS else L.LLAMA_POOLING_TYPE_MEAN
+        cparams.pooling_type = self._pooling
         # Every input of a decode in one ubatch: llama.cpp pools a sequence within its ubatch.
         cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = self.max_tokens
-        self.max_seqs = cparams.n_seq_max = min(MAX_SEQS, self.max_tokens)
+        cparams.n_seq_max = self.max_seqs
         cparams.kv_unified = True
-        cparams.n_threads = cparams.n_threads_batch = config.n_threads
         # Without flash attention a vector does not depend on the other inputs of its decode
         # (with it, cosine 0.9999 to the input alone); it measured no slower here.
         cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.no_perf = True
-        self.ctx = L.llama_init_from_model(model, cparams)
-        if not self.ctx:
-            raise ModelLoadError("llama.cpp could not create the embeddings context")
+        self.ctx = self._runner.new_context(cparams)
+        if self.ctx is None:
+            return False
         self.memory = L.llama_get_memory(self.ctx)
-        self.dim = L.llama_model_n_embd(model)
-        self.jobs: deque[Job] = deque()
         self._b = Batch(self.max_tokens)
-        self._positions = np.arange(self.max_tokens, dtype=np.int32)
+        return True
 
     def add(self, msg: Embed) -> None:
         self.jobs.append(Job(msg.id, msg.inputs))
@@ -74,6 +87,10 @@ class Embedder:
 
     def step(self, budget: int) -> list[Embeddings]:
         """One decode of the oldest inputs that fit ``budget`` tokens; their vectors, a message per request."""
+        if self.ctx is None and not self._open():
+            failed = [Embeddings(job.id, job.next, b"", NO_CONTEXT) for job in self.jobs]
+            self.jobs.clear()
+            return failed
         b = self._b
         n = n_seqs = 0
         runs: list[list] = []  # [job, first input, inputs] in the decode, in order
@@ -107,4 +124,5 @@ class Embedder:
         return out
 
     def close(self) -> None:
-        L.llama_free(self.ctx)
+        if self.ctx is not None:
+            L.llama_free(self.ctx)

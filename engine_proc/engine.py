@@ -63,8 +63,7 @@ class LLMEngine:
             disk,
         )
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
-        self.embedder = Embedder(self.runner.model, config, self.runner.token_budget)
-        self.runner.share_threads(self.embedder.ctx)
+        self.embedder = Embedder(self.runner)
         self.info: ModelInfo = replace(
             self.runner.info,
             spec_type=config.spec_type,

@@ -79,7 +79,7 @@ class ModelRunner:
         self.memory = L.llama_get_memory(self.ctx)
         self.seq_ctx = L.llama_n_ctx_seq(self.ctx)
         self.eog_tokens = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
-        # The contexts that decode on the engine's threads (the embedder adds its own).
+        # The contexts that decode on the engine's threads (new_context adds the embedder's).
         self.contexts = [self.ctx]
         follow = not config.fixed_threads and mparams.n_gpu_layers == 0  # a GPU's layers do not meet at CPU barriers
         self.threads = Threads(config.n_threads, self.set_threads, follow)
@@ -128,9 +128,14 @@ class ModelRunner:
         self.threads.decoded(time.perf_counter() - wall, time.process_time() - cpu)
         self._moving.clear()
 
-    def share_threads(self, ctx) -> None:
-        """Let another context on this model (the embedder's) decode on as many threads as this one."""
+    def new_context(self, cparams):
+        """Another context on the model (the embedder's), decoding on the engine's threads; None if llama.cpp cannot make it."""
+        cparams.n_threads = cparams.n_threads_batch = self.threads.n
+        ctx = L.llama_init_from_model(self.model, cparams)
+        if not ctx:
+            return None
         self.contexts.append(ctx)
+        return ctx
 
     def set_threads(self, n: int) -> None:
         for ctx in self.contexts:

@@ -150,6 +150,10 @@ class EmbeddingJob:
         self.done = done  # set to all the vectors' bytes, or to the error that ended the request
 
     def _push(self, msg: Embeddings, dim: int) -> bool:
+        if msg.error:
+            if not self.done.done():
+                self.done.set_exception(ApiError(503, "embeddings unavailable", msg.error, RETRY_AFTER))
+            return True
         self.parts.append(msg.vectors)
         self.received += len(msg.vectors) // (4 * dim)
         if self.received < self.n:

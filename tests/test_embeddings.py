@@ -9,6 +9,7 @@ import numpy as np
 import openai
 import pytest
 
+from cllm.core.protocol import Embed
 from conftest import start_server, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -106,3 +107,24 @@ def test_generation_keeps_streaming_beside_a_big_batch():
         worker.join(300)
         assert done.is_set() and result and result[0].shape[0] == 64
         assert during >= 32, during
+
+
+def embed_all(engine, msg: Embed) -> list:
+    engine.embed(msg)
+    sent = []
+    while engine.has_work():
+        engine.step()
+        sent += engine.embedded
+    return sent
+
+
+def test_the_context_is_made_by_the_first_request_and_failing_to_fails_only_the_waiting_ones(engine, monkeypatch):
+    """A server that never embeds holds no embeddings context (memory: see embedder.py)."""
+    assert engine.embedder.ctx is None and len(engine.runner.contexts) == 1
+    monkeypatch.setattr(engine.runner, "new_context", lambda cparams: None)  # as llama.cpp out of memory
+    (failed,) = embed_all(engine, Embed(1, [[1, 2, 3], [4, 5]]))
+    assert (failed.id, failed.vectors) == (1, b"") and "embeddings context" in failed.error
+    monkeypatch.undo()
+    (sent,) = embed_all(engine, Embed(2, [[1, 2, 3], [4, 5]]))
+    assert (sent.id, sent.first, len(sent.vectors), sent.error) == (2, 0, 2 * 4 * engine.embedder.dim, "")
+    assert engine.runner.contexts == [engine.runner.ctx, engine.embedder.ctx]

@@ -65,9 +65,10 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     # Reuse only whole prompt blocks, prefilled at fixed positions: with the
     # cache on, every cell is then the same bits as with it off.
     prefix_cache_exact: bool = False
-    # KV streams beyond --parallel that keep finished sequences' cells for
-    # the cache (None: as many as --parallel), each as large as a sequence's.
-    cache_slots: Annotated[int, Meta(ge=0, le=255)] | None = None
+    # KV streams beyond --parallel that keep finished sequences' cells for the cache, each as large as a
+    # sequence's. By default none: entries wait in idle slots, then in host RAM (--cache-ram), which holds
+    # only the cells they have and takes no GPU memory (perf/results/2026-11-26-memory.md).
+    cache_slots: Annotated[int, Meta(ge=0, le=255)] = 0
     # MiB of host RAM for the cache's entries the streams have no room for; 0: none.
     cache_ram: Annotated[int, Meta(ge=0)] = 8192
     # A folder where the cache's entries also go, so that they outlive the engine (restarts, unloads); None: none.
@@ -122,8 +123,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
         """KV streams the engine keeps: one per running sequence, and the cache's slots."""
         if not self.prefix_cache:
             return self.parallel
-        extra = self.parallel if self.cache_slots is None else self.cache_slots
-        return min(self.parallel + extra, MAX_STREAMS - 1)  # and the scratch stream
+        return min(self.parallel + self.cache_slots, MAX_STREAMS - 1)  # and the scratch stream
 
     @property
     def kv_cells(self) -> int:

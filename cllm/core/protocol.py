@@ -175,6 +175,7 @@ class Embeddings(msgspec.Struct, tag=4, array_like=True, gc=False):
     id: int
     first: int
     vectors: bytes
+    error: str = ""  # set: the engine cannot embed (no vectors follow), and the request fails with it
 
 
 FromEngine = EngineReady | StepOutputs | EngineStats | Embeddings

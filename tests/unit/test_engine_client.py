@@ -13,7 +13,9 @@ import pytest
 
 from cllm.core.config import ServeConfig
 from cllm.core.launch import EngineRings
-from cllm.core.protocol import EngineReady, Hello, ModelInfo, SamplingParams, SeqOutput, StepOutputs, Submit, ToEngine
+from cllm.core.protocol import (
+    Embed, Embeddings, EngineReady, Hello, ModelInfo, SamplingParams, SeqOutput, StepOutputs, Submit, ToEngine,
+)
 from cllm.core.ring import Ring
 from frontend_proc.engine_client import EngineClient
 from cllm.core.errors import ApiError
@@ -144,3 +146,25 @@ def test_a_new_frontend_ignores_what_the_engine_said_to_the_old_one(rings):
 
     asyncio.run(scenario())
 
+
+
+def test_an_embeddings_error_fails_that_request_with_a_503(rings):
+    requests, outputs = rings
+    engine = FakeEngine(Ring(requests.spec), Ring(outputs.spec), generation=0)
+
+    async def scenario():
+        client = EngineClient(ServeConfig(), EngineRings(requests.spec, outputs.spec), Metrics())
+        client.start()
+        await until(lambda: engine.serve_records() == [] and engine.session is not None)
+        await asyncio.wait_for(client.ready, 5)
+        job = asyncio.ensure_future(client.embed([[1, 2, 3]]))
+        counted = []
+        await until(lambda: counted.extend(engine.serve_records()) or counted)
+        assert [type(m) for m in counted] == [Embed]
+        assert engine.outputs.try_put(engine.encode(Embeddings(counted[0].id, 0, b"", "no room for it")))
+        with pytest.raises(ApiError, match="embeddings unavailable") as e:
+            await asyncio.wait_for(job, 5)
+        assert e.value.status == 503 and client.in_flight == 0
+        client.stop()
+
+    asyncio.run(scenario())
