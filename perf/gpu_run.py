@@ -29,8 +29,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import psutil
 
@@ -43,7 +41,6 @@ DRY = os.environ.get("GPU_RUN_DRY") == "1"
 PLAN = dict(models=["tiny"], greedy=[1, 4], sampled=[4], gen=8, budget=240) if DRY else \
     dict(models=["smollm2", "8b", "1b"], greedy=[1, 32, 64, 8], sampled=[32, 64], gen=64, budget=330)
 PROMPT = 26
-START_TIMEOUT = 90.0
 REQUEST_TIMEOUT = 120.0
 
 
@@ -60,23 +57,8 @@ class Budget:
 
 def launch(label: str, cmd: list[str], port: int, logs: str) -> servers.Server:
     """Start a server in a session of its own and wait, bounded, until /health answers 200."""
-    log = os.path.join(logs, f"{label}.log")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=os.path.dirname(servers.PERF), start_new_session=True)
-    server = servers.Server("cllm" if label.startswith("cllm") else "llama-server", f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return server
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.25)
-    server.stop()
-    with open(log, errors="replace") as f:
-        raise RuntimeError(f"{label} did not start (exit code {proc.returncode}):\n{f.read()[-1500:]}")
+    system = "cllm" if label.startswith("cllm") else "llama-server"
+    return servers.launch(system, cmd, port, "/health", label=label, logs=logs, new_session=True)
 
 
 def server_cmd(label: str, args, model: str, parallel: int, ctx: int, port: int, extra: tuple[str, ...] = ()) -> list[str]:

@@ -166,16 +166,16 @@ def start(system: str, settings: Settings, env: dict[str, str] | None = None, ar
 
 
 def launch(system: str, cmd: list[str], port: int, ready_path: str, env: dict[str, str] | None = None,
-           label: str | None = None, cwd: str | None = None) -> Server:
-    """Run a server's command line (listening on `port`, from `cwd`: by default this tree) and wait, bounded,
-    until `ready_path` answers 200."""
+           label: str | None = None, cwd: str | None = None, logs: str = LOGS, new_session: bool = False) -> Server:
+    """Run a server's command line (listening on `port`, from `cwd`: by default this tree; its output in
+    `logs`; in a session of its own if asked) and wait, bounded, until `ready_path` answers 200."""
     if not os.path.exists(cmd[0]):
         raise FileNotFoundError(f"{cmd[0]} is missing: `make bench-deps` builds and installs the peers")
-    os.makedirs(LOGS, exist_ok=True)
-    log = os.path.join(LOGS, f"{label or system}.log")
+    os.makedirs(logs, exist_ok=True)
+    log = os.path.join(logs, f"{label or system}.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=cwd or ROOT, env={**os.environ, **(env or {})})
+                                cwd=cwd or ROOT, env={**os.environ, **(env or {})}, start_new_session=new_session)
     server = Server(system, f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
