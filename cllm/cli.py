@@ -32,19 +32,19 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--fixed-threads", action="store_true", default=None,
         help="decode on all --threads even while other programs keep the CPUs busy (default: on as many as get CPUs, "
-        "trying all again every few seconds; under flash attention the count can change output; README: Threads)",
+        "trying all again every few seconds; under flash attention the count can change output; docs/internals.md: Threads)",
     )
     p.add_argument("--batch-size", type=int, help=f"token budget of one engine step, prompt chunks included (default {d.batch_size})")
     p.add_argument(
         "--admit-per-step", type=int, metavar="N",
         help="new requests one engine step may start, besides any that waited 4 steps; 0: as many as the step's budget holds, "
         "in arrival order, up to and including one that continues a cache entry (a chat's next turn) "
-        f"(README: Scheduling; default {d.admit_per_step})",
+        f"(docs/internals.md: Scheduling; default {d.admit_per_step})",
     )
     p.add_argument(
         "--stream-interval-ms", type=float, metavar="MS",
         help="how long a streamed token may wait for the next ones, so that one wake-up of the frontend sends a few; "
-        f"0 sends every token as it comes (README: Streaming; default {d.stream_interval_ms:g})",
+        f"0 sends every token as it comes (docs/internals.md: Streaming; default {d.stream_interval_ms:g})",
     )
     p.add_argument(
         "--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
@@ -52,7 +52,7 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument(
         "--prefix-cache-exact", action="store_true", default=None,
-        help="reuse only whole 128-token prompt blocks, so that the cache changes no bit of any KV cell (README: What is exact)",
+        help="reuse only whole 128-token prompt blocks, so that the cache changes no bit of any KV cell (docs/internals.md: What is exact)",
     )
     p.add_argument(
         "--cache-slots", type=int,
@@ -65,7 +65,7 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument(
         "--cache-dir", metavar="DIR",
-        help="folder where prefix-cache entries are also written, so that a restarted engine finds them again (README: Prefix cache; default: none)",
+        help="folder where prefix-cache entries are also written, so that a restarted engine finds them again (docs/internals.md: Prefix cache; default: none)",
     )
     p.add_argument(
         "--cache-dir-max", type=int, metavar="MIB",
@@ -73,7 +73,7 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument(
         "--flash-attn", choices=get_args(FlashAttn),
-        help=f"llama.cpp's flash attention; off is ~10%% slower here, but then the attention of a decode step does not depend on the other requests in it (README: What is exact; default {d.flash_attn})",
+        help=f"llama.cpp's flash attention; off is ~10%% slower here, but then the attention of a decode step does not depend on the other requests in it (docs/internals.md: What is exact; default {d.flash_attn})",
     )
     p.add_argument("--n-gpu-layers", type=int, help="layers offloaded to the GPU (default: all when llama.cpp has a GPU backend, else 0)")
     for kv in ("k", "v"):
@@ -85,7 +85,7 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--spec-type", choices=get_args(SpecType),
         help="speculative decoding: ngram drafts tokens by matching a sequence's last tokens against its own prompt and output, "
-        f"and verifies them in the step's batch; none turns it off (README: Speculative decoding; default {d.spec_type})",
+        f"and verifies them in the step's batch; none turns it off (docs/internals.md: Speculative decoding; default {d.spec_type})",
     )
     p.add_argument(
         "--device-sampling", choices=get_args(DeviceSampling),
@@ -93,7 +93,7 @@ def _serve_parser(sub) -> None:
         f"token ids leave the device; auto: when layers are offloaded to a GPU (default {d.device_sampling})",
     )
     p.add_argument("--draft-max", type=int, help=f"most tokens one sequence drafts in a step (default {d.draft_max})")
-    p.add_argument("--models-dir", metavar="DIR", help="serve every *.gguf in DIR too, by its file name without .gguf (README: Several models)")
+    p.add_argument("--models-dir", metavar="DIR", help="serve every *.gguf in DIR too, by its file name without .gguf (docs/deployment.md: Several models)")
     p.add_argument("--default-model", metavar="ID", help="the model of requests that name none (default: --model, else the registry's first)")
     p.add_argument("--models-max", type=int, help="most models loaded at once; the least recently used idle one is unloaded to make room (default: no bound)")
     p.add_argument("--replicas", type=int, help="engine processes per model; they share the cores unless --threads is set (default 1)")
@@ -118,12 +118,12 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--ray", metavar="ADDRESS|local",
         help="deploy on a Ray cluster as a Ray Serve application, --replicas Ray replicas of one engine each ('local' starts a cluster here and"
-        " stops it on exit; needs the ray extra; --host/--port are Serve's HTTP proxy's; README: Scaling out)",
+        " stops it on exit; needs the ray extra; --host/--port are Serve's HTTP proxy's; docs/deployment.md: Ray Serve)",
     )
     p.add_argument(
         "--allowed-hosts", type=_names, metavar="NAME[,NAME...]",
         help="on a loopback --host, Host names answered besides loopback addresses, localhost and this machine's name; "
-        "others get 403, so that a web page cannot reach the server through a DNS name it controls (README: Security)",
+        "others get 403, so that a web page cannot reach the server through a DNS name it controls (docs/operations.md: Security)",
     )
     p.add_argument(
         "--allowed-origins", type=_names, metavar="ORIGIN[,ORIGIN...]",

@@ -16,7 +16,7 @@ for a window, and keeps them if they run.
 The count is not free of consequence: under flash attention llama.cpp's CPU
 decode of one query over 512 or more KV cells splits the cells between the
 threads and adds up their parts, so other counts give other last bits and at
-times other greedy text (README: Threads; --fixed-threads holds the count).
+times other greedy text (docs/internals.md: Threads; --fixed-threads holds the count).
 
 The engine leaves libgomp's barrier spin as it is (GOMP_SPINCOUNT 300000,
 as llama-server runs). A short spin gives the CPU up at a barrier: beside

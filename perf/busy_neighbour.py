@@ -6,7 +6,7 @@ sessions (autogroups; cgroups do the same for services and containers) before
 it shares them between threads, so against one busy neighbour a server's
 llama.cpp threads get about one CPU of two and must take turns on it. A
 thread that spins at a barrier then burns the time slice its partner needed;
-cllm's engine goes down to the one thread it gets CPU for (README: Threads).
+cllm's engine goes down to the one thread it gets CPU for (docs/internals.md: Threads).
 
 Each server in turn, alone with the neighbour: its ~700-token prompt cached,
 one streamed request before the neighbour starts (idle), then --requests

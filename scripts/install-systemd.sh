@@ -28,7 +28,7 @@ fi
 
 install -d -m 0755 "$ROOT/etc/cllm" "$ROOT/etc/systemd/system"
 if [ ! -e "$ROOT/etc/cllm/cllm.yaml" ]; then
-    printf '%s\n' "# cllm serve settings (README: Serving another model); the command line's names without --" \
+    printf '%s\n' "# cllm serve settings (docs/configuration.md); the command line's names without --" \
         "host: 127.0.0.1" "port: 8080" > "$ROOT/etc/cllm/cllm.yaml"
 fi
 if [ ! -e "$ROOT/etc/cllm/cllm.env" ]; then  # a new key, readable by root and the service only

@@ -85,7 +85,7 @@ def test_previous_response_id_continues_the_conversation(oai, http):
     second = greedy(oai, input="What is my name?", instructions=RULES, previous_response_id=first.id)
     # The same prompt as resending the conversation: the cache holds the resent one and serves all of it but the
     # last token. (Not the same text: that last token is prefilled alone, and under flash attention its logits
-    # may differ in their last bits from the resent prompt's, see the README's "What is exact".)
+    # may differ in their last bits from the resent prompt's, see docs/internals.md, "What is exact".)
     assert second.usage.input_tokens == resent.usage.input_tokens > first.usage.input_tokens
     assert second.previous_response_id == first.id
     wait_idle(http)

@@ -6,7 +6,7 @@ speculation may change only the last bits of the rows' logits. With
 of several tokens and a query of one then give the same bits in the first rows
 of a draft), and these greedy replies must be the same text with speculation
 on and off.
-The README ("Speculative decoding") says what differs, where and why.
+docs/internals.md ("Speculative decoding") says what differs, where and why.
 """
 
 from __future__ import annotations

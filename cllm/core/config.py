@@ -55,7 +55,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     fixed_threads: bool = False
     batch_size: Annotated[int, Meta(ge=1)] = 512
     # New requests a step may start (and any that waited 4 steps); 0: as many as its token budget holds, in
-    # arrival order up to and including one that continues a cache entry, so conversations drift apart (README: Scheduling).
+    # arrival order up to and including one that continues a cache entry, so conversations drift apart (docs/internals.md: Scheduling).
     admit_per_step: Annotated[int, Meta(ge=0)] = 0
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
     # A stream's tokens may wait in the engine's ring this long (ms) for the
@@ -75,7 +75,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     cache_dir: str | None = None
     cache_dir_max: Annotated[int, Meta(ge=1)] = 4096  # MiB the folder's files may take, all models together
     # llama.cpp's flash attention: faster, but then a decode step's logits
-    # depend on the other sequences in the step (see the README, "What is exact").
+    # depend on the other sequences in the step (see docs/internals.md, "What is exact").
     flash_attn: FlashAttn = "auto"
     # Layers offloaded to the GPU; None: all of them when llama.cpp has a GPU backend, else 0.
     n_gpu_layers: Annotated[int, Meta(ge=0)] | None = None

@@ -84,7 +84,7 @@ def test_sends_a_message_and_shows_the_streamed_reply(page):
     page.click("[data-act=regenerate]")
     page.wait_for_selector(".msg.assistant [data-act=regenerate]", timeout=WAIT_MS)
     assert page.inner_text(".msg.assistant .body") == reply
-    # A second turn, whose reply has a code block: the README's picture.
+    # A second turn, whose reply has a code block: docs/chat-page.png.
     settings(page, system="You are a helpful assistant.", temperature=0, max_tokens=150)
     send(page, "Write a Python function that adds two numbers.")
     page.wait_for_selector(".msg:nth-child(4) [data-act=regenerate]", timeout=WAIT_MS)
