@@ -113,8 +113,8 @@ def embed_all(engine, msg: Embed) -> list:
     engine.embed(msg)
     sent = []
     while engine.has_work():
-        engine.step()
-        sent += engine.embedded
+        for result in engine.step():
+            sent += result.embeddings
     return sent
 
 

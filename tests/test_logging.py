@@ -48,8 +48,8 @@ def test_json_logs_startup_figures_and_one_line_per_request(json_server):
 
     messages = " | ".join(r["message"] for r in records)
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in messages and "135M parameters" in messages
-    # 30 layers x 5 streams of 256 cells (2 sequences, 2 cache slots, a scratch stream) x 384 x 2 bytes
-    assert "KV cache: 512 cells (2 sequences of 256) and 2 cache slots, 28.1 MiB reserved; " in messages
+    # 30 layers x 3 streams of 256 cells (2 sequences, no cache slot by default, a scratch stream) x 384 x 2 bytes
+    assert "KV cache: 512 cells (2 sequences of 256) and 0 cache slots, 16.9 MiB reserved; " in messages
     assert f"listening on {srv.url}" in messages
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
 
