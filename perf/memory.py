@@ -187,7 +187,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--settle", type=float, default=2.0, help="seconds between the last reply and the measurement")
-    ap.add_argument("--rev", action="append", default=[], help="also a cllm of this git revision (as perf.revision unpacks it)")
+    ap.add_argument("--rev", action="append", default=[], help="also a cllm of this git revision (unpacked as perf.revision does)")
     ap.add_argument("--also", action="append", default=[], metavar="ARGS", help="also a cllm of this tree with these `cllm serve` options")
     ap.add_argument("--no-peer", action="store_true", help="leave llama-server out")
     ap.add_argument("--llama-server", default=servers.LLAMA_SERVER, metavar="PATH")
@@ -196,12 +196,9 @@ def main() -> None:
     args.model = servers.resolve_model(args.model)
     runs = [("cllm", "cllm", ROOT, ())]
     runs += [(f"cllm {a}", "cllm", ROOT, tuple(a.split())) for a in args.also]
-    if args.rev:
-        from perf.revision import unpack
-
-        for rev in args.rev:
-            commit, tree = unpack(rev)
-            runs.append((f"cllm {commit[:7]}", "cllm", tree, ()))
+    for rev in args.rev:
+        commit, tree = servers.unpack(rev)
+        runs.append((f"cllm {commit[:7]}", "cllm", tree, ()))
     if not args.no_peer:
         runs.append(("llama-server", "llama-server", ROOT, ()))
     chats = requests(args.requests)
