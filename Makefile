@@ -131,11 +131,16 @@ $(GEMMA):
 	rm -rf $(CACHE)/gemma
 
 # ---- a GPU run (perf/gpu_run.py): what travels to a GPU machine without network, and its dry run here ----
-.PHONY: gpu-bundle test-gpu-dry
+.PHONY: gpu-bundle gpu-prebuild test-gpu-dry
 
 # .gpu/bundle/: the pruned llama.cpp source and Python 3.12 wheels, for perf/gpu_build.sh + perf/gpu_run.sh there.
 gpu-bundle: $(STAMP)
 	PYTHON=$(abspath $(PY)) bash perf/gpu_bundle.sh
+
+# .gpu/bundle/llama-cuda.tar.xz: that source compiled here with nvcc for sm_90 (~1 h on 2 cores), so the device
+# only measures.
+gpu-prebuild: gpu-bundle
+	PYTHON=$(abspath $(PY)) bash perf/gpu_prebuild.sh
 
 # The same scripts on this CPU: a CPU build of the same source (long: ~220 compile steps), tiny shapes.
 test-gpu-dry: $(STAMP)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run 1 on the GPU machine (≤ ~7 min on 16 cores): unpacks the bundle `make gpu-bundle` made and builds
-# llama.cpp ONCE, with CUDA for sm_90: libllama/libggml* (cllm loads them through LLAMA_CPP_LIB_PATH),
-# llama-server and llama-batched-bench, so all three contestants run the same kernels.
+# On the GPU machine, before perf/gpu_run.sh: unpacks the bundle `make gpu-bundle` made, and either unpacks the
+# CUDA build perf/gpu_prebuild.sh compiled ahead (seconds) or builds llama.cpp there, with CUDA for sm_90
+# (≤ ~7 min on 16 cores): libllama/libggml* (cllm loads them through LLAMA_CPP_LIB_PATH), llama-server and
+# llama-batched-bench, one build, so all three contestants run the same kernels.
 # Everything lands in $GPU_WORK (.gpu/work, ignored by git, left on the machine for perf/gpu_run.sh).
 # GPU_RUN_DRY=1: the same build on a CPU (GGML_CUDA off), as the dry run in tests/test_gpu_run.py does.
 set -euo pipefail
@@ -23,29 +24,45 @@ if [ ! -f "$WORK/site/.installed" ]; then
     touch "$WORK/site/.installed"
 fi
 
-if [ "$DRY" = 1 ]; then
-    BACKEND=(-DGGML_CUDA=OFF)
+if [ -f "$BUNDLE/llama-cuda.tar.xz" ] && [ "$DRY" != 1 ]; then
+    # Compiled ahead by perf/gpu_prebuild.sh: nothing to build here.
+    mkdir -p "$WORK/build/bin"
+    tar -xJf "$BUNDLE/llama-cuda.tar.xz" -C "$WORK/build/bin"
 else
-    BACKEND=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+    if [ "$DRY" = 1 ]; then
+        BACKEND=(-DGGML_CUDA=OFF)
+    else
+        BACKEND=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+    fi
+    GEN=()
+    command -v ninja >/dev/null && GEN=(-G Ninja)
+    LOG=$WORK/build.log
+    {
+        cmake -S "$WORK/llama.cpp" -B "$WORK/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+            -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF "${BACKEND[@]}" &&
+        cmake --build "$WORK/build" --config Release -j "$JOBS" \
+            --target llama llama-server llama-batched-bench
+    } > "$LOG" 2>&1 || { tail -40 "$LOG"; exit 1; }
 fi
-GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
-LOG=$WORK/build.log
-{
-    cmake -S "$WORK/llama.cpp" -B "$WORK/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
-        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF "${BACKEND[@]}" &&
-    cmake --build "$WORK/build" --config Release -j "$JOBS" \
-        --target llama llama-server llama-batched-bench
-} > "$LOG" 2>&1 || { tail -40 "$LOG"; exit 1; }
+# The libraries find each other and CUDA's (cuBLAS may sit in a Python package rather than the toolkit).
+. perf/gpu_libs.sh "$WORK/build/bin"
 
 # The embedded model's first part, when it came with this run (perf/gpu_bundle.sh); gpu_run.sh joins the rest.
 PART1=$(dirname "$BUNDLE")/model-1/part
 [ -f "$PART1" ] && cp "$PART1" "$WORK/real-model.part1"
 
-# One check that the Python side loads the libraries just built.
-LLAMA_CPP_LIB_PATH=$PWD/$WORK/build/bin PYTHONPATH=$WORK/site "$PY" -c \
-    "import llama_cpp; llama_cpp.llama_backend_init(); print('llama_cpp loads', llama_cpp.__file__, 'gpu offload:', bool(llama_cpp.llama_supports_gpu_offload()))"
+# One check that the Python side loads the libraries just built, and (but in a dry run) finds the GPU: a run
+# that would measure the CPU instead stops here, in seconds.
+if [ "$DRY" != 1 ] && command -v ldd >/dev/null && ldd "$WORK/build/bin/libggml-cuda.so" | grep "not found"; then
+    echo "gpu_build: CUDA libraries missing (above)" >&2; exit 1
+fi
+LLAMA_CPP_LIB_PATH=$PWD/$WORK/build/bin PYTHONPATH=$WORK/site GPU_RUN_DRY=$DRY "$PY" -c "
+import os, sys, llama_cpp
+llama_cpp.llama_backend_init()
+gpu = bool(llama_cpp.llama_supports_gpu_offload())
+print('llama_cpp loads', llama_cpp.__file__, 'gpu offload:', gpu)
+sys.exit(0 if gpu or os.environ['GPU_RUN_DRY'] == '1' else 'gpu_build: llama.cpp sees no GPU')"
 # The synthetic models too, while the machine is ours: the measuring run then spends its minutes measuring.
 mkdir -p "$WORK/models"
 if [ "$DRY" = 1 ]; then PRESETS=${GPU_SYNTH:-tiny}; else PRESETS=${GPU_SYNTH:-smollm2 8b 1b}; fi

@@ -40,9 +40,10 @@ def table(doc: dict) -> str:
              "nothing, so its figure is the ceiling of the sampled rows too).", ""]
     for preset, m in doc["models"].items():
         rows = m.get("results", [])
-        lines += [f"## {preset}" + (f" (synthesized in {m['synth_seconds']} s)" if "synth_seconds" in m else ""), "",
-                  "| c | sampling | raw | llama-server | llama-server -bs | cllm | cllm ÷ raw | cllm ÷ best llama-server | cllm ÷ llama-server |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {preset}" + (f" (synthesized in {m['synth_seconds']} s)" if "synth_seconds" in m else ""), ""]
+        if rows:
+            lines += ["| c | sampling | raw | llama-server | llama-server -bs | cllm | cllm ÷ raw | cllm ÷ best llama-server | cllm ÷ llama-server |",
+                      "|---|---|---|---|---|---|---|---|---|"]
         cells = sorted({(r["concurrency"], r["sampled"]) for r in rows if "concurrency" in r}, key=lambda x: (x[1], x[0]))
         for c, sampled in cells:
             rawv = _rate(rows, "raw", c, False)
@@ -55,6 +56,18 @@ def table(doc: dict) -> str:
             lines += ["", "| server | RSS MiB (process tree) | VRAM MiB |", "|---|---|---|"]
             lines += [f"| {r['system']} | {r['memory']['rss_mib']} | {r['memory']['vram_mib'] if r['memory']['vram_mib'] is not None else '-'} |"
                       for r in mem]
+        if m.get("engine"):
+            lines += ["", "`cllm bench engine --sweep` (in-process, no HTTP): host µs per step = the step's work outside "
+                      "llama_decode, engine thread CPU [wall]; decode = llama_decode's wall time per step (on a GPU it "
+                      "includes waiting for the device).", "",
+                      "| c | sampling | on | tok/s | ms/step | decode ms | host µs | schedule | batch | sampling | retire | other | host share |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            for r in m["engine"]:
+                cpu, wall = r["host_us_per_step"]["cpu"], r["host_us_per_step"]["wall"]
+                parts = " | ".join(f"{cpu[k]:.0f} [{wall[k]:.0f}]" for k in ("host", "schedule", "batch", "sampling", "retire", "other"))
+                lines.append(f"| {r['concurrency']} | {'0.7 / 0.9' if r['sampled'] else 'greedy'} | "
+                             f"{'device' if r['device_sampling'] else 'host'} | {r['tokens_per_second']:,.0f} | {r['step_ms']:.2f} | "
+                             f"{r['decode_ms']:.2f} | {parts} | {wall['host'] / (1000 * r['step_ms']):.0%} |")
         errs = [r for r in rows if r.get("errors")]
         for r in errs:
             lines.append(f"\n{r['system']} c={r['concurrency']}: {r['errors']} errors, the first: {r['first_error']}")

@@ -42,6 +42,7 @@ PLAN = dict(models=["tiny"], greedy=[1, 4], sampled=[4], gen=8, budget=240) if D
     dict(models=["smollm2", "8b", "1b"], greedy=[1, 32, 64, 8], sampled=[32, 64], gen=64, budget=330)
 PROMPT = 26
 REQUEST_TIMEOUT = 120.0
+GPU_USED_AT_START = 0  # MiB in use on the GPU before the run started a server (main sets it)
 
 
 class Budget:
@@ -93,10 +94,20 @@ def memory(pid: int) -> dict:
             out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                                  capture_output=True, text=True, timeout=20).stdout
             used = {int(a): int(b) for a, b in (line.split(",") for line in out.strip().splitlines() if "," in line)}
-            vram = sum(used.get(p, 0) for p in pids)
+            if any(p in used for p in pids):
+                vram = sum(used.get(p, 0) for p in pids)
+            else:  # a VM or container may list no processes: the device's use less what it used before any server
+                vram = gpu_used() - GPU_USED_AT_START
         except (subprocess.SubprocessError, ValueError):
             pass
     return {"rss_mib": round(rss / 2**20), "vram_mib": vram}
+
+
+def gpu_used() -> int:
+    """MiB in use on the GPU, all processes together."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=20).stdout
+    return int(out.strip().splitlines()[0])
 
 
 class Sampled(http_load.Dialect):
@@ -192,6 +203,19 @@ def speculation(args, model: str, record) -> None:
             stop(s)
 
 
+def engine_sweep(args, model: str, record, seconds: float) -> None:
+    """`cllm bench engine --sweep` in a process of its own: the step's host work per step beside llama_decode's,
+    at c = 1, 8, 32, 64, greedy and sampled (device sampling as a GPU build chooses it)."""
+    cmd = [sys.executable, "-m", "cllm.cli", "bench", "engine", "--sweep", "--json", "--model", model,
+           "--threads", str(args.threads), "-g", str(args.gen)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds)
+    if out.returncode:
+        raise RuntimeError(f"cllm bench engine failed: {out.stderr[-1500:]}")
+    for r in json.loads(out.stdout.strip().splitlines()[-1]):
+        record({k: r[k] for k in ("concurrency", "sampled", "device_sampling", "steps", "tokens_per_second",
+                                  "step_ms", "host_us_per_step")} | {"decode_ms": 1000 * r["parts_seconds"]["llama_decode"] / r["steps"]})
+
+
 # ---- the run ------------------------------------------------------------------------------------------
 
 
@@ -248,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bin", default=os.environ.get("GPU_BIN", ".gpu/work/build/bin"), help="llama.cpp's built binaries")
     ap.add_argument("--models-dir", default=os.environ.get("GPU_MODELS", ".gpu/work/models"))
     ap.add_argument("--models", default=",".join(PLAN["models"]), help="synth_model presets, in order of importance")
+    ap.add_argument("--parts", default="servers,speculation,engine",
+                    help="of: servers (every contestant on every model), speculation (a real model's copy tasks), "
+                         "engine (cllm bench engine --sweep on each model)")
     ap.add_argument("--budget", type=float, default=PLAN["budget"], help="seconds for the whole run")
     ap.add_argument("--threads", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--real-model", default=os.environ.get("GPU_REAL_MODEL"),
@@ -256,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="its checksum: a model carried in parts is used only when whole")
     args = ap.parse_args(argv)
     budget = Budget(args.budget)
+    global GPU_USED_AT_START
+    if shutil.which("nvidia-smi"):
+        GPU_USED_AT_START = gpu_used()
     args.greedy, args.sampled, args.gen = PLAN["greedy"], PLAN["sampled"], PLAN["gen"]
     args.seq_ctx = PROMPT + args.gen + 32
     args.requests = lambda c: 2 if DRY else (4 if c == 1 else 2 * c)
@@ -278,9 +308,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # The parts in order of importance (the 1b shape last: "where time allows"); each is left out when
     # what it needs no longer fits what is left of the budget.
-    presets = args.models.split(",")
-    parts = [(p, c) for p in presets if p != "1b" for c in CONTESTANTS]
-    parts += [("speculation", None)] + [(p, c) for p in presets if p == "1b" for c in CONTESTANTS]
+    presets = [p for p in args.models.split(",") if p]
+    chosen = set(args.parts.split(","))
+    parts = [(p, c) for p in presets if p != "1b" for c in CONTESTANTS] if "servers" in chosen else []
+    parts += [("speculation", None)] if "speculation" in chosen else []
+    parts += [(p, ("engine", ())) for p in presets if p != "1b"] if "engine" in chosen else []
+    parts += [(p, c) for p in presets if p == "1b" for c in CONTESTANTS] if "servers" in chosen else []
     real, why_not = real_model(args)
     try:
         for preset, contestant in parts:
@@ -297,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             label, extra = contestant
             path = os.path.join(args.models_dir, f"{preset}.gguf")
             need = ESTIMATE.get(preset, 40) // (2 if label == "raw" else 1) + (0 if os.path.exists(path) else 15)
+            if label == "engine":
+                need = ESTIMATE.get(preset, 40)
             if budget.left() < need:
                 doc["skipped"].append(f"{preset} {label}: {budget.left():.0f} s left, about {need} s needed")
                 continue
@@ -309,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{preset}: {label}", flush=True)
             if label == "raw":
                 guarded(doc, f"{preset} raw", lambda: raw(args, path, sorted(set(args.greedy)), model["results"].append))
+            elif label == "engine":
+                sweep = model.setdefault("engine", [])
+                guarded(doc, f"{preset} engine", lambda: engine_sweep(args, path, sweep.append, max(30.0, budget.left())))
             else:
                 guarded(doc, f"{preset} {label}", lambda: http(args, label, path, model["results"].append, budget, extra))
             model["part_seconds"][label] = round(time.monotonic() - t0, 1)

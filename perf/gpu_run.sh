@@ -11,6 +11,7 @@ WORK=${GPU_WORK:-.gpu/work}
 PY=${PYTHON:-python3}
 [ -x "$WORK/build/bin/llama-server" ] || { echo "no build in $WORK: run perf/gpu_build.sh first" >&2; exit 1; }
 export LLAMA_CPP_LIB_PATH=$PWD/$WORK/build/bin
+. perf/gpu_libs.sh "$WORK/build/bin"
 export PYTHONPATH=$PWD:$PWD/$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 export GPU_BIN=$PWD/$WORK/build/bin GPU_MODELS=$PWD/$WORK/models
 mkdir -p "$OUTDIR"
