@@ -92,6 +92,9 @@ class ModelRunner:
         # Each grows to the largest stream copied at once: at most one stream's cells, and a quarter.
         self._scratch = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
         self._positions = np.arange(self.seq_ctx, dtype=np.int32)
+        # Streams in device memory are copied on the device, in the next llama_decode's order: a save and
+        # restore through host bytes would wait for the device and cross the bus twice.
+        self._copy_through_host = mparams.n_gpu_layers == 0
 
         self.info = ModelInfo(
             model_path=model_path,
@@ -171,13 +174,13 @@ class ModelRunner:
 
     def _cheaper_at_once(self, moved: tuple[int, ...], settled: tuple[int, ...], whole_copies: int) -> bool:
         """Whether saving and restoring the cells of the ``moved`` streams costs less than ``whole_copies``
-        whole-stream copies; only between ``settled`` streams.
+        whole-stream copies; only between ``settled`` streams in host memory.
 
         Both copy the same K and V rows; measured here (the embedded model), a
         cell saved and restored through a used scratch buffer cost 3.0-3.5 us,
         a cell of a whole-stream copy 1.6-1.9 us: about 1.8x, counted as 2.
         """
-        if not all(map(self.settled, settled)):
+        if not self._copy_through_host or not all(map(self.settled, settled)):
             return False
         held = sum(L.llama_memory_seq_pos_max(self.memory, s) + 1 for s in moved)
         return held * 2.0 < self.seq_ctx * whole_copies

@@ -50,6 +50,62 @@ PERSIST_IDLE = 0.5
 WRITER_POLL = 0.1
 
 
+# Tokens of every stream compared in one vector op: streams that share more than this with a prompt
+# (few: a chat's own turns, a long system prompt) are then compared whole.
+PROBE = 16
+
+
+def prefix_lengths(prompt: np.ndarray, heads: np.ndarray, arrays: list[np.ndarray]) -> np.ndarray:
+    """common_prefix(prompt, a) for every a in ``arrays``, whose first PROBE tokens are the rows of
+    ``heads`` (padded with -1, which is no token)."""
+    k = min(PROBE, len(prompt))
+    if k == 0:
+        return np.zeros(len(arrays), np.intp)
+    differ = heads[:, :k] != prompt[:k]
+    n = np.where(differ.any(axis=1), differ.argmax(axis=1), k)
+    if k == PROBE:
+        for i in np.flatnonzero(n == PROBE):
+            n[i] = common_prefix(prompt, arrays[i])
+    return n
+
+
+def heads_of(arrays: list[np.ndarray]) -> np.ndarray:
+    heads = np.full((len(arrays), PROBE), -1, np.int32)
+    for row, tokens in zip(heads, arrays):
+        head = tokens[:PROBE]
+        row[: len(head)] = head
+    return heads
+
+
+class Held:
+    """Slot -> the reusable tokens of each running sequence's stream, as the cache asks about them: which
+    shares the longest prefix with a prompt, whether one holds all of an entry. Their first tokens sit in
+    one array, so each question is a vector op over all of them instead of a pass per sequence."""
+
+    def __init__(self, tokens: dict[int, np.ndarray]):
+        self._slots: list[int] = list(tokens)
+        self._arrays: list[np.ndarray] = list(tokens.values())
+        self._heads = heads_of(self._arrays)
+        self._longest = max(map(len, self._arrays), default=0)
+
+    def add(self, slot: int, tokens: np.ndarray) -> None:
+        """A sequence admitted into ``slot`` (a free one: no running sequence's)."""
+        self._slots.append(slot)
+        self._arrays.append(tokens)
+        self._heads = np.concatenate((self._heads, heads_of([tokens])))
+        self._longest = max(self._longest, len(tokens))
+
+    def prefixes(self, prompt: np.ndarray) -> list[tuple[int, np.ndarray, int]]:
+        """(slot, tokens, shared prefix) of every running sequence."""
+        return list(zip(self._slots, self._arrays, prefix_lengths(prompt, self._heads, self._arrays).tolist()))
+
+    def holds(self, prefix: np.ndarray) -> bool:
+        """Whether a running sequence's tokens begin with all of ``prefix``."""
+        if len(prefix) > self._longest or not self._arrays:  # often so: entries outlast what runs now
+            return False
+        return bool((prefix_lengths(prefix, self._heads, self._arrays) == len(prefix)).any())
+
+
 @dataclass(slots=True)
 class Entry:
     tokens: np.ndarray  # the tokens whose KV cells the stream holds, position by position
@@ -113,10 +169,10 @@ class PrefixCache:
             self.disk.close()
 
     def lookup(
-        self, prompt: np.ndarray, running: dict[int, np.ndarray], host: bool = True, into: int = -1
+        self, prompt: np.ndarray, running: Held, host: bool = True, into: int = -1
     ) -> tuple[int, int, Stored | None]:
         """(slot, tokens, None) of the longest reusable prefix of ``prompt`` among the
-        entries and the running sequences' reusable tokens (``running``: slot -> tokens);
+        entries and the running sequences' reusable tokens;
         (-1, tokens, stored) if an entry in host RAM (when ``host``) has a longer one;
         (-1, 0, None) if there is none. Ties go to an entry, which can be used in place:
         the one in ``into``, the slot the prompt's sequence will take (nothing to copy
@@ -126,11 +182,14 @@ class PrefixCache:
         first new token.
         """
         longest = len(prompt) - 1
-        candidates = [(slot, e.tokens, True) for slot, e in self.entries.items()]
-        candidates += [(slot, tokens, False) for slot, tokens in running.items()]
+        entries = list(self.entries.items())
+        arrays = [e.tokens for _, e in entries]
+        shared = prefix_lengths(prompt, heads_of(arrays), arrays).tolist() if entries else []
+        candidates = [(slot, e.tokens, True, n) for (slot, e), n in zip(entries, shared)]
+        candidates += [(slot, tokens, False, n) for slot, tokens, n in running.prefixes(prompt)]
         src, best = -1, (0,)
-        for slot, tokens, is_entry in candidates:
-            n = min(common_prefix(prompt, tokens), longest) // self.unit * self.unit
+        for slot, tokens, is_entry, shared_n in candidates:
+            n = min(shared_n, longest) // self.unit * self.unit
             rank = (n, is_entry, slot == into, -len(tokens))
             if n and rank > best:
                 src, best = slot, rank
@@ -156,7 +215,7 @@ class PrefixCache:
         elif stored is not None:
             self._stats.restored += 1
 
-    def rehome(self, entry: Entry, free_slots: list[int], running: dict[int, np.ndarray]) -> tuple[int, Entry | None]:
+    def rehome(self, entry: Entry, free_slots: list[int], running: Held) -> tuple[int, Entry | None]:
         """A free slot for ``entry``, whose own slot a running sequence takes (-1: none), and the entry
         that loses its stream: the one that was in that slot, or ``entry`` itself.
 
@@ -181,11 +240,11 @@ class PrefixCache:
         self.entries[dst] = entry
         return dst, there
 
-    def worth_keeping(self, entry: Entry, running: dict[int, np.ndarray]) -> bool:
+    def worth_keeping(self, entry: Entry, running: Held) -> bool:
         """Whether an entry losing its stream has cells no running sequence holds and host RAM would keep."""
         return self._worth(entry, running) >= 0 and self.host is not None and self.host.wants(entry.tokens)
 
-    def victim(self, free_slots: list[int], running: dict[int, np.ndarray]) -> int:
+    def victim(self, free_slots: list[int], running: Held) -> int:
         """The free slot whose loss costs the cache least, the lowest of equals; -1 if there is none.
 
         An empty slot costs nothing; an entry whose cells a running sequence
@@ -195,10 +254,10 @@ class PrefixCache:
         return min(free_slots, key=lambda s: (self._worth(self.entries.get(s), running), s), default=-1)
 
     @staticmethod
-    def _worth(entry: Entry | None, running: dict[int, np.ndarray]) -> int:
+    def _worth(entry: Entry | None, running: Held) -> int:
         """-2 for no entry, -1 for one whose cells a running sequence holds too, else its recency."""
         if entry is None:
             return -2
-        if any(starts_with(tokens, entry.tokens) for tokens in running.values()):
+        if running.holds(entry.tokens):
             return -1
         return entry.last_used

@@ -55,7 +55,7 @@ import numpy as np
 
 from engine_proc.disk_cache import DiskCache
 from engine_proc.host_cache import Stored
-from engine_proc.prefix_cache import Entry, PrefixCache
+from engine_proc.prefix_cache import Entry, Held, PrefixCache
 from engine_proc.sequence import Chunk, Sequence
 
 # Prefill block of exact mode, in tokens: small blocks let the cache reuse
@@ -117,7 +117,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in slot order after every schedule()
         self._ordered = True  # running is in slot order
-        self._held: dict[int, np.ndarray] | None = None  # this schedule()'s, built at its first admission
+        self._held: Held | None = None  # this schedule()'s, built at its first admission
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
@@ -207,11 +207,11 @@ class Scheduler:
             return 0 if seq.scored else min(seq.n_cached, len(seq.prompt)) // self.block * self.block
         return seq.n_cached
 
-    def _held_now(self) -> dict[int, np.ndarray]:
+    def _held_now(self) -> Held:
         """Slot -> the reusable tokens each running sequence's stream holds: built once a step, kept as
         sequences are admitted (nothing else changes a running one's slot or tokens within schedule())."""
         if self._held is None:
-            self._held = {s.slot: s.known(self._reusable(s)) for s in self.running}
+            self._held = Held({s.slot: s.known(self._reusable(s)) for s in self.running})
         return self._held
 
     def _admit(self, seq: Sequence) -> bool:
@@ -223,7 +223,7 @@ class Scheduler:
             seq.n_cached, continues = self._reuse_prefix(seq)
             seq.reused = seq.n_cached
             if self._held is not None:
-                self._held[seq.slot] = seq.known(self._reusable(seq))
+                self._held.add(seq.slot, seq.known(self._reusable(seq)))
         self.running.append(seq)
         self._ordered = False
         return continues
@@ -280,7 +280,7 @@ class Scheduler:
         if eb is not None:
             self.cache.entries[a] = eb
 
-    def _rehome(self, slot: int, entry: Entry, held: dict[int, np.ndarray], exclude: int) -> None:
+    def _rehome(self, slot: int, entry: Entry, held: Held, exclude: int) -> None:
         """Move the entry out of ``slot`` before it is overwritten, or let it go (to host RAM if it has room)."""
         dst, lost = self.cache.rehome(entry, [s for s in self.free_slots if s != exclude], held)
         if lost is not None:
@@ -288,12 +288,12 @@ class Scheduler:
         if dst >= 0:
             self.kv.copy(slot, dst, len(entry.tokens))
 
-    def _stash(self, slot: int, entry: Entry, held: dict[int, np.ndarray]) -> None:
+    def _stash(self, slot: int, entry: Entry, held: Held) -> None:
         """Copy the cells of an entry about to lose its stream to host RAM, if they are worth it."""
         if self.cache.worth_keeping(entry, held) and self.kv.settled(slot):
             self.cache.host.put(entry.tokens, self.kv.save(slot))
 
-    def _fetch(self, stored: Stored, held: dict[int, np.ndarray]) -> int:
+    def _fetch(self, stored: Stored, held: Held) -> int:
         """Bring an entry back from host RAM into the settled free slot worth least; that slot, -1 if none."""
         cache = self.cache
         dst = cache.victim([s for s in self.free_slots if self.kv.settled(s)], held)

@@ -334,3 +334,27 @@ def test_common_prefix_and_starts_with():
     assert not starts_with(a[:3], a)  # longer than the array
     assert not starts_with(a, np.array([1, 9, 3], np.int32))  # its last token agrees, an earlier one does not
     assert not starts_with(a, np.array([1, 2, 9], np.int32))
+
+
+def test_prefix_lengths_and_held_match_the_plain_comparisons():
+    """The vector forms the cache searches with give what common_prefix and starts_with give, one array at a time."""
+    from engine_proc.prefix_cache import PROBE, Held, heads_of, prefix_lengths
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 50, 3 * PROBE).astype(np.int32)
+    arrays = [base[:n].copy() for n in (0, 1, PROBE - 1, PROBE, PROBE + 1, 3 * PROBE)]
+    for n in (2, PROBE - 3, PROBE + 5):  # diverging before, at and after the probed head
+        other = base.copy()
+        other[n] += 1
+        arrays.append(other)
+    arrays += [rng.integers(0, 50, int(rng.integers(1, 4 * PROBE))).astype(np.int32) for _ in range(20)]
+    prompts = [base, base[:3], base[: PROBE + 2], arrays[-1], np.zeros(0, np.int32), *arrays[6:9]]
+    for prompt in prompts:
+        got = prefix_lengths(prompt, heads_of(arrays), arrays).tolist()
+        assert got == [common_prefix(prompt, a) for a in arrays]
+    held = Held({slot: a for slot, a in enumerate(arrays[:4])})
+    held.add(10, arrays[4])
+    for prefix in prompts + arrays:
+        assert held.holds(prefix) == any(starts_with(a, prefix) for a in arrays[:5]), prefix
+    assert [(slot, n) for slot, _, n in held.prefixes(base)] == [(0, 0), (1, 1), (2, PROBE - 1), (3, PROBE), (10, PROBE + 1)]
+    assert not Held({}).holds(base[:1])
