@@ -45,7 +45,8 @@ class StepResult:
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig):
         self.runner = ModelRunner(model_path, config)
-        # Sampling on the device: by default with GPU layers; never beside drafts, whose rows are verified one by one.
+        # Sampling on the device: with --device-sampling on, or auto and GPU layers; never beside drafts, whose rows
+        # are verified one by one.
         device = config.device_sampling == "on" or (config.device_sampling == "auto" and self.runner.info.gpu_layers > 0)
         device = device and config.spec_type == "none"
         self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens, device)
@@ -216,7 +217,8 @@ class LLMEngine:
         if timer:
             timer.lap("batch")
         self.runner.decode()
-        if timer:
+        if timer:  # on a GPU the wait would otherwise count as sampling, where the outputs are first read
+            self.runner.synchronize()
             timer.lap("llama_decode")
         if plain:
             tokens = self.sampler.sample_rows([c.seq.sampler for c in chunks], rows)

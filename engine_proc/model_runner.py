@@ -131,6 +131,10 @@ class ModelRunner:
         self.threads.decoded(time.perf_counter() - wall, time.process_time() - cpu)
         self._moving.clear()
 
+    def synchronize(self) -> None:
+        """Wait for the device to finish the last decode (a GPU's llama_decode returns before it does)."""
+        L.llama_synchronize(self.ctx)
+
     def new_context(self, cparams):
         """Another context on the model (the embedder's), decoding on the engine's threads; None if llama.cpp cannot make it."""
         cparams.n_threads = cparams.n_threads_batch = self.threads.n

@@ -23,8 +23,8 @@ and a run's greedy rows take one numpy call over its logits matrix
 Logprobs are computed with numpy from the logits row, and only for the
 sequences that ask.
 
-Sampling on the device (``device``: --device-sampling, on by default with
-GPU layers): a request whose chain llama.cpp can run inside llama_decode
+Sampling on the device (``device``: --device-sampling on, or auto with GPU
+layers; off by default, measured slower on an H100: docs/internals.md): a request whose chain llama.cpp can run inside llama_decode
 (greedy, temperature, top-k, top-p, min-p, the seeded draw, and the EOS ban
 of ignore_eos) gets its chain attached to its KV stream's seq_id with
 llama_set_sampler, so that only its token id comes back from the device and

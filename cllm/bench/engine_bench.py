@@ -15,7 +15,9 @@ ends, and with no timer set makes no such call): wall clock and the engine
 thread's CPU time of schedule, batch fill, llama_decode, sampling, retire
 and the rest of the step. The host's work per step is all of it but
 llama_decode; the thread's CPU time is the steadier figure on a busy
-machine. With --profile the timer stays off, so the split is coarser:
+machine. A GPU's llama_decode returns before the device is done: with the
+timer set, the engine waits for it there, so its time is llama_decode's
+and not that of the first read of the outputs (sampling). With --profile the timer stays off, so the split is coarser:
 admit, step, publish. cProfile does not see calls into C through ctypes:
 llama_decode's time shows as the own time of ModelRunner.decode.
 """
@@ -149,7 +151,7 @@ def host_per_step(timer: StepTimer | None, steps: int) -> dict[str, dict[str, fl
 
 def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_tokens: int, threads: int,
           batch_size: int, profile: str | None = None, spec_type: str = "none", copy: bool = False,
-          sampled: bool = False, device_sampling: str = "auto") -> dict:
+          sampled: bool = False, device_sampling: str = ServeConfig().device_sampling) -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
     seq_ctx = 256 * ((max(prompt_tokens, 1024 if copy else 0) + gen_tokens) // 256 + 1)
@@ -265,8 +267,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--prompts", choices=["fresh", "copy"], default="fresh",
                     help="fresh: synthetic prompts of -p tokens; copy: tasks that copy or quote a ~600-token text")
     ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)")
-    ap.add_argument("--device-sampling", choices=["auto", "on", "off"], default="auto",
-                    help="sample inside llama_decode where a request allows (default auto: with GPU layers)")
+    ap.add_argument("--device-sampling", choices=["auto", "on", "off"], default=ServeConfig().device_sampling,
+                    help=f"sample inside llama_decode where a request allows (auto: with GPU layers; default {ServeConfig().device_sampling})")
     ap.add_argument("--sweep", action="store_true",
                     help=f"host us/step at concurrency {', '.join(map(str, SWEEP))}, greedy and sampled, 2c requests each (-c, -n, --sampled ignored)")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)")
