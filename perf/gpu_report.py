@@ -10,6 +10,7 @@ import os
 import sys
 
 SERVERS = ("llama-server", "llama-server -bs", "cllm")
+OTHER = "cllm device sampling"  # cllm --device-sampling on: a column of its own when measured
 
 
 def _rate(rows: list[dict], system: str, c: int, sampled: bool) -> float | None:
@@ -44,13 +45,20 @@ def table(doc: dict) -> str:
         if rows:
             lines += ["| c | sampling | raw | llama-server | llama-server -bs | cllm | cllm ÷ raw | cllm ÷ best llama-server | cllm ÷ llama-server |",
                       "|---|---|---|---|---|---|---|---|---|"]
+        other = any(r.get("system") == OTHER for r in rows)
+        if other:
+            lines[-2:] = [lines[-2] + " cllm device sampling | its ÷ best llama-server |", lines[-1] + "---|---|"]
         cells = sorted({(r["concurrency"], r["sampled"]) for r in rows if "concurrency" in r}, key=lambda x: (x[1], x[0]))
         for c, sampled in cells:
             rawv = _rate(rows, "raw", c, False)
             ls, bs, cl = (_rate(rows, s, c, sampled) for s in SERVERS)
             best = max([x for x in (ls, bs) if x] or [0]) or None
-            lines.append(f"| {c} | {'0.7 / 0.9' if sampled else 'greedy'} | {_num(rawv)} | {_num(ls)} | {_num(bs)} | "
-                         f"{_num(cl)} | {_ratio(cl, rawv)} | {_ratio(cl, best)} | {_ratio(cl, ls)} |")
+            line = (f"| {c} | {'0.7 / 0.9' if sampled else 'greedy'} | {_num(rawv)} | {_num(ls)} | {_num(bs)} | "
+                    f"{_num(cl)} | {_ratio(cl, rawv)} | {_ratio(cl, best)} | {_ratio(cl, ls)} |")
+            if other:
+                dv = _rate(rows, OTHER, c, sampled)
+                line += f" {_num(dv)} | {_ratio(dv, best)} |"
+            lines.append(line)
         mem = [r for r in rows if "memory" in r]
         if mem:
             lines += ["", "| server | RSS MiB (process tree) | VRAM MiB |", "|---|---|---|"]

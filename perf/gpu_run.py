@@ -205,7 +205,7 @@ def speculation(args, model: str, record) -> None:
 
 def engine_sweep(args, model: str, record, seconds: float) -> None:
     """`cllm bench engine --sweep` in a process of its own: the step's host work per step beside llama_decode's,
-    at c = 1, 8, 32, 64, greedy and sampled (device sampling as a GPU build chooses it)."""
+    at c = 1, 8, 32, 64, greedy and sampled."""
     cmd = [sys.executable, "-m", "cllm.cli", "bench", "engine", "--sweep", "--json", "--model", model,
            "--threads", str(args.threads), "-g", str(args.gen)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds)
@@ -229,7 +229,8 @@ def device() -> str:
     return f"CPU only: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}"
 
 
-CONTESTANTS = [("raw", ()), ("llama-server", ()), ("llama-server -bs", ("-bs",)), ("cllm", ())]
+CONTESTANTS = [("raw", ()), ("llama-server", ()), ("llama-server -bs", ("-bs",)), ("cllm", ()),
+               ("cllm device sampling", ("--device-sampling", "on"))]
 ESTIMATE = {"tiny": 10, "smollm2": 35, "1b": 40, "8b": 50}  # seconds a server's part needs on the H100, about
 
 
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default="servers,speculation,engine",
                     help="of: servers (every contestant on every model), speculation (a real model's copy tasks), "
                          "engine (cllm bench engine --sweep on each model)")
+    ap.add_argument("--contestants", default="raw,llama-server,llama-server -bs,cllm",
+                    help="of: " + ", ".join(label for label, _ in CONTESTANTS))
     ap.add_argument("--budget", type=float, default=PLAN["budget"], help="seconds for the whole run")
     ap.add_argument("--threads", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--real-model", default=os.environ.get("GPU_REAL_MODEL"),
@@ -310,10 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     # what it needs no longer fits what is left of the budget.
     presets = [p for p in args.models.split(",") if p]
     chosen = set(args.parts.split(","))
-    parts = [(p, c) for p in presets if p != "1b" for c in CONTESTANTS] if "servers" in chosen else []
+    contestants = [c for c in CONTESTANTS if c[0] in args.contestants.split(",")]
+    parts = [(p, c) for p in presets if p != "1b" for c in contestants] if "servers" in chosen else []
     parts += [("speculation", None)] if "speculation" in chosen else []
     parts += [(p, ("engine", ())) for p in presets if p != "1b"] if "engine" in chosen else []
-    parts += [(p, c) for p in presets if p == "1b" for c in CONTESTANTS] if "servers" in chosen else []
+    parts += [(p, c) for p in presets if p == "1b" for c in contestants] if "servers" in chosen else []
     real, why_not = real_model(args)
     try:
         for preset, contestant in parts:
