@@ -13,6 +13,7 @@ piece of text, the last with `stop: true` and the whole result's fields.
 from __future__ import annotations
 
 import math
+import re
 
 import llama_cpp as L
 from starlette.requests import Request
@@ -32,6 +33,7 @@ from frontend_proc.state import AppState
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED, what llama-server reports for seed -1
 SAMPLERS = ["top_k", "penalties", "top_p", "min_p", "temperature"]  # cLLM's chain, in llama-server's names
 PENALTY_LAST_N = 64  # the engine's (engine_proc.sampler): tokens the penalties look back over
+_ID = re.compile(r"-?[0-9]+")  # a token id written as an object key
 _FIELDS = Fields(messages="prompt", output="json_schema")
 
 
@@ -80,7 +82,7 @@ def logit_bias(st: AppState, bias) -> dict[int, float] | None:
             value = -math.inf
         elif type(value) not in (int, float) or not math.isfinite(value):
             raise invalid("a logit_bias bias is a number, or false to ban the token", "logit_bias")
-        if isinstance(key, str) and key.lstrip("-").isdigit():
+        if isinstance(key, str) and _ID.fullmatch(key):
             key = int(key)
         ids = [key] if type(key) is int else st.tokenizer.encode(key, add_special=False) if isinstance(key, str) else None
         if ids is None:

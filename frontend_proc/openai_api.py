@@ -50,7 +50,7 @@ async def retrieve_model(request: Request) -> Response:
 
 def output(body: OpenAIRequest) -> JsonOutput | GrammarOutput | None:
     fmt = body.response_format
-    if body.grammar is not None:
+    if body.grammar:  # an empty one is none, as llama-server reads it
         if fmt is not None and type(fmt) is not TextFormat:
             raise invalid("grammar cannot be combined with a JSON response_format", "grammar")
         return GrammarOutput(body.grammar)
