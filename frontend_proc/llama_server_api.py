@@ -19,7 +19,7 @@ from cllm.core.errors import ApiError, json_response
 from frontend_proc import chat, generation
 from frontend_proc.app import decode_body, state
 from frontend_proc.engine_client import RequestStream
-from frontend_proc.llama_server_completion import default_settings, settings
+from frontend_proc.llama_server_completion import default_settings, settings, summary
 from frontend_proc.llama_server_schemas import (
     DetokenizeRequest,
     DetokenizeResult,
@@ -95,7 +95,7 @@ def _slot(slot_id: int, n_ctx: int, speculative: bool, rs: RequestStream | None)
     if rs is None:
         return entry
     n_decoded = len(rs.tokens)
-    params = settings(rs.sampling)
+    params = summary(settings(rs.sampling))
     return {
         **entry,
         "id_task": rs.id,

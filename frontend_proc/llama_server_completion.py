@@ -134,9 +134,14 @@ def plain_sampling(body: CompletionFields, max_tokens: int) -> SamplingParams:
 
 
 def default_settings() -> dict:
-    """generation_settings of a request that sets nothing (GET /props)."""
+    """The settings of a request that sets nothing, as GET /props shows them."""
     body = CompletionBody()
-    return settings(plain_sampling(body, -1), body)
+    return summary(settings(plain_sampling(body, -1), body))
+
+
+def summary(settings: dict) -> dict:
+    """Settings as llama-server's /props and /slots show them: without stop strings, logit bias or grammar."""
+    return {k: v for k, v in settings.items() if k not in ("stop", "logit_bias", "grammar")}
 
 
 # ---- the answer -----------------------------------------------------------------
