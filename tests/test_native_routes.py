@@ -303,7 +303,7 @@ def same_shape(ours, theirs, where: str, skip: set[str] = frozenset()) -> None:
 
 
 @pytest.fixture(scope="module")
-def llama_server():
+def llama_server(tmp_path_factory):
     if not os.path.exists(LLAMA_SERVER):
         pytest.skip("llama-server is not built (make bench-deps)")
     from cllm.core.model_file import resolve_model
@@ -312,7 +312,7 @@ def llama_server():
     port = free_port()
     cmd = [LLAMA_SERVER, "--model", resolve_model(None), "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
            "--parallel", "2", "--ctx-size", "1024", "--no-webui", "--slots"]
-    server = launch("llama-server", cmd, port, "/health", label="llama-server-native-routes")
+    server = launch("llama-server", cmd, port, "/health", logs=str(tmp_path_factory.mktemp("llama-server")))
     try:
         with httpx.Client(base_url=server.url, timeout=300) as c:
             yield c
