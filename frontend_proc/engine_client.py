@@ -63,8 +63,8 @@ class RequestStream:
     """Tokens of one request as they arrive from the engine."""
 
     __slots__ = (
-        "id", "owner", "prompt_tokens", "sampling", "tokens", "logprobs", "prompt_logprobs", "cached_tokens", "finish", "error", "t_submit", "t_first",
-        "t_done", "timer",
+        "id", "owner", "prompt_tokens", "sampling", "tokens", "logprobs", "prompt_logprobs", "cached_tokens", "finish", "error", "t_submit",
+        "t_first", "t_done", "timer",
         "_tail", "_event", "_per_step",
     )
 

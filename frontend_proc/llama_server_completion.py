@@ -108,7 +108,9 @@ def output(body: CompletionFields) -> JsonOutput | GrammarOutput | None:
 
 def sampling(st: AppState, body: CompletionFields) -> SamplingParams:
     if body.post_sampling_probs:
-        raise invalid("post_sampling_probs is not supported: cLLM reports the model's probabilities, before sampling", "post_sampling_probs")
+        raise invalid(
+            "post_sampling_probs is not supported: cLLM reports the model's probabilities, before sampling", "post_sampling_probs"
+        )
     predict = body.predict
     params = plain_sampling(body, generation.engine_info(st).seq_ctx if predict < 0 else predict)
     params.logit_bias = logit_bias(st, body.logit_bias)
@@ -338,7 +340,8 @@ async def completion(request: Request) -> Response:
 
 
 def fim_tokens(vocab) -> FimTokens:
-    return FimTokens(*(f(vocab) for f in (L.llama_vocab_fim_pre, L.llama_vocab_fim_suf, L.llama_vocab_fim_mid, L.llama_vocab_fim_rep, L.llama_vocab_fim_sep)))
+    kinds = (L.llama_vocab_fim_pre, L.llama_vocab_fim_suf, L.llama_vocab_fim_mid, L.llama_vocab_fim_rep, L.llama_vocab_fim_sep)
+    return FimTokens(*(kind(vocab) for kind in kinds))
 
 
 def added_bos(vocab) -> int | None:

@@ -5,9 +5,11 @@ itself when `make bench-deps` has built it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -234,33 +236,42 @@ FIM_IDS = {"fim_pre": 11, "fim_suf": 12, "fim_mid": 13, "fim_rep": 3, "fim_sep":
 
 
 @pytest.fixture(scope="module")
-def fim_server(tmp_path_factory):
+def fim_model(tmp_path_factory) -> str:
+    """A copy of the embedded model whose metadata names FIM tokens (the `gguf` package writes it)."""
     gguf = pytest.importorskip("gguf")
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
     from cllm.core.model_file import resolve_model
 
-    source = resolve_model(None)
     copy = str(tmp_path_factory.mktemp("fim") / "smollm2-fim.gguf")
-    reader = gguf.GGUFReader(source, "r")
+    reader = gguf.GGUFReader(resolve_model(None), "r")
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     meta = {f"tokenizer.ggml.{name}_token_id": MetadataDetails(gguf.GGUFValueType.UINT32, i) for name, i in FIM_IDS.items()}
     copy_with_new_metadata(reader, gguf.GGUFWriter(copy, arch=arch, endianess=reader.endianess), meta, [])
-    with start_server("--model", copy, "--parallel", "2", "--ctx-size", "2048") as srv, srv.client() as c:
+    return copy
+
+
+@pytest.fixture(scope="module")
+def fim_server(fim_model):
+    with start_server("--model", fim_model, "--parallel", "2", "--ctx-size", "2048") as srv, srv.client() as c:
         yield c
 
 
+INFILL = {
+    "input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n", "prompt": "a",
+    "input_extra": [{"filename": "util.py", "text": "x = 1\n"}], "n_predict": 4, "ignore_eos": True, **GREEDY,
+}
+
+
 def test_infill_builds_llama_servers_prompt_and_generates(fim_server):
-    body = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n", "prompt": "a",
-            "input_extra": [{"filename": "util.py", "text": "x = 1\n"}], "n_predict": 4, "ignore_eos": True, **GREEDY}
-    out = fim_server.post("/infill", json=body)
+    out = fim_server.post("/infill", json=INFILL)
     assert out.status_code == 200, out.text
     out = out.json()
     expected = ("<repo_name>myproject\n<file_sep>util.py\nx = 1\n<file_sep>filename\n"
                 "<jupyter_start>def add(a, b):\n    return a<jupyter_text>\n\nprint(add(1, 2))\n<jupyter_code>")
     assert out["prompt"] == expected
     assert out["tokens_predicted"] == 4 and out["stop_type"] == "limit"
-    chunks = events(fim_server, "/infill", **body)
+    chunks = events(fim_server, "/infill", **INFILL)
     assert chunks[-1]["stop"] is True and "".join(c["content"] for c in chunks) == out["content"]
     refused(fim_server.post("/infill", json={"input_suffix": ""}), 400, "input_prefix")
     refused(fim_server.post("/infill", json={"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}), 400, "text")
@@ -302,22 +313,28 @@ def same_shape(ours, theirs, where: str, skip: set[str] = frozenset()) -> None:
         assert type(ours) is type(theirs), f"{where}: {type(ours).__name__} vs {type(theirs).__name__}"
 
 
-@pytest.fixture(scope="module")
-def llama_server(tmp_path_factory):
+@contextlib.contextmanager
+def llama_server_on(model: str, tmp_path_factory, *args: str) -> Iterator[httpx.Client]:
     if not os.path.exists(LLAMA_SERVER):
         pytest.skip("llama-server is not built (make bench-deps)")
-    from cllm.core.model_file import resolve_model
     from perf.servers import launch
 
     port = free_port()
-    cmd = [LLAMA_SERVER, "--model", resolve_model(None), "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
-           "--parallel", "2", "--ctx-size", "1024", "--no-webui", "--slots"]
+    cmd = [LLAMA_SERVER, "--model", model, "--host", "127.0.0.1", "--port", str(port), "--threads", "1", "--no-webui", *args]
     server = launch("llama-server", cmd, port, "/health", logs=str(tmp_path_factory.mktemp("llama-server")))
     try:
         with httpx.Client(base_url=server.url, timeout=300) as c:
             yield c
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    from cllm.core.model_file import resolve_model
+
+    with llama_server_on(resolve_model(None), tmp_path_factory, "--parallel", "2", "--ctx-size", "1024") as c:
+        yield c
 
 
 def test_the_same_keys_and_types_as_llama_server(http, llama_server):
@@ -347,3 +364,11 @@ def test_the_same_keys_and_types_as_llama_server(http, llama_server):
     ours, theirs = (c.post("/completion", json={"prompt": "x", "grammar": "root ::= foo"}) for c in both)
     assert ours.status_code == theirs.status_code == 400
     assert ours.json()["error"].keys() == theirs.json()["error"].keys()
+
+
+def test_infill_as_llama_server_builds_it(fim_model, fim_server, tmp_path_factory):
+    """The same /infill to llama-server on the same FIM model, sized alike (its batch as cLLM's 512): the same prompt."""
+    with llama_server_on(fim_model, tmp_path_factory, "--parallel", "2", "--ctx-size", "2048", "--batch-size", "512") as theirs:
+        ours, theirs = (c.post("/infill", json=INFILL).json() for c in (fim_server, theirs))
+    assert ours["prompt"] == theirs["prompt"] and ours["tokens_evaluated"] == theirs["tokens_evaluated"]
+    assert ours["content"] == theirs["content"]
