@@ -22,7 +22,7 @@ from starlette.responses import Response
 from cllm.core.errors import ApiError, error_body, json_response
 from cllm.core.protocol import SamplingParams
 from frontend_proc import chat, generation, respond
-from frontend_proc.app import decode_body, sse, state
+from frontend_proc.app import decode_body, sse, sse_response, state
 from frontend_proc.chat_request import Fields, GrammarOutput, JsonOutput, invalid
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.infill import FimTokens, infill_prompt, missing_fim
@@ -302,7 +302,10 @@ class _Stream(respond.Stream):
 async def answer(request: Request, st: AppState, body: CompletionFields, prompts: list[list[int]]) -> Response:
     params = sampling(st, body)
     if params.max_tokens == 0:  # llama-server evaluates the prompt into its cache; cLLM has nothing to give back
-        return json_response(nothing(st, body, params, prompts))
+        results = nothing(st, body, params, prompts)
+        if body.stream:
+            return sse_response(iter([b"".join(map(sse, results))]))
+        return json_response(results[0] if len(results) == 1 else results)
     gen = await generation.start(st, prompts, params, n=body.count, stops=body.stops, stream=body.stream)
     out = Answer(st, body, params, prompts, gen)
     if body.stream:
@@ -312,12 +315,13 @@ async def answer(request: Request, st: AppState, body: CompletionFields, prompts
     return json_response(results[0] if len(results) == 1 else results)
 
 
-def nothing(st: AppState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]]) -> dict | list[dict]:
+def nothing(st: AppState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]]) -> list[dict]:
     """n_predict 0: every result empty, at once (the prompts are checked as any other)."""
     st.client.limits.check(prompts, 0, body.count, "prompt")
-    zero = {k: 0 if k.endswith("_n") else 0.0 for k in ("cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
-                                                         "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second")}
-    results = [
+    keys = ("cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
+            "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second")
+    zero = {k: 0 if k.endswith("_n") else 0.0 for k in keys}
+    return [
         pick(body.response_fields, {
             "index": i * body.count + j, "content": "", "tokens": [], "id_slot": -1, "stop": True, "model": st.model_id,
             "tokens_predicted": 0, "tokens_evaluated": len(prompt), "generation_settings": settings(params, body),
@@ -326,7 +330,6 @@ def nothing(st: AppState, body: CompletionFields, params: SamplingParams, prompt
         })
         for i, prompt in enumerate(prompts) for j in range(body.count)
     ]
-    return results[0] if len(results) == 1 else results
 
 
 # ---- the routes -------------------------------------------------------------------

@@ -98,6 +98,8 @@ def test_stop_types_and_stopping_word(http):
     nothing = completion(http, prompt="Hello there", n_predict=0)
     n_prompt = len(http.post("/tokenize", json={"content": "Hello there"}).json()["tokens"])
     assert (nothing["content"], nothing["tokens_predicted"], nothing["tokens_evaluated"]) == ("", 0, n_prompt)
+    (streamed,) = events(http, prompt="Hello there", n_predict=0)
+    assert streamed["stop"] is True and streamed["tokens_evaluated"] == n_prompt
 
 
 def test_streamed_as_llama_server_streams(http):
