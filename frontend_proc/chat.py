@@ -15,10 +15,10 @@ import msgspec
 
 from cllm.core.protocol import SamplingParams
 from frontend_proc import generation
-from frontend_proc.chat_request import ChatRequest, Fields, JsonOutput, invalid
+from frontend_proc.chat_request import ChatRequest, Fields, GrammarOutput, JsonOutput, invalid
 from frontend_proc.chat_template import ChatTemplate, ChatTemplateError
 from frontend_proc.generation import Generation
-from frontend_proc.grammar import GrammarError, json_grammar
+from frontend_proc.grammar import GrammarError, json_grammar, user_grammar
 from frontend_proc.reasoning import HARMONY_TOKENS, is_harmony, splitter_factory
 from frontend_proc.reply import Reply
 from frontend_proc.state import AppState
@@ -93,20 +93,28 @@ def check_sampling(st: AppState, sampling: SamplingParams) -> None:
             raise invalid(f"logit_bias names token {token}, outside the vocabulary (0..{n_vocab - 1})", "logit_bias")
 
 
-def constraint(st: AppState, output: JsonOutput | None, plan: ToolPlan | None, ignore_eos: bool, fields: Fields) -> tuple[str | None, list[str] | None]:
-    """The grammar and its triggers: the JSON output's, or the tools' (one grammar per sequence)."""
+def constraint(
+    st: AppState, output: JsonOutput | GrammarOutput | None, plan: ToolPlan | None, ignore_eos: bool, fields: Fields
+) -> tuple[str | None, list[str] | None]:
+    """The grammar and its triggers: the JSON output's, the client's own, or the tools' (one grammar per sequence)."""
     grammar, triggers = None, None
-    if output is not None:
+    if type(output) is GrammarOutput:
+        try:
+            grammar = user_grammar(output.gbnf, st.tokenizer.vocab)
+        except GrammarError as e:  # one llama.cpp cannot parse: its reason
+            raise invalid(str(e), "grammar") from None
+    elif output is not None:
         try:
             grammar = json_grammar(output.schema, st.tokenizer.vocab)
         except GrammarError as e:  # a schema llama.cpp cannot enforce
             raise invalid(str(e), fields.output) from None
     if plan is not None and plan.grammar is not None:
         if grammar is not None:
-            raise invalid(f"{fields.output} cannot be combined with tools unless tool_choice is none", fields.output)
+            param = "grammar" if type(output) is GrammarOutput else fields.output
+            raise invalid(f"{param} cannot be combined with tools unless tool_choice is none", param)
         grammar, triggers = plan.grammar, plan.triggers
     if grammar is not None and ignore_eos:  # the grammar's end can only be followed by an end-of-generation token
-        raise invalid("ignore_eos cannot be combined with a JSON output format or tool calls", "ignore_eos")
+        raise invalid("ignore_eos cannot be combined with a grammar, a JSON output format or tool calls", "ignore_eos")
     return grammar, triggers
 
 

@@ -35,6 +35,13 @@ class JsonOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class GrammarOutput:
+    """Output a client's own GBNF grammar (start symbol root) allows: llama-server's `grammar` field."""
+
+    gbnf: str
+
+
+@dataclass(frozen=True, slots=True)
 class Fields:
     """Where a door's body carries each part, for the `param` of a 400."""
 
@@ -51,7 +58,7 @@ class ChatRequest:
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str = "auto"  # none, auto, required, or a tool's name
     parallel_tool_calls: bool = True
-    output: JsonOutput | None = None  # None: free text
+    output: JsonOutput | GrammarOutput | None = None  # None: free text
     thinking: bool | None = None  # False turns thinking off (Qwen3's enable_thinking)
     effort: str | None = None  # a reasoning effort (gpt-oss's reasoning_effort)
     template_kwargs: dict | None = None  # more template variables, as the client sent them

@@ -63,15 +63,16 @@ class RequestStream:
     """Tokens of one request as they arrive from the engine."""
 
     __slots__ = (
-        "id", "owner", "prompt_tokens", "tokens", "logprobs", "prompt_logprobs", "cached_tokens", "finish", "error", "t_submit", "t_first",
-        "t_done", "timer",
+        "id", "owner", "prompt_tokens", "sampling", "tokens", "logprobs", "prompt_logprobs", "cached_tokens", "finish", "error", "t_submit",
+        "t_first", "t_done", "timer",
         "_tail", "_event", "_per_step",
     )
 
-    def __init__(self, rid: int, owner: "EngineClient", prompt_tokens: int, per_step: bool):
+    def __init__(self, rid: int, owner: "EngineClient", prompt_tokens: int, per_step: bool, sampling: SamplingParams | None = None):
         self.id = rid
         self.owner = owner  # the engine client that runs it (of one replica)
         self.prompt_tokens = prompt_tokens
+        self.sampling = sampling  # as submitted (GET /slots shows it)
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprobs] = []  # one per token, when the request asked for them
         self.prompt_logprobs: list[TokenLogprobs] = []  # one per prompt token after the first, when asked
@@ -216,6 +217,11 @@ class EngineClient:
     def in_flight(self) -> int:
         return len(self._streams) + len(self._embeddings)
 
+    @property
+    def streams(self) -> list[RequestStream]:
+        """The requests in flight, oldest first."""
+        return list(self._streams.values())
+
     def _check_room(self) -> None:
         if self.info is None:
             raise not_ready()
@@ -246,7 +252,7 @@ class EngineClient:
 
     async def submit(self, prompt: list[int], sampling: SamplingParams, per_step: bool) -> RequestStream:
         self._check_room()
-        stream = RequestStream(next(self._ids), self, len(prompt), per_step)
+        stream = RequestStream(next(self._ids), self, len(prompt), per_step, sampling)
         self._streams[stream.id] = stream
         if self._config.request_timeout:
             stream.timer = self._loop.call_later(self._config.request_timeout, self._time_out, stream)

@@ -1,7 +1,9 @@
-"""Structured output: a JSON schema (or any JSON) as a GBNF grammar for llama.cpp's grammar sampler.
+"""Structured output: a JSON schema (or any JSON) as a GBNF grammar for llama.cpp's grammar sampler, or a
+client's own GBNF grammar.
 
 The frontend converts and parses the grammar before submitting, so a schema
-llama.cpp cannot enforce is a 400 and never reaches the engine.
+llama.cpp cannot enforce, or a grammar it cannot parse, is a 400 (quoting
+llama.cpp's reason) and never reaches the engine.
 
 The converter writes a count (`maxItems`, `maxLength`, a pattern's `{m,n}`)
 as that many copies of a rule, the optional ones nested in each other, and
@@ -19,8 +21,11 @@ import llama_cpp as L
 import msgspec
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
+from cllm.core import llama_log
+
 
 MAX_REPEATS = 2048  # the counts of one schema, all together
+MAX_NESTING = 200  # of a grammar's parentheses: llama.cpp's parser recurses once per level, on the C stack
 QUANTIFIER = re.compile(r"\{([^}]*)\}")  # {n}, {m,n}, {m,}: read up to the next brace, as the converter does
 
 
@@ -85,3 +90,51 @@ def check(gbnf: str, vocab) -> None:
     if not sampler:
         raise GrammarError("llama.cpp cannot parse the grammar made from this schema")
     L.llama_sampler_free(sampler)
+
+
+@lru_cache(maxsize=64)
+def user_grammar(gbnf: str, vocab) -> str:
+    """A client's GBNF grammar (start symbol root), once llama.cpp parses it; else GrammarError with its reason."""
+    if not gbnf.strip():
+        raise GrammarError("the grammar is empty")
+    depth = nesting(gbnf)
+    if depth > MAX_NESTING:
+        raise GrammarError(f"the grammar nests parentheses {depth} deep, more than {MAX_NESTING}")
+    with llama_log.capture() as said:  # its reason, for the client rather than the log
+        sampler = L.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+    if not sampler:
+        raise GrammarError(f"llama.cpp cannot parse the grammar: {parse_error(said)}")
+    L.llama_sampler_free(sampler)
+    return gbnf
+
+
+def parse_error(said: list[str]) -> str:
+    """The reason in what llama.cpp said when it refused a grammar."""
+    for line in said:
+        if "error parsing grammar: " in line:
+            return line.split("error parsing grammar: ", 1)[1].strip()
+    reasons = [line.strip() for line in said if "failed to parse grammar" not in line]
+    return "; ".join(reasons) or "no reason given"
+
+
+def nesting(gbnf: str) -> int:
+    """How deep the grammar's parentheses go, outside its strings, character classes and comments."""
+    depth = most = 0
+    i, n = 0, len(gbnf)
+    while i < n:
+        c = gbnf[i]
+        if c in "\"[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and gbnf[i] != close:
+                i += 2 if gbnf[i] == "\\" else 1
+        elif c == "#":
+            while i < n and gbnf[i] != "\n":
+                i += 1
+        elif c == "(":
+            depth += 1
+            most = max(most, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return most

@@ -1,42 +1,36 @@
-"""llama-server's /tokenize and /detokenize, in its shapes, for clients written against it.
+"""llama-server's own small routes, in its shapes: /tokenize, /detokenize, /props, /slots, /apply-template.
 
-Bodies are llama-server's own (not wrapped in cLLM's `success`/`data`), so
-its clients work unchanged; cLLM's /encode stays as it was.
+Bodies are llama-server's own (not wrapped in cLLM's `success`/`data`), and
+so are its errors ({"error": {"code", "message", "type"}}), so its clients
+work unchanged; cLLM's /encode and /health stay as they were (where the two
+APIs share a path, /health, cLLM's contract wins). Generation is in
+frontend_proc.llama_server_completion.
 """
 
 from __future__ import annotations
 
-import msgspec
+from importlib.metadata import version
+
+import llama_cpp as L
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontend_proc.app import decode_body, state
 from cllm.core.errors import ApiError, json_response
+from frontend_proc import chat, generation
+from frontend_proc.app import decode_body, state
+from frontend_proc.engine_client import RequestStream
+from frontend_proc.llama_server_completion import default_settings, settings, summary
+from frontend_proc.llama_server_schemas import (
+    DetokenizeRequest,
+    DetokenizeResult,
+    TemplateResult,
+    TokenizeRequest,
+    TokenizeResult,
+    TokenPiece,
+)
+from frontend_proc.openai_chat_api import chat_request
+from frontend_proc.openai_schemas import ChatCompletionRequest
 from frontend_proc.openapi import Operation
-
-
-class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
-    content: str
-    add_special: bool = False  # BOS, as the model's file asks
-    parse_special: bool = True  # <|im_end|> written out is one token
-    with_pieces: bool = False
-
-
-class TokenPiece(msgspec.Struct):
-    id: int
-    piece: str | list[int]  # the bytes when they are not whole UTF-8 characters
-
-
-class TokenizeResult(msgspec.Struct):
-    tokens: list[int | TokenPiece]
-
-
-class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
-    tokens: list[int]
-
-
-class DetokenizeResult(msgspec.Struct):
-    content: str
 
 
 async def tokenize(request: Request) -> Response:
@@ -64,7 +58,92 @@ async def detokenize(request: Request) -> Response:
     return json_response(DetokenizeResult(tokenizer.decode(body.tokens).decode(errors="replace")))
 
 
+def _replicas(st) -> list:
+    """The engine clients of the default model: one, or a ReplicaSet's."""
+    return getattr(st.client, "replicas", [st.client])
+
+
+async def get_props(request: Request) -> Response:
+    st = state(request)
+    info = generation.engine_info(st)
+    template = st.chat_template
+    return json_response({
+        "default_generation_settings": {"params": default_settings(), "n_ctx": info.seq_ctx},
+        "total_slots": info.parallel * len(_replicas(st)),
+        "model_alias": st.model_id,
+        "model_ftype": info.quantization,
+        "model_path": info.model_path,
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": True,
+        "endpoint_props": False,
+        "endpoint_metrics": True,
+        "chat_template": template.source,
+        "bos_token": template.bos_token,
+        "eos_token": template.eos_token,
+        "build_info": f"cllm {version('cllm')} (llama-cpp-python {L.__version__})",
+        "is_sleeping": False,
+    })
+
+
+async def post_props(request: Request) -> Response:
+    # llama-server changes nothing here unless started with --props; cLLM's settings are fixed at launch.
+    raise ApiError(501, "not supported", "This server does not support changing global properties: cLLM's settings are fixed at launch")
+
+
+def _slot(slot_id: int, n_ctx: int, speculative: bool, rs: RequestStream | None) -> dict:
+    entry = {"id": slot_id, "n_ctx": n_ctx, "speculative": speculative, "is_processing": rs is not None}
+    if rs is None:
+        return entry
+    n_decoded = len(rs.tokens)
+    params = summary(settings(rs.sampling))
+    return {
+        **entry,
+        "id_task": rs.id,
+        "n_prompt_tokens": rs.prompt_tokens,
+        "n_prompt_tokens_processed": rs.prompt_tokens - rs.cached_tokens if rs.t_first is not None else 0,
+        "n_prompt_tokens_cache": rs.cached_tokens,
+        "params": params,
+        "next_token": [{
+            "has_next_token": rs.finish is None,
+            "has_new_line": False,  # not tracked per token: the text is made in the request's own task
+            "n_remain": max(rs.sampling.max_tokens - n_decoded, 0),
+            "n_decoded": n_decoded,
+        }],
+    }
+
+
+async def slots(request: Request) -> Response:
+    """One entry per slot of each engine. cLLM does not pin requests to slots: an engine's requests in flight
+    fill its slots in arrival order (the engine admits them so), the rest wait."""
+    st = state(request)
+    info = generation.engine_info(st)
+    out = []
+    for client in _replicas(st):
+        running = client.streams[: info.parallel]
+        for i in range(info.parallel):
+            out.append(_slot(len(out), info.seq_ctx, info.spec_type != "none", running[i] if i < len(running) else None))
+    if "fail_on_no_slot" in request.query_params and all(s["is_processing"] for s in out):
+        raise ApiError(503, "unavailable", "no slot available")
+    return json_response(out)
+
+
+async def apply_template(request: Request) -> Response:
+    """The prompt text /v1/chat/completions would send for this body: the model's chat template over the messages."""
+    body = await decode_body(request, ChatCompletionRequest)
+    st = state(request)
+    req = chat_request(body)
+    plan = chat.tool_plan(req, st.chat_template, st.tokenizer.vocab)
+    return json_response(TemplateResult(chat.render(st.chat_template, req, plan)))
+
+
 operations = [
     Operation("POST", "/tokenize", tokenize, "llama-server: text to tokens", body=TokenizeRequest, response=TokenizeResult),
     Operation("POST", "/detokenize", detokenize, "llama-server: tokens to text", body=DetokenizeRequest, response=DetokenizeResult),
+    Operation("GET", "/props", get_props, "llama-server: the server's and model's properties", response=dict, errors=(503,)),
+    Operation("POST", "/props", post_props, "llama-server: change properties (refused, as llama-server without --props)", errors=(501,)),
+    Operation("GET", "/slots", slots, "llama-server: the slots and the requests they run", response=dict, errors=(503,)),
+    Operation(
+        "POST", "/apply-template", apply_template, "llama-server: a chat body's prompt, with the model's chat template",
+        body=ChatCompletionRequest, response=TemplateResult,
+    ),
 ]

@@ -26,6 +26,7 @@ from frontend_proc import (
     cllm_api,
     embeddings_api,
     llama_server_api,
+    llama_server_completion,
     models_api,
     ollama_api,
     ollama_models,
@@ -81,8 +82,8 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         chat_template=tokenizer.chat_template(_read(config.chat_template_file)),
         operations=[
             *cllm_api.operations, *openai_api.operations, *openai_chat_api.operations, *embeddings_api.operations,
-            *llama_server_api.operations, *models_api.operations, *anthropic_api.operations, *responses_api.operations,
-            *ollama_models.operations, *ollama_api.operations,
+            *llama_server_api.operations, *llama_server_completion.operations, *models_api.operations, *anthropic_api.operations,
+            *responses_api.operations, *ollama_models.operations, *ollama_api.operations,
         ],
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,

@@ -19,10 +19,10 @@ from cllm.core.errors import ApiError, error_body, json_response
 from cllm.core.protocol import TokenLogprobs
 from frontend_proc import chat, generation, respond
 from frontend_proc.app import decode_body, model_state, sse, state
-from frontend_proc.chat_request import Fields, JsonOutput, invalid
+from frontend_proc.chat_request import Fields, GrammarOutput, JsonOutput, invalid
 from frontend_proc.generation import Choice, Generation
 from frontend_proc.models_api import card
-from frontend_proc.openai_schemas import CompletionRequest, JsonObjectFormat, JsonSchemaFormat, OpenAIRequest
+from frontend_proc.openai_schemas import CompletionRequest, JsonObjectFormat, JsonSchemaFormat, OpenAIRequest, TextFormat
 from frontend_proc.openapi import GENERATE_ERRORS, Operation
 from frontend_proc.state import AppState
 
@@ -48,8 +48,12 @@ async def retrieve_model(request: Request) -> Response:
     return json_response(card(model, st.pool.multi))
 
 
-def output(body: OpenAIRequest) -> JsonOutput | None:
+def output(body: OpenAIRequest) -> JsonOutput | GrammarOutput | None:
     fmt = body.response_format
+    if body.grammar:  # an empty one is none, as llama-server reads it
+        if fmt is not None and type(fmt) is not TextFormat:
+            raise invalid("grammar cannot be combined with a JSON response_format", "grammar")
+        return GrammarOutput(body.grammar)
     if type(fmt) is JsonSchemaFormat:
         return JsonOutput(fmt.json_schema.schema)
     return JsonOutput() if type(fmt) is JsonObjectFormat else None

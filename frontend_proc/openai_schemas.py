@@ -76,6 +76,7 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ignore_eos: bool = False
     speculative: bool = True  # false: no speculative decoding for this request
     response_format: ResponseFormat | None = None
+    grammar: str | None = None  # llama-server's extension: a GBNF grammar (start symbol root) the output must match
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None

@@ -13,7 +13,7 @@ from typing import Callable
 import msgspec
 from starlette.routing import Route
 
-from cllm.core.errors import AnthropicError, Error, OllamaError, OpenAIError, error_type
+from cllm.core.errors import AnthropicError, Error, LlamaServerError, OllamaError, OpenAIError, error_type
 
 ERRORS = {
     400: "Bad input; the message names the field",
@@ -23,6 +23,7 @@ ERRORS = {
     413: "The body is over --max-body-bytes",
     415: "The body is not JSON",
     429: "Too many requests waiting; retry after Retry-After seconds",
+    501: "Not supported by this server or model (llama-server's answer for the same case)",
     503: "The engine is starting or restarting; retry after Retry-After seconds",
 }
 BODY_ERRORS = (400, 413, 415)  # any operation that reads a body may answer these
@@ -57,7 +58,7 @@ class Operation:
 def document(title: str, operations: list[Operation], open_paths: tuple[str, ...], secured: bool, maxima: dict[str, int]) -> dict:
     """``maxima``: limits set at run time, as the maximum of request fields of that name."""
     types = list(dict.fromkeys(t for op in operations for t in (op.body, op.response, op.events) if t not in (None, str)))
-    types += [Error, OpenAIError, AnthropicError, OllamaError]
+    types += [Error, OpenAIError, AnthropicError, OllamaError, LlamaServerError]
     refs, schemas = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
     ref = dict(zip(types, refs))
     for body in {op.body for op in operations if op.body}:

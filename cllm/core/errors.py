@@ -1,5 +1,5 @@
 """Errors, answered in the shape of the API the path belongs to: cLLM's, Anthropic's under /v1/messages, OpenAI's under
-/v1/, or Ollama's under /api/."""
+/v1/, Ollama's under /api/, or llama-server's on its native routes."""
 
 from __future__ import annotations
 
@@ -53,6 +53,25 @@ class OllamaError(msgspec.Struct):
     error: str
 
 
+class LlamaServerErrorDetail(msgspec.Struct):
+    code: int  # the HTTP status again
+    message: str
+    type: str
+
+
+class LlamaServerError(msgspec.Struct):
+    """llama-server's {"error": {"code", "message", "type"}}."""
+
+    error: LlamaServerErrorDetail
+
+
+# The routes of llama-server's own API (frontend_proc.llama_server_api): its clients read its error shape.
+LLAMA_SERVER_PATHS = frozenset(("/completion", "/completions", "/infill", "/props", "/slots", "/apply-template", "/tokenize", "/detokenize"))
+# llama-server's error type per status (its format_error_response).
+LLAMA_SERVER_TYPES = {
+    401: "authentication_error", 403: "permission_error", 404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error",
+}
+
 # Anthropic's error type per status; the SDK raises its exception class from the status.
 ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -85,13 +104,21 @@ def error_type(path: str) -> type:
         return AnthropicError
     if path.startswith("/api/"):
         return OllamaError
+    if path in LLAMA_SERVER_PATHS:
+        return LlamaServerError
     return OpenAIError if path.startswith("/v1/") else Error
 
 
-def error_body(path: str, exc: ApiError) -> Error | OpenAIError | AnthropicError | OllamaError:
+def error_body(path: str, exc: ApiError) -> Error | OpenAIError | AnthropicError | OllamaError | LlamaServerError:
     kind = error_type(path)
     if kind is Error:
         return Error(success=False, error=exc.error, message=exc.message)
+    if kind is LlamaServerError:
+        message = exc.message or exc.error
+        if exc.param and exc.status == 400 and exc.param not in message:
+            message = f"{exc.param}: {message}"
+        default = "invalid_request_error" if exc.status < 500 else "server_error"
+        return LlamaServerError(LlamaServerErrorDetail(exc.status, message, LLAMA_SERVER_TYPES.get(exc.status, default)))
     if kind is OllamaError:
         message = exc.message or exc.error
         return OllamaError(f"{exc.param}: {message}" if exc.param and exc.status == 400 else message)

@@ -1,13 +1,18 @@
-"""Keep llama.cpp's own logging quiet: errors only, and never per token."""
+"""Keep llama.cpp's own logging quiet: errors only, and never per token; or catch what it says during one call."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+import tempfile
 
 import llama_cpp as L
 
 _GGML_LOG_LEVEL_ERROR = 4
 _log = logging.getLogger("llama.cpp")
+_caught: list[str] | None = None  # set while capture() runs: the error lines go here instead of the log
 
 
 @L.llama_log_callback
@@ -15,8 +20,38 @@ def _log_errors(level, text, user_data):
     if level == _GGML_LOG_LEVEL_ERROR:
         message = text.decode(errors="replace").rstrip()
         if message:
-            _log.error(message)
+            if _caught is not None:
+                _caught.append(message)
+            else:
+                _log.error(message)
 
 
 def silence_llama_logs() -> None:
     L.llama_log_set(_log_errors, None)
+
+
+@contextlib.contextmanager
+def capture():
+    """The lines llama.cpp writes during the block, kept instead of shown: its logged errors and what it prints
+    to stderr itself (its grammar parser says why a grammar fails there, not through the log).
+
+    For a rare call whose reason a client must see: stderr is the process's, so whatever another thread
+    writes there during the block is caught with it.
+    """
+    global _caught
+    lines: list[str] = []
+    silence_llama_logs()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as err:
+        os.dup2(err.fileno(), 2)
+        _caught = lines
+        try:
+            yield lines
+        finally:
+            _caught = None
+            os.dup2(saved, 2)
+            os.close(saved)
+            err.seek(0)
+            printed = err.read().decode(errors="replace").splitlines()
+            lines[:0] = [line for line in printed if line.strip()]
