@@ -24,9 +24,10 @@ Logprobs are computed with numpy from the logits row, and only for the
 sequences that ask.
 
 Sampling on the device (``device``: --device-sampling on, or auto with GPU
-layers; off by default, measured slower on an H100: docs/internals.md): a request whose chain llama.cpp can run inside llama_decode
-(greedy, temperature, top-k, top-p, min-p, the seeded draw, and the EOS ban
-of ignore_eos) gets its chain attached to its KV stream's seq_id with
+layers; off by default, measured slower on an H100: docs/internals.md): a
+request whose chain llama.cpp can run inside llama_decode (greedy,
+temperature, top-k, top-p, min-p, the seeded draw, and the EOS ban of
+ignore_eos) gets its chain attached to its KV stream's seq_id with
 llama_set_sampler, so that only its token id comes back from the device and
 its logits are not copied to the host at all (llama_sampler_sample then
 returns the token the device drew, and advances the chain's state).

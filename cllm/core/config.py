@@ -82,7 +82,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"  # quantized V needs flash attention (llama.cpp's rule)
     # Sampling inside llama_decode (llama.cpp's backend samplers) where a request's chain allows; auto: with GPU layers.
-    # On an H100 llama.cpp's per-sequence device chains made a step slower than the host's sampling (perf/results/2026-11-26-gpu-h100.md)
+    # Off: on an H100 the per-sequence device chains made a step slower than host sampling (perf/results/2026-11-26-gpu-h100.md).
     device_sampling: DeviceSampling = "off"
     # Speculative decoding: tokens drafted from the sequence's own text, verified in the step's batch.
     spec_type: SpecType = "none"  # on loses at 8 copy-type streams here: perf/results/2026-11-23-speculative.md
