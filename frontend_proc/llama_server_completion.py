@@ -240,8 +240,9 @@ class Answer:
         self.settings = settings(params, body)
         self.n = body.count
 
-    def final(self, choice: Choice, text: str) -> dict:
-        """The whole result (in a stream, the last chunk: text and tokens were sent before)."""
+    def final(self, choice: Choice, text: str, new_line: bool | None = None) -> dict:
+        """The whole result (in a stream, the last chunk: text and tokens were sent before, ``new_line`` says
+        whether that text had a line break)."""
         rs, body = choice.stream, self.body
         prompt = self.prompts[choice.index // self.n]
         streamed = body.stream
@@ -256,7 +257,7 @@ class Answer:
             "tokens_evaluated": len(prompt),
             "generation_settings": self.settings,
             "prompt": self.st.tokenizer.decode(prompt).decode(errors="replace"),
-            "has_new_line": "\n" in text,
+            "has_new_line": "\n" in text if new_line is None else new_line,
             "truncated": False,
             "stop_type": stop_type(choice),
             "stopping_word": choice.stop_string or "",
@@ -286,13 +287,13 @@ class _Stream(respond.Stream):
     def __init__(self, answer: Answer, path: str):
         self.answer, self.path = answer, path
         self.sent = [0] * len(answer.gen.choices)
-        self.text = [""] * len(answer.gen.choices)  # for has_new_line
+        self.new_line = [False] * len(answer.gen.choices)  # has_new_line, without keeping the text
 
     def piece(self, choice: Choice, text: str | None) -> bytes:
         if text is None:
-            return sse(self.answer.final(choice, self.text[choice.index]))
+            return sse(self.answer.final(choice, "", self.new_line[choice.index]))
         start, self.sent[choice.index] = self.sent[choice.index], choice.n_tokens
-        self.text[choice.index] += text
+        self.new_line[choice.index] = self.new_line[choice.index] or "\n" in text
         return sse(self.answer.partial(choice, text, start, choice.n_tokens))
 
     def error(self, e: ApiError) -> bytes:

@@ -42,7 +42,6 @@ PLAN = dict(models=["tiny"], greedy=[1, 4], sampled=[4], gen=8, budget=240) if D
     dict(models=["smollm2", "8b", "1b"], greedy=[1, 32, 64, 8], sampled=[32, 64], gen=64, budget=330)
 PROMPT = 26
 REQUEST_TIMEOUT = 120.0
-GPU_USED_AT_START = 0  # MiB in use on the GPU before the run started a server (main sets it)
 
 
 class Budget:
@@ -79,8 +78,9 @@ def tree_pids(pid: int) -> list[int]:
         return []
 
 
-def memory(pid: int) -> dict:
-    """RSS of a server's process tree and its VRAM (nvidia-smi's per-process figure), in MiB."""
+def memory(pid: int, baseline: int) -> dict:
+    """RSS of a server's process tree and its VRAM (nvidia-smi's per-process figure, else the device's use
+    less ``baseline``), in MiB."""
     pids = tree_pids(pid)
     rss = 0
     for p in pids:
@@ -97,7 +97,7 @@ def memory(pid: int) -> dict:
             if any(p in used for p in pids):
                 vram = sum(used.get(p, 0) for p in pids)
             else:  # a VM or container may list no processes: the device's use less what it used before any server
-                vram = gpu_used() - GPU_USED_AT_START
+                vram = gpu_used() - baseline
         except (subprocess.SubprocessError, ValueError):
             pass
     return {"rss_mib": round(rss / 2**20), "vram_mib": vram}
@@ -163,7 +163,7 @@ def http(args, label: str, model: str, record, budget: Budget, extra: tuple[str,
             r = http_load.run_cell(server.url, Sampled(base) if sampled else base, c, args.requests(c), PROMPT,
                                    args.gen, False, [server.proc.pid], REQUEST_TIMEOUT, progress=False)
             record({**r, "system": label, "sampled": sampled})
-        record({"system": label, "memory": memory(server.proc.pid)})
+        record({"system": label, "memory": memory(server.proc.pid, args.gpu_baseline)})
     finally:
         stop(server)
 
@@ -286,9 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="its checksum: a model carried in parts is used only when whole")
     args = ap.parse_args(argv)
     budget = Budget(args.budget)
-    global GPU_USED_AT_START
-    if shutil.which("nvidia-smi"):
-        GPU_USED_AT_START = gpu_used()
+    args.gpu_baseline = gpu_used() if shutil.which("nvidia-smi") else 0  # MiB in use before any server
     args.greedy, args.sampled, args.gen = PLAN["greedy"], PLAN["sampled"], PLAN["gen"]
     args.seq_ctx = PROMPT + args.gen + 32
     args.requests = lambda c: 2 if DRY else (4 if c == 1 else 2 * c)
