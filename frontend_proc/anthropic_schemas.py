@@ -1,8 +1,9 @@
 """Request bodies of Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens).
 
-As on the OpenAI routes, an unknown top-level field is a 400 naming it, and
-those with no bearing on the output here (`metadata`, `service_tier`,
-`cache_control`, `context_management`, ...) are accepted and ignored. `temperature`, `top_p` and
+As on the OpenAI routes, a field not known here is dropped with a debug log
+(frontend_proc.lenient), and those clients send routinely with no bearing on
+the output (`metadata`, `service_tier`, `cache_control`, `context_management`,
+...) are declared and ignored. `temperature`, `top_p` and
 `top_k`, which newer SDKs no longer send, are read when given. Content blocks carry more keys than are read here
 (`cache_control`, `citations`): those are ignored, so a conversation can be
 sent back as the SDK or Claude Code keeps it. Image and document blocks are

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from cllm.core.errors import ApiError, json_response
+from frontend_proc import lenient
 from frontend_proc.guard import OPEN_PATHS, Guard
 from frontend_proc.observe import ObserveMiddleware
 from frontend_proc.openapi import Operation, document
@@ -87,10 +88,11 @@ def _decode(body: bytes, type_: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as e:
-        if "got `float`" not in str(e):
+        if "got `float`" not in str(e) and "unknown field" not in str(e):
             raise
-    # JSON (and JSON Schema) count 2.0 as an integer; msgspec's strict ints do not.
-    return msgspec.convert(_integral(msgspec.json.decode(body)), type_)
+    # JSON (and JSON Schema) count 2.0 as an integer, msgspec's strict ints do not;
+    # and a field no Struct declares is what a newer client adds (lenient.decode drops it).
+    return lenient.decode(_integral(msgspec.json.decode(body)), type_)
 
 
 def _integral(value):

@@ -3,9 +3,9 @@
 Defaults are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p
 0.05, n_predict -1: until the end of generation or of the sequence's
 context). A field llama-server knows but cLLM does not apply (DRY, XTC,
-mirostat, `samplers`, ...; the list is IGNORED) is accepted and ignored, as
-llama-server's clients send them routinely; any other unknown field is a 400,
-so a typo never passes for a setting. A value out of range is a 400 too,
+mirostat, `samplers`, ...; the list is IGNORED) is declared and ignored, as
+llama-server's clients send them routinely; any other unknown field is
+dropped with a debug log, as llama-server ignores what it does not read. A value out of range is a 400 too,
 where llama-server would clamp it.
 """
 

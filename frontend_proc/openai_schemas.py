@@ -3,10 +3,10 @@
 A bad field fails the decode with a message naming it, answered as a 400 in
 OpenAI's error shape with that field as `param`.
 
-Unknown top-level fields are rejected, as OpenAI does ("unknown field
-`tools`"), so a client never believes a feature is in effect when it is not.
-Fields OpenAI clients send routinely that have no bearing on the output
-(`user`, `store`, `metadata`, `service_tier`) are accepted and ignored.
+A field no Struct here declares is what a newer client adds: it is dropped
+with a debug log (frontend_proc.lenient), not refused. Fields OpenAI clients
+send routinely that have no bearing on the output (`user`, `store`,
+`metadata`, `service_tier`) are declared, so decoding them stays one pass.
 Inside a message only `role`, `content`, `name`, `tool_calls` and
 `tool_call_id` are read; other keys (`refusal`: null, as a previous
 response's message carries it) are ignored. Beyond OpenAI's parameters, llama-server's

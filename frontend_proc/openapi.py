@@ -60,6 +60,9 @@ def document(title: str, operations: list[Operation], open_paths: tuple[str, ...
     types = list(dict.fromkeys(t for op in operations for t in (op.body, op.response, op.events) if t not in (None, str)))
     types += [Error, OpenAIError, AnthropicError, OllamaError, LlamaServerError]
     refs, schemas = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    for schema in schemas.values():  # a field no Struct declares is ignored (frontend_proc/lenient.py), not refused
+        if schema.get("additionalProperties") is False:
+            del schema["additionalProperties"]
     ref = dict(zip(types, refs))
     for body in {op.body for op in operations if op.body}:
         fields = schemas[ref[body]["$ref"].rsplit("/", 1)[1]]["properties"]

@@ -3,9 +3,9 @@
 `input` is a string or a list of items. A message item may leave out its
 `type` (the SDK's "easy" input message), so items are decoded one by one by
 their type (item()), each error naming the item at fault. As on the other
-OpenAI routes an unknown top-level field is a 400; fields Codex CLI and the
-Agents SDK send routinely that change nothing here (`include`,
-`prompt_cache_key`, `truncation`, `client_metadata`, ...) are accepted and ignored. Inside an
+OpenAI routes a field not known here is dropped with a debug log; fields Codex
+CLI and the Agents SDK send routinely that change nothing here (`include`,
+`prompt_cache_key`, `truncation`, `client_metadata`, ...) are declared and ignored. Inside an
 item, keys other than those read (`id`, `status`, `annotations`) are ignored,
 so a previous response's output can be sent back as it came. Tools and
 content parts of kinds not known here (Codex CLI's `namespace` and

@@ -188,7 +188,6 @@ def test_stream_pieces_are_whole_characters(http):
     "body,message",
     [
         ({"max_tokens": 5}, "Object missing required field `prompt`"),
-        ({"prompt": "x", "bogus": 1}, "Object contains unknown field `bogus`"),
         ({"prompt": 5}, "Expected `str`, got `int` - at `$.prompt`"),
         ({"prompt": "x", "max_tokens": "5"}, "Expected `int`, got `str` - at `$.max_tokens`"),
         ({"prompt": "x", "max_tokens": 0}, "Expected `int` >= 1 - at `$.max_tokens`"),

@@ -115,3 +115,34 @@ def test_body_that_is_not_an_object_or_empty(http):
 def test_still_serving_after_all_that(http):
     r = http.post("/generate", json={"prompt": "Hello", "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200 and r.json()["data"]["generated_tokens"] == 3
+
+
+# A field each door has never heard of, at the top and inside what it reads, next to the fields it reads.
+NEW_FIELDS = [
+    ("/generate", {"prompt": "Hello", "max_tokens": 2, "bogus": 1}),
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": 2, "bogus": 1, "stream_options": None}),
+    ("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "new_part_field": 1}], "new_message_field": 1}],
+        "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True, "new_option": 1}, "new_top_field": {"a": 1},
+    }),
+    ("/v1/messages", {
+        "model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "new_block_field": 1}]}],
+        "tool_choice": {"type": "auto", "new_choice_field": True}, "new_top_field": [1],
+    }),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 16, "reasoning": {"effort": "low", "new_reasoning_field": 1}, "new_top_field": 1}),
+    ("/api/chat", {"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": "Hi"}], "stream": False, "options": {"num_predict": 2}, "new_top_field": 1}),
+    ("/completion", {"prompt": "Hello", "n_predict": 2, "new_top_field": 1}),
+]
+
+
+@pytest.mark.parametrize("path,body", NEW_FIELDS, ids=[p for p, _ in NEW_FIELDS])
+def test_fields_a_newer_client_adds_are_ignored(http, path, body):
+    r = http.post(path, json=body)
+    assert r.status_code == 200, r.text
+
+
+def test_a_bad_value_next_to_a_new_field_is_still_a_400(http):
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": "5", "new_top_field": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = http.post("/generate", json={"prompt": "x", "bogus": 1, "top_p": 0})
+    assert r.status_code == 400 and r.json()["message"] == "Expected `float` > 0.0 - at `$.top_p`"

@@ -26,7 +26,7 @@ def test_openapi_document_describes_every_route(http):
     listed = {(e["method"], e["path"]) for e in http.get("/").json()["data"]["endpoints"]}
     assert paths == listed and ("POST", "/generate") in paths and ("GET", "/openapi.json") in paths
     generate = doc["components"]["schemas"]["GenerateRequest"]
-    assert generate["required"] == ["prompt"] and generate["additionalProperties"] is False
+    assert generate["required"] == ["prompt"] and "additionalProperties" not in generate  # new fields are ignored, not refused
     assert generate["properties"]["top_p"] == {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0, "default": 0.9}
     assert generate["properties"]["max_tokens"]["maximum"] == 512  # set at run time: one sequence's context
     statuses = set(doc["paths"]["/generate"]["post"]["responses"])
