@@ -120,6 +120,7 @@ def main() -> int:
             if engine.slots.pending:  # slot actions, between steps: those whose streams no sequence runs in
                 for done in engine.slots.run():
                     send(done)
+                    reported = False  # the cache's figures changed
     except _Stop:
         pass
     finally:

@@ -161,10 +161,10 @@ async def slot_action(request: Request) -> Response:
     folder = st.config.slot_save_path
     if folder is None:
         raise ApiError(501, "not supported", "This server does not support slots action. Start it with `--slot-save-path`")
-    try:
-        id_slot = int(request.path_params["id_slot"])
-    except ValueError:
-        raise ApiError(400, "invalid request", "Invalid slot ID") from None
+    raw_id = request.path_params["id_slot"]
+    if not (raw_id.isascii() and raw_id.isdigit()):
+        raise ApiError(400, "invalid request", "Invalid slot ID")
+    id_slot = int(raw_id)
     action = request.query_params.get("action", "")
     if action not in ("save", "restore", "erase"):
         raise ApiError(400, "invalid request", "Invalid action")

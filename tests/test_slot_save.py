@@ -136,7 +136,7 @@ def test_foreign_torn_and_other_files_are_refused_and_the_slot_still_serves(slot
 
 def test_bad_requests_are_refused_as_llama_server_refuses_them(slots, http):
     refused(act(http, 0, "save", "a.bin"), 501, "--slot-save-path")  # the shared server has none
-    for slot in ("x", "-1", "2", "1.5"):
+    for slot in ("x", "-1", "2", "1.5", "\u0661"):
         refused(act(slots, slot, "erase"), 400, "Invalid slot ID")
     refused(act(slots, 0, "frob"), 400, "Invalid action")
     refused(slots.post("/slots/0"), 400, "Invalid action")
@@ -146,6 +146,14 @@ def test_bad_requests_are_refused_as_llama_server_refuses_them(slots, http):
     refused(slots.post("/slots/0?action=restore", json={"filename": 5}), 400, "filename")
     refused(slots.post("/slots/0?action=restore", content=b"{"), 400)
     assert ok(act(slots, 0, "erase"))["id_slot"] == 0  # a body is not needed, nor read
+
+
+def test_without_the_prefix_cache_there_is_nothing_to_save(tmp_path):
+    with start_server("--parallel", "1", "--ctx-size", "512", "--no-prefix-cache", "--slot-save-path", str(tmp_path)) as srv:
+        with srv.client() as http:
+            complete(http)
+            refused(act(http, 0, "save", "a.bin"), 501, "prefix cache")
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_same_keys_types_and_refusals_as_llama_server(slots, tmp_path_factory):
