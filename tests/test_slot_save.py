@@ -148,6 +148,15 @@ def test_bad_requests_are_refused_as_llama_server_refuses_them(slots, http):
     assert ok(act(slots, 0, "erase"))["id_slot"] == 0  # a body is not needed, nor read
 
 
+def test_with_replicas_a_slot_id_names_one_engines_stream(tmp_path):
+    with start_server("--replicas", "2", "--parallel", "1", "--ctx-size", "1024", "--slot-save-path", str(tmp_path)) as srv:
+        with srv.client() as http:
+            first = complete(http)
+            saved = [ok(act(http, slot, "save", f"{slot}.bin"))["n_saved"] for slot in (0, 1)]
+            assert sorted(saved) == [0, first["tokens_evaluated"] + first["tokens_predicted"] - 1]  # the engine that served it
+            refused(act(http, 2, "erase"), 400, "Invalid slot ID")
+
+
 def test_without_the_prefix_cache_there_is_nothing_to_save(tmp_path):
     with start_server("--parallel", "1", "--ctx-size", "512", "--no-prefix-cache", "--slot-save-path", str(tmp_path)) as srv:
         with srv.client() as http:
