@@ -54,6 +54,8 @@ class SlotFiles:
         name = os.path.basename(msg.path)
         if msg.action == "save":
             entry = cache.entries.get(msg.slot)
+            if entry is None:  # a free stream without an entry may hold stale cells: none of them is saved
+                self.kv.clear(msg.slot)
             tokens = entry.tokens if entry is not None else np.empty(0, np.int32)
             data = self.kv.save(msg.slot)
             try:

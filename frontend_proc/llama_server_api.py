@@ -26,13 +26,13 @@ from frontend_proc.engine_client import RequestStream
 from frontend_proc.llama_server_completion import default_settings, settings, summary
 from frontend_proc.llama_server_schemas import (
     DetokenizeRequest,
+    DetokenizeResult,
     RestoreTimings,
     SaveTimings,
     SlotErased,
     SlotFileRequest,
     SlotRestored,
     SlotSaved,
-    DetokenizeResult,
     TemplateResult,
     TokenizeRequest,
     TokenizeResult,
