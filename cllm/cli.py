@@ -72,6 +72,11 @@ def _serve_parser(sub) -> None:
         help=f"most MiB the --cache-dir files may take, every model's together; the least recently used go first (default {d.cache_dir_max})",
     )
     p.add_argument(
+        "--slot-save-path", metavar="DIR",
+        help="folder for llama-server's POST /slots/{id}?action=save|restore, files in the --cache-dir format "
+        "(docs/llama-server-api.md: Slot files; default: none, and the route answers 501)",
+    )
+    p.add_argument(
         "--flash-attn", choices=get_args(FlashAttn),
         help=f"llama.cpp's flash attention; off is ~10%% slower here, but then the attention of a decode step does not depend on the other requests in it (docs/internals.md: What is exact; default {d.flash_attn})",
     )

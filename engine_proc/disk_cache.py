@@ -31,10 +31,8 @@ import logging
 import mmap
 import os
 import queue
-import struct
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 
 import llama_cpp as L
@@ -42,13 +40,12 @@ import msgspec
 import numpy as np
 
 from cllm.core.config import ServeConfig
+from engine_proc.kv_file import TMP, file_head, read_header, read_tokens, remove_quietly, write_file
 from engine_proc.sequence import common_prefix, starts_with
 
 log = logging.getLogger("cllm.engine")
 
-MAGIC = b"CLLMKV\x00\x01"  # the format's name and version
 SUFFIX = ".kv"
-TMP = ".tmp"
 # Entries are filed under their first HEAD tokens (as in host_cache).
 HEAD = 32
 # Shorter entries are not written: they prefill again in one block.
@@ -58,15 +55,6 @@ MIN_CELLS = 128
 MAX_PENDING = 1 << 30
 # Seconds the writer gets to finish when the engine stops (the supervisor waits 5).
 CLOSE_WAIT = 3.0
-
-_LEN = struct.Struct("<I")
-
-
-class Header(msgspec.Struct, array_like=True):
-    fingerprint: str
-    n_tokens: int
-    n_bytes: int  # of the cells, as llama_state_seq_get_data wrote them
-    tokens_crc: int  # zlib.crc32 of the tokens
 
 
 @dataclass(slots=True, eq=False)
@@ -182,7 +170,7 @@ class DiskCache:
         path = os.path.join(self.dir, entry.name)
         try:
             with open(path, "rb") as f:
-                header = _read_header(f, self.fingerprint)
+                header = read_header(f, self.fingerprint)
                 if header.n_tokens != len(entry.tokens) or header.n_bytes != entry.n_bytes:
                     raise ValueError("it changed since the engine started")
                 start = f.tell() + header.n_tokens * 4
@@ -253,12 +241,7 @@ class DiskCache:
                 continue
             try:
                 with open(path, "rb") as f:
-                    header = _read_header(f, self.fingerprint)
-                    tokens = np.frombuffer(f.read(header.n_tokens * 4), np.int32)
-                    if len(tokens) != header.n_tokens or zlib.crc32(tokens.tobytes()) != header.tokens_crc:
-                        raise ValueError("its tokens are torn")
-                    if os.fstat(f.fileno()).st_size != f.tell() + header.n_bytes:
-                        raise ValueError("its length is wrong")
+                    header, tokens = read_tokens(f, self.fingerprint)
             except (OSError, ValueError, msgspec.DecodeError) as e:
                 log.warning("prefix cache file %s skipped: %s", path, e)
                 continue
@@ -288,7 +271,7 @@ class DiskCache:
                 if self.writable:
                     self._write(entry, data)
                     for name in drop:
-                        _remove_quietly(os.path.join(self.dir, name))
+                        remove_quietly(os.path.join(self.dir, name))
                 else:
                     self._gone.append(entry.name)
             finally:
@@ -296,21 +279,11 @@ class DiskCache:
                     self._pending -= data.nbytes
 
     def _write(self, entry: OnDisk, data: np.ndarray) -> None:
-        path = os.path.join(self.dir, entry.name)
-        tmp = os.path.join(self.dir, f".{entry.name}.{os.getpid()}{TMP}")
-        header = msgspec.msgpack.encode(Header(self.fingerprint, len(entry.tokens), data.nbytes, zlib.crc32(entry.tokens.tobytes())))
+        head = file_head(self.fingerprint, entry.tokens, data)
         try:
-            self._make_room(len(MAGIC) + _LEN.size + len(header) + entry.tokens.nbytes + data.nbytes)
-            with open(tmp, "wb") as f:
-                f.write(MAGIC + _LEN.pack(len(header)) + header)
-                f.write(entry.tokens.tobytes())
-                f.write(memoryview(data))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(self.dir)
+            self._make_room(len(head) + entry.tokens.nbytes + data.nbytes)
+            write_file(os.path.join(self.dir, entry.name), head, entry.tokens, data)
         except OSError as e:
-            _remove_quietly(tmp)
             self._gone.append(entry.name)
             self._degrade(e)
             return
@@ -333,22 +306,10 @@ class DiskCache:
         for _, n, path in sorted(files):
             if total + size <= self.max_bytes:
                 break
-            _remove_quietly(path)
+            remove_quietly(path)
             total -= n
             if os.path.dirname(path) == self.dir:
                 self._gone.append(os.path.basename(path))
-
-
-def _read_header(f, fp: str) -> Header:
-    """The file's header, read from its start; ValueError if it is not one of ours for ``fp``."""
-    start = f.read(len(MAGIC) + _LEN.size)
-    if len(start) < len(MAGIC) + _LEN.size or start[: len(MAGIC)] != MAGIC:
-        raise ValueError("not a cllm prefix cache file of this version")
-    (n,) = _LEN.unpack(start[len(MAGIC):])
-    header = msgspec.msgpack.decode(f.read(n), type=Header)
-    if header.fingerprint != fp:
-        raise ValueError("another model's or other settings' cells")
-    return header
 
 
 def _remove_torn(path: str) -> None:
@@ -364,25 +325,4 @@ def _remove_torn(path: str) -> None:
     except (ValueError, IndexError):
         pass  # not a name the writer gives
     log.warning("prefix cache: removed %s, a file its writer did not finish", path)
-    _remove_quietly(path)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
-
-
-def _fsync_dir(path: str) -> None:
-    """Make the rename durable (where a folder can be fsynced; not every system allows it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    remove_quietly(path)

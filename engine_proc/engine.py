@@ -16,13 +16,14 @@ from msgspec.structs import replace
 
 from cllm.core.config import ServeConfig
 from cllm.core.protocol import Embed, Embeddings, EngineStats, ModelInfo, SeqOutput, Submit
-from engine_proc.disk_cache import open_disk_cache
+from engine_proc.disk_cache import fingerprint, identity, open_disk_cache
 from engine_proc.drafter import Drafter
 from engine_proc.embedder import Embedder
 from engine_proc.model_runner import ModelRunner
 from engine_proc.sampler import GrammarError, Sampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, Sequence
+from engine_proc.slot_files import SlotFiles
 from engine_proc.step_timer import StepTimer
 
 
@@ -63,6 +64,9 @@ class LLMEngine:
             config.admit_per_step,
             disk,
         )
+        # llama-server's slot actions, their files keyed as the disk cache's (with or without --cache-dir)
+        ident = identity(model_path, config, self.runner.seq_ctx, self.runner.token_budget, self.runner.info.gpu_layers)
+        self.slots = SlotFiles(self.scheduler, self.runner, fingerprint(ident))
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
         self.embedder = Embedder(self.runner)
         self.info: ModelInfo = replace(
@@ -98,6 +102,7 @@ class LLMEngine:
         self.embedder.abort(set(ids))
 
     def drop_all(self) -> None:
+        self.slots.pending.clear()
         self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting, *self.embedder.jobs)])
 
     def has_work(self) -> bool:

@@ -13,7 +13,7 @@ import msgspec
 
 from cllm.core.launch import EXIT_LOAD_FAILED, from_argv
 from cllm.core.log import setup_logging
-from cllm.core.protocol import Embed, EngineReady, Hello, ModelInfo, StepOutputs, Submit, ToEngine
+from cllm.core.protocol import Embed, EngineReady, Hello, ModelInfo, SlotAction, StepOutputs, Submit, ToEngine
 from cllm.core.ring import Ring
 from engine_proc.engine import LLMEngine
 from engine_proc.model_runner import ModelLoadError
@@ -97,6 +97,8 @@ def main() -> int:
                         refused.append(out)
                 elif type(msg) is Embed:
                     engine.embed(msg)
+                elif type(msg) is SlotAction:
+                    engine.slots.pending.append(msg)
                 else:
                     engine.abort(msg.ids)
             if refused:
@@ -115,6 +117,10 @@ def main() -> int:
                         break  # the supervisor is gone: no one will read what we make
                     send(engine.stats())
                     stats_due = time.monotonic() + STATS_INTERVAL
+            if engine.slots.pending:  # slot actions, between steps: those whose streams no sequence runs in
+                for done in engine.slots.run():
+                    send(done)
+                    reported = False  # the cache's figures changed
     except _Stop:
         pass
     finally:

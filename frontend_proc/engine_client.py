@@ -44,6 +44,8 @@ from cllm.core.protocol import (
     ModelInfo,
     SamplingParams,
     SeqOutput,
+    SlotAction,
+    SlotDone,
     StepOutputs,
     Submit,
     TokenLogprobs,
@@ -178,6 +180,7 @@ class EngineClient:
         self._decode = msgspec.msgpack.Decoder(FromEngine).decode
         self._streams: dict[int, RequestStream] = {}
         self._embeddings: dict[int, EmbeddingJob] = {}
+        self._slot_actions: dict[int, asyncio.Future[SlotDone]] = {}
         self._submit_lock = asyncio.Lock()
         self._room: asyncio.Future | None = None  # set while a record waits for ring space
         self._aborts: list[int] = []
@@ -249,6 +252,21 @@ class EngineClient:
         finally:
             if self._embeddings.pop(rid, None) is not None and not job.done.done():
                 self._abort_id(rid)
+
+    async def slot_action(self, slot: int, action: str, path: str = "") -> SlotDone:
+        """llama-server's slot action on the engine's KV stream ``slot``, answered once no sequence runs in it."""
+        if self.info is None:
+            raise not_ready()
+        rid = next(self._ids)
+        done = self._slot_actions[rid] = self._loop.create_future()
+        try:
+            if not await self._put(self._encode(SlotAction(rid, slot, action, path))):
+                raise not_ready()
+            return await asyncio.wait_for(done, self._config.request_timeout or None)
+        except asyncio.TimeoutError:
+            raise ApiError(408, "request timeout", f"the slot stayed busy longer than {self._config.request_timeout:g} s") from None
+        finally:
+            self._slot_actions.pop(rid, None)
 
     async def submit(self, prompt: list[int], sampling: SamplingParams, per_step: bool) -> RequestStream:
         self._check_room()
@@ -340,6 +358,9 @@ class EngineClient:
         for job in jobs.values():
             if not job.done.done():
                 job.done.set_exception(error)
+        for done in self._slot_actions.values():
+            if not done.done():
+                done.set_exception(error)
         if self._room is not None and not self._room.done():
             self._room.set_result(None)  # a record waiting for room: it is stale now
         self._session += 1  # what still waits to be written belongs to no session now
@@ -364,6 +385,10 @@ class EngineClient:
                     job = self._embeddings.get(msg.id)
                     if job is not None and job._push(msg, self.info.embedding_dim):
                         del self._embeddings[msg.id]
+                elif type(msg) is SlotDone:
+                    done = self._slot_actions.get(msg.id)
+                    if done is not None and not done.done():
+                        done.set_result(msg)
                 elif type(msg) is EngineStats and self.info is not None:  # else left for a frontend that died
                     self.stats = msg
                     self.metrics.engine_stats(msg, self.info.ctx_size, time.monotonic(), self.model, self.replica)

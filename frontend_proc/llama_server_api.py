@@ -1,5 +1,8 @@
 """llama-server's own small routes, in its shapes: /tokenize, /detokenize, /props, /slots, /apply-template.
 
+POST /slots/{id}?action=save|restore|erase (with --slot-save-path) acts on
+the engine's KV stream behind that slot: see engine_proc/slot_files.py.
+
 Bodies are llama-server's own (not wrapped in cLLM's `success`/`data`), and
 so are its errors ({"error": {"code", "message", "type"}}), so its clients
 work unchanged; cLLM's /encode and /health stay as they were (where the two
@@ -9,6 +12,7 @@ frontend_proc.llama_server_completion.
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import version
 
 import llama_cpp as L
@@ -23,6 +27,12 @@ from frontend_proc.llama_server_completion import default_settings, settings, su
 from frontend_proc.llama_server_schemas import (
     DetokenizeRequest,
     DetokenizeResult,
+    RestoreTimings,
+    SaveTimings,
+    SlotErased,
+    SlotFileRequest,
+    SlotRestored,
+    SlotSaved,
     TemplateResult,
     TokenizeRequest,
     TokenizeResult,
@@ -127,6 +137,57 @@ async def slots(request: Request) -> Response:
     return json_response(out)
 
 
+# What llama-server's fs_validate_filename refuses besides control characters and surrogates: path separators,
+# characters Windows forbids, and look-alikes of the full stop, slash and backslash, the replacement character, the byte order mark.
+_NOT_IN_NAMES = frozenset(':*?"<>|/\\\uff0e\u2215\u2216\ufffd\ufeff')
+
+
+def valid_filename(name: str) -> bool:
+    """A name llama-server's --slot-save-path takes: one file in that folder, the same on every system."""
+    for ch in name:
+        c = ord(ch)
+        if c <= 0x1F or 0x7F <= c <= 0x9F or 0xD800 <= c <= 0xDFFF or ch in _NOT_IN_NAMES:
+            return False
+    return (
+        0 < len(name.encode()) <= 255
+        and name[0] != " " and name[-1] not in " ."  # Windows strips them: another file's name
+        and ".." not in name
+    )
+
+
+async def slot_action(request: Request) -> Response:
+    """Save a slot's cache entry to a file, restore one into it, erase it; llama-server's checks in its order."""
+    st = state(request)
+    folder = st.config.slot_save_path
+    if folder is None:
+        raise ApiError(501, "not supported", "This server does not support slots action. Start it with `--slot-save-path`")
+    raw_id = request.path_params["id_slot"]
+    if not (raw_id.isascii() and raw_id.isdigit()):
+        raise ApiError(400, "invalid request", "Invalid slot ID")
+    id_slot = int(raw_id)
+    action = request.query_params.get("action", "")
+    if action not in ("save", "restore", "erase"):
+        raise ApiError(400, "invalid request", "Invalid action")
+    path = ""
+    if action != "erase":
+        filename = (await decode_body(request, SlotFileRequest)).filename
+        if not valid_filename(filename):
+            raise ApiError(400, "invalid request", "Invalid filename", param="filename")
+        path = os.path.join(folder, filename)
+    parallel = generation.engine_info(st).parallel
+    replicas = _replicas(st)
+    if not 0 <= id_slot < parallel * len(replicas):
+        raise ApiError(400, "invalid request", "Invalid slot ID")
+    done = await replicas[id_slot // parallel].slot_action(id_slot % parallel, action, path)
+    if done.error:
+        raise ApiError(done.status, "invalid request" if done.status < 500 else "slot action failed", done.error)
+    if action == "save":
+        return json_response(SlotSaved(id_slot, filename, done.n_tokens, done.n_bytes, SaveTimings(done.ms)))
+    if action == "restore":
+        return json_response(SlotRestored(id_slot, filename, done.n_tokens, done.n_bytes, RestoreTimings(done.ms)))
+    return json_response(SlotErased(id_slot, done.n_tokens))
+
+
 async def apply_template(request: Request) -> Response:
     """The prompt text /v1/chat/completions would send for this body: the model's chat template over the messages."""
     body = await decode_body(request, ChatCompletionRequest)
@@ -142,6 +203,10 @@ operations = [
     Operation("GET", "/props", get_props, "llama-server: the server's and model's properties", response=dict, errors=(503,)),
     Operation("POST", "/props", post_props, "llama-server: change properties (refused, as llama-server without --props)", errors=(501,)),
     Operation("GET", "/slots", slots, "llama-server: the slots and the requests they run", response=dict, errors=(503,)),
+    Operation(
+        "POST", "/slots/{id_slot}", slot_action, "llama-server: save a slot's cached cells to a file, restore them, or erase them",
+        response=dict, query=(("action", ("save", "restore", "erase")),), errors=(400, 408, 501, 503),
+    ),
     Operation(
         "POST", "/apply-template", apply_template, "llama-server: a chat body's prompt, with the model's chat template",
         body=ChatCompletionRequest, response=TemplateResult,

@@ -1,4 +1,4 @@
-"""Request bodies of llama-server's own API (/completion, /infill, /apply-template, /tokenize, /detokenize).
+"""Request bodies of llama-server's own API (/completion, /infill, /apply-template, /tokenize, /detokenize, /slots/{id}).
 
 Defaults are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p
 0.05, n_predict -1: until the end of generation or of the sequence's
@@ -144,3 +144,38 @@ class DetokenizeResult(msgspec.Struct):
 
 class TemplateResult(msgspec.Struct):
     prompt: str
+
+
+class SlotFileRequest(msgspec.Struct):
+    """POST /slots/{id}?action=save|restore: the file, a name in --slot-save-path (other fields are ignored, as llama-server does)."""
+
+    filename: str
+
+
+class SaveTimings(msgspec.Struct):
+    save_ms: float
+
+
+class SlotSaved(msgspec.Struct):
+    id_slot: int
+    filename: str
+    n_saved: int  # tokens whose cells the file holds
+    n_written: int  # the file's bytes
+    timings: SaveTimings
+
+
+class RestoreTimings(msgspec.Struct):
+    restore_ms: float
+
+
+class SlotRestored(msgspec.Struct):
+    id_slot: int
+    filename: str
+    n_restored: int
+    n_read: int
+    timings: RestoreTimings
+
+
+class SlotErased(msgspec.Struct):
+    id_slot: int
+    n_erased: int

@@ -74,6 +74,8 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     # A folder where the cache's entries also go, so that they outlive the engine (restarts, unloads); None: none.
     cache_dir: str | None = None
     cache_dir_max: Annotated[int, Meta(ge=1)] = 4096  # MiB the folder's files may take, all models together
+    # llama-server's POST /slots/{id}?action=save|restore|erase: the folder its named files go in; None: refused (501).
+    slot_save_path: str | None = None
     # llama.cpp's flash attention: faster, but then a decode step's logits
     # depend on the other sequences in the step (see docs/internals.md, "What is exact").
     flash_attn: FlashAttn = "auto"
@@ -157,6 +159,8 @@ def load_config(path: str | None, overrides: dict) -> ServeConfig:
     check_engine(config, "")
     if config.cache_dir is not None:
         config.cache_dir = os.path.abspath(config.cache_dir)  # the engines find it wherever they run
+    if config.slot_save_path is not None:
+        config.slot_save_path = os.path.abspath(config.slot_save_path)
     if config.chat_template_file is not None:
         if not os.path.isfile(config.chat_template_file):
             raise ConfigError(f"--chat-template-file {config.chat_template_file}: no such file")

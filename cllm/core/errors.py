@@ -104,7 +104,7 @@ def error_type(path: str) -> type:
         return AnthropicError
     if path.startswith("/api/"):
         return OllamaError
-    if path in LLAMA_SERVER_PATHS:
+    if path in LLAMA_SERVER_PATHS or path.startswith("/slots/"):
         return LlamaServerError
     return OpenAIError if path.startswith("/v1/") else Error
 

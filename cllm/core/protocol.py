@@ -64,7 +64,17 @@ class Embed(msgspec.Struct, tag=4, array_like=True, gc=False):
     inputs: list[list[int]]
 
 
-ToEngine = Submit | Abort | Hello | Embed
+class SlotAction(msgspec.Struct, tag=5, array_like=True, gc=False):
+    """llama-server's /slots/{id}?action=...: save a KV stream's cache entry to ``path``, restore one from it, or erase it.
+    Answered with SlotDone once the stream runs no sequence."""
+
+    id: int
+    slot: int  # the engine's KV stream, 0..parallel-1
+    action: str  # save, restore or erase
+    path: str = ""  # the file (save, restore): the frontend checked its name
+
+
+ToEngine = Submit | Abort | Hello | Embed | SlotAction
 
 
 # ---- engine -> frontend ------------------------------------------------------
@@ -178,7 +188,18 @@ class Embeddings(msgspec.Struct, tag=4, array_like=True, gc=False):
     error: str = ""  # set: the engine cannot embed (no vectors follow), and the request fails with it
 
 
-FromEngine = EngineReady | StepOutputs | EngineStats | Embeddings
+class SlotDone(msgspec.Struct, tag=5, array_like=True, gc=False):
+    """A SlotAction's answer: the tokens saved, restored or erased, the file's bytes, the milliseconds it took."""
+
+    id: int
+    n_tokens: int = 0
+    n_bytes: int = 0
+    ms: float = 0.0
+    status: int = 200  # else the HTTP status of ``error``
+    error: str = ""
+
+
+FromEngine = EngineReady | StepOutputs | EngineStats | Embeddings | SlotDone
 
 
 # ---- supervisor -> frontend (one JSON line each, on the frontend's lifeline) --

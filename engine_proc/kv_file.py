@@ -1,0 +1,98 @@
+"""The file of one KV stream's cells: a prefix cache entry on disk (disk_cache), a llama-server slot file (slot_files).
+
+MAGIC, the header's length, the header (msgpack: the fingerprint of the
+settings the cells were made with, the counts, the tokens' CRC), the tokens
+(int32), the cells as llama_state_seq_get_data wrote them. A file is written
+under a temporary name, fsynced and renamed, so its name never holds part of
+one; a reader checks every part before it trusts the cells.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+import msgspec
+import numpy as np
+
+MAGIC = b"CLLMKV\x00\x01"  # the format's name and version
+TMP = ".tmp"  # a file being written: ".{name}.{pid}.tmp" beside its final name
+
+_LEN = struct.Struct("<I")
+
+
+class Header(msgspec.Struct, array_like=True):
+    fingerprint: str
+    n_tokens: int
+    n_bytes: int  # of the cells, as llama_state_seq_get_data wrote them
+    tokens_crc: int  # zlib.crc32 of the tokens
+
+
+def file_head(fp: str, tokens: np.ndarray, data: np.ndarray) -> bytes:
+    """What a file of these cells begins with: the format's name, its header's length, the header."""
+    header = msgspec.msgpack.encode(Header(fp, len(tokens), data.nbytes, zlib.crc32(tokens.tobytes())))
+    return MAGIC + _LEN.pack(len(header)) + header
+
+
+def write_file(path: str, head: bytes, tokens: np.ndarray, data: np.ndarray) -> int:
+    """Write a file under a temporary name, fsync it, rename it into place; its size. OSError: nothing at ``path`` changed."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}{TMP}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head)
+            f.write(tokens.tobytes())
+            f.write(memoryview(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        remove_quietly(tmp)
+        raise
+    _fsync_dir(folder)
+    return len(head) + tokens.nbytes + data.nbytes
+
+
+def read_tokens(f, fp: str) -> tuple[Header, np.ndarray]:
+    """The header and tokens of an open file, left at its cells; ValueError if it is not a whole file of ours for ``fp``."""
+    header = read_header(f, fp)
+    tokens = np.frombuffer(f.read(header.n_tokens * 4), np.int32)
+    if len(tokens) != header.n_tokens or zlib.crc32(tokens.tobytes()) != header.tokens_crc:
+        raise ValueError("its tokens are torn")
+    if os.fstat(f.fileno()).st_size != f.tell() + header.n_bytes:
+        raise ValueError("its length is wrong")
+    return header, tokens
+
+
+def read_header(f, fp: str) -> Header:
+    """The file's header, read from its start; ValueError if it is not one of ours for ``fp``."""
+    start = f.read(len(MAGIC) + _LEN.size)
+    if len(start) < len(MAGIC) + _LEN.size or start[: len(MAGIC)] != MAGIC:
+        raise ValueError("not a cllm prefix cache file of this version")
+    (n,) = _LEN.unpack(start[len(MAGIC):])
+    header = msgspec.msgpack.decode(f.read(n), type=Header)
+    if header.fingerprint != fp:
+        raise ValueError("another model's or other settings' cells")
+    return header
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _fsync_dir(path: str) -> None:
+    """Make the rename durable (where a folder can be fsynced; not every system allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
