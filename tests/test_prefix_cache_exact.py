@@ -34,7 +34,7 @@ EXACT = ("--prefix-cache-exact", "--cache-slots", "0")
 SAME_THREADS = ("--fixed-threads",)  # like with like: the cache is the only difference between the two
 
 
-def doc(topic: str, facts: int = 40) -> str:
+def doc(topic: str, facts: int = 24) -> str:
     """About 12 tokens a fact, its own from its first token."""
     return f"Notes on {topic}. " + " ".join(f"Fact {i}: the {topic} of item {i} is {i * 7 % 13}." for i in range(facts))
 
@@ -112,7 +112,7 @@ def test_shared_prefix_reuses_whole_blocks(pair):
 
 def test_partial_match_and_a_prefix_of_a_cached_prompt(pair):
     on, _ = pair
-    notes = doc("weight")
+    notes = doc("weight", 30)  # a third of it still holds a whole block
     same(pair, notes + " That is all.")
     before = on.cache()
     same(pair, notes[: len(notes) // 2] + " and then something else entirely.")  # shares half of it
@@ -141,11 +141,11 @@ def test_multi_turn_chat_reuses_the_conversation_so_far(pair):
 
 def test_concurrent_requests_sharing_a_prefix_being_prefilled(pair):
     on, off = pair
-    # ~880 tokens: the first request prefills for two steps, and the one
+    # ~600 tokens: the first request prefills for two steps, and the one
     # step's budget (512 tokens) it takes first lets no other in; the others
-    # copy its blocks while it is still prefilling, or once it is done.
-    notes = doc("height", 55)
-    prompts = [notes + f"\nItem {i} doubled is" for i in range(6)]
+    # copy its 4 whole blocks while it is still prefilling, or once it is done.
+    notes = doc("height", 34)
+    prompts = [notes + f"\nItem {i} doubled is" for i in range(4)]
     before = on.cache()
     with ThreadPoolExecutor(len(prompts)) as pool:
         got_on = list(pool.map(on.first_token, prompts))
@@ -161,12 +161,12 @@ def test_without_flash_attention_concurrent_texts_are_identical_too():
     args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024), "--flash-attn", "off", *SAME_THREADS)
     with start_server(*args, *EXACT) as a, start_server(*args, "--no-prefix-cache") as b, a.client() as x, b.client() as y:
         on, off = Side(x), Side(y)
-        notes = doc("width", 55)
-        prompts = [notes + f"\nItem {i} tripled is" for i in range(6)]
+        notes = doc("width", 32)  # ~570 tokens: the first prefills for two steps
+        prompts = [notes + f"\nItem {i} tripled is" for i in range(4)]
         with ThreadPoolExecutor(len(prompts)) as pool:
-            got_on = list(pool.map(lambda p: on.generate(p, 24), prompts))
-            got_off = list(pool.map(lambda p: off.generate(p, 24), prompts))
-        alone = [off.generate(p, 24) for p in prompts[:2]]
+            got_on = list(pool.map(lambda p: on.generate(p, 16), prompts))
+            got_off = list(pool.map(lambda p: off.generate(p, 16), prompts))
+        alone = [off.generate(p, 16) for p in prompts[:2]]
         assert on.cache()["hits"] == len(prompts) - 1
     assert got_on == got_off
     assert got_off[:2] == alone
@@ -175,19 +175,19 @@ def test_without_flash_attention_concurrent_texts_are_identical_too():
 def test_eviction_under_memory_pressure(pair):
     on, off = pair
     topics = [f"subject {i}" for i in range(SLOTS + 2)]
-    for topic in topics:  # each leaves an entry; the oldest leave the streams
-        same(pair, doc(topic, 25), 4)
+    for topic in topics:  # each leaves an entry (one whole block and more); the oldest leave the streams
+        same(pair, doc(topic, 10), 4)
     before = on.cache()
     assert 0 < before["cells"] <= SLOTS * 1024 and before["host_cells"] > 0
-    same(pair, doc(topics[-1], 25) + " More.", 4)  # the most recent is still in its stream
+    same(pair, doc(topics[-1], 10) + " More.", 4)  # the most recent is still in its stream
     middle = on.cache()
     assert middle["hits"] == before["hits"] + 1 and middle["restored"] == before["restored"]
     for topic in topics[:-1]:  # the others, in a stream or in host RAM: back bit for bit
-        same(pair, doc(topic, 25) + " More.", 4)
+        same(pair, doc(topic, 10) + " More.", 4)
     after = on.cache()
     assert after["hits"] == middle["hits"] + len(topics) - 1 and after["restored"] > middle["restored"]
     # As many new requests as slots: every entry is displaced or dropped.
-    prompts = [doc(f"other {i}", 25) for i in range(SLOTS)]
+    prompts = [doc(f"other {i}", 10) for i in range(SLOTS)]
     with ThreadPoolExecutor(SLOTS) as pool:
         assert list(pool.map(on.first_token, prompts)) == list(pool.map(off.first_token, prompts))
 
