@@ -21,7 +21,6 @@ import subprocess
 
 import pytest
 
-from tests.conftest import start_server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(HERE, "node_modules", ".bin")
@@ -53,12 +52,6 @@ enabled = false
 [feedback]
 enabled = false
 """
-
-
-@pytest.fixture(scope="module")
-def server():
-    with start_server("--ctx-size", "16384", "--parallel", "1", "--request-timeout", "0") as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")
