@@ -71,7 +71,7 @@ def main() -> None:
     print(f"\n# this tree{(' with ' + args.this_args) if this else ''} against {commit[:12]}: {len(order)} runs each, fresh prompts of ~{args.prompt_tokens} tokens, "
           f"{args.gen_tokens} tokens, {'streamed' if args.stream else 'not streamed'}, --parallel {settings.parallel}, "
           f"{settings.threads} threads; load {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n")
-    print(f"| c | this tree tok/s (mean) | {commit[:12]} tok/s (mean) | ratio of the means | median of the pairs' ratios |")
+    print(f"| c | this tree{' ' + args.this_args if this else ''} tok/s (mean) | {commit[:12]} tok/s (mean) | ratio of the means | median of the pairs' ratios |")
     print("|---|---|---|---|---|")
     for c in args.concurrency:
         a, b = [r[c] for r in got["A"]], [r[c] for r in got["B"]]
