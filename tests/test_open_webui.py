@@ -26,6 +26,9 @@ one chat
   POST /api/chat      title, tags and follow-up generation: the same model, one user message, stream false, and
                       the task's max_tokens moved to a root `num_predict` (which Ollama, too, ignores); the answer
                       is read like the streamed lines, whole.
+and its retrieval (RAG), when Ollama is its embedding engine
+  POST /api/embed     {"input": [...], "model", "truncate": true}, `Authorization: Bearer {key}` even when the key is
+                      empty; reads `embeddings`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
+from http.client import HTTPConnection
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -168,3 +173,21 @@ def test_a_later_turn_with_its_tool_history_is_taken(http):
     out = _json(r)
     assert out["done"] is True and out["eval_count"] <= 8
     assert isinstance(out["message"]["content"], str) and all(isinstance(c["function"]["arguments"], dict) for c in out["message"].get("tool_calls", []))
+
+
+def test_rag_embeddings_with_its_empty_bearer(server):
+    # Open WebUI's RAG with Ollama as its embedding engine (backend/open_webui/retrieval/utils.py,
+    # agenerate_ollama_batch_embeddings): it always sends `Authorization: Bearer {key}`, the key "" when none is set,
+    # and reads `embeddings`, a list of float lists, one per input.
+    body = {"input": ["Paris is in France.", "Rivers flow to the sea."], "model": NAME, "truncate": True}
+    # http.client, as requests sends it: httpx refuses a header value that ends in a space.
+    conn = HTTPConnection(urlsplit(server.url).netloc, timeout=300)
+    try:
+        conn.request("POST", "/api/embed", body=json.dumps(body), headers={**JSON, "Authorization": "Bearer "})
+        r = conn.getresponse()
+        answer = r.read()
+    finally:
+        conn.close()
+    assert r.status == 200 and r.getheader("content-type").startswith("application/json"), answer
+    vectors = json.loads(answer)["embeddings"]
+    assert len(vectors) == 2 and all(len(v) == len(vectors[0]) > 0 and all(isinstance(x, float) for x in v) for v in vectors)
