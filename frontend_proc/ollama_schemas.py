@@ -32,6 +32,7 @@ class Options(msgspec.Struct, kw_only=True):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     num_ctx: Annotated[int, Meta(ge=1)] | None = None
+    ignore_eos: bool = False  # llama-server's extension, as on cllm's other routes: exactly num_predict tokens
 
     def sampling(self) -> SamplingParams:
         """The sampling parameters set; cllm's defaults for the rest (max_tokens 0: what the sequence holds)."""
@@ -45,6 +46,7 @@ class Options(msgspec.Struct, kw_only=True):
             "repetition_penalty": self.repeat_penalty,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
+            "ignore_eos": self.ignore_eos,
         }
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
 

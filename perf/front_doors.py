@@ -1,7 +1,8 @@
-"""What the chat front doors cost: the same greedy request through /v1/chat/completions, /v1/messages and /v1/responses.
+"""What the chat front doors cost: the same greedy request through /v1/chat/completions, /v1/messages, /v1/responses and /api/chat.
 
 (a) One cllm server; streamed requests (fresh prompts, exactly G tokens each,
-    ignore_eos) at each concurrency, the three routes taking turns round by
+    ignore_eos; Ollama's /api/chat streams JSON lines where the others send
+    server-sent events) at each concurrency, the routes taking turns round by
     round so that the machine's drift falls on all of them alike. Prints tok/s
     and TTFT p50 per route, the frontend's CPU time per generated token (the
     routes' own cost, which the machine's load moves far less), and their
@@ -31,7 +32,7 @@ from cllm.core.model_file import resolve_model
 from cllm.bench import http_load
 from perf import servers
 
-ROUTES = ("chat", "messages", "responses")
+ROUTES = ("chat", "messages", "responses", "ollama")
 
 
 def _busy_seconds() -> float:
@@ -47,7 +48,7 @@ def wait_quiet(max_others: float, patience: float) -> None:
         pass
 
 
-def measured_cell(url: str, pid: int, route: str, c: int, requests: int, prompt_tokens: int, gen_tokens: int,
+def measured_cell(url: str, pid: int, route: str, dialect: http_load.Dialect, c: int, requests: int, prompt_tokens: int, gen_tokens: int,
                   max_others: float, tries: int, patience: float) -> dict:
     """One cell, repeated (up to `tries` times) while other work used more than `max_others` cores during it.
 
@@ -58,7 +59,7 @@ def measured_cell(url: str, pid: int, route: str, c: int, requests: int, prompt_
     for attempt in range(tries):
         wait_quiet(max_others, patience)
         busy0 = _busy_seconds()
-        cell = http_load.run_cell(url, http_load.make_dialect(route), c, requests, prompt_tokens, gen_tokens, True, pids=[pid], progress=False)
+        cell = http_load.run_cell(url, dialect, c, requests, prompt_tokens, gen_tokens, True, pids=[pid], progress=False)
         ours = sum(cell["cpu_seconds"].values()) + cell["client_cpu_seconds"]
         cell["others_cores"] = max(0.0, (_busy_seconds() - busy0 - ours) / cell["seconds"])
         cell["load1"] = os.getloadavg()[0]
@@ -70,16 +71,22 @@ def measured_cell(url: str, pid: int, route: str, c: int, requests: int, prompt_
     return cell
 
 
+def ollama_name(url: str) -> str:
+    """The served model's name on Ollama's routes (the chat routes take any name when one model is served)."""
+    return httpx.get(f"{url}/api/tags", timeout=60).json()["models"][0]["model"]
+
+
 def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, gen_tokens: int, prompt_tokens: int,
                    max_others: float, tries: int, patience: float, min_requests: int) -> dict:
     results: dict = {}
     for c in concurrencies:
         requests = max(4 * c, min_requests)
         cells: dict[str, list[dict]] = {route: [] for route in ROUTES}
+        dialects = {route: http_load.make_dialect(route, ollama_name(url)) for route in ROUTES}
         for r in range(rounds):
-            order = ROUTES[r % 3 :] + ROUTES[: r % 3]  # each route goes first in turn
+            order = ROUTES[r % len(ROUTES) :] + ROUTES[: r % len(ROUTES)]  # each route goes first in turn
             for route in order:
-                cells[route].append(measured_cell(url, pid, route, c, requests, prompt_tokens, gen_tokens, max_others, tries, patience))
+                cells[route].append(measured_cell(url, pid, route, dialects[route], c, requests, prompt_tokens, gen_tokens, max_others, tries, patience))
         results[c] = {
             route: {
                 # Each round's ratio to chat completions, then their median: the machine's drift between rounds cancels.

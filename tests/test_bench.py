@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 TIMEOUT = 120
@@ -53,6 +55,14 @@ def test_bench_http_measures_the_server_and_its_processes(server):
     assert (r["errors"], r["short"], r["generated_tokens"]) == (0, 0, 15)
     assert r["ttft"]["p50"] is not None and r["ttft"]["p50"] <= r["latency"]["p50"]
     assert {"engine", "frontend"} <= r["cpu_seconds"].keys()
+
+
+@pytest.mark.parametrize("stream", [["--stream"], []])
+def test_bench_http_speaks_ollamas_chat_with_exact_counts(server, stream):
+    name = "SmolLM2-135M-Instruct.Q4_1:latest"  # as /api/tags lists it
+    [r] = bench("http", "--url", server.url, "--dialect", "ollama", "--model-name", name, "-c", "2", "-n", "3", "-g", "5", *stream)
+    assert (r["errors"], r["short"], r["generated_tokens"]) == (0, 0, 15), r["first_error"]
+    assert (r["ttft"]["p50"] is not None) == bool(stream)
 
 
 def test_bench_http_reports_a_refused_url():

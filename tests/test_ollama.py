@@ -65,6 +65,15 @@ def test_chat_streamed_is_ndjson_ending_in_done(server, client):
     assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "length"
 
 
+def test_ignore_eos_runs_to_num_predict(client):
+    # cllm's extension, as on its other routes (perf.front_doors gives every route the same token count with it).
+    options = {"temperature": 0, "num_predict": 24}
+    stopped = client.chat(NAME, messages=ask("What is 2+2? Answer with a number only."), options=options)
+    assert stopped.done_reason == "stop" and stopped.eval_count < 24
+    full = client.chat(NAME, messages=ask("What is 2+2? Answer with a number only."), options={**options, "ignore_eos": True})
+    assert full.done_reason == "length" and full.eval_count == 24 and full.message.content.startswith(stopped.message.content)
+
+
 def test_generate_templated_raw_and_stop(client):
     r = client.generate(NAME, "What is the capital of France?", options=FEW)
     assert r.done and r.response and r.eval_count == 8

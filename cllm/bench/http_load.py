@@ -51,6 +51,10 @@ class Dialect:
         """A streamed event's text, and the generated-token count if it tells."""
         raise NotImplementedError
 
+    def payload(self, line: bytes) -> bytes | None:
+        """A streamed line's JSON (None: a line that carries none): server-sent events, `data: {...}`."""
+        return line[6:].strip() if line.startswith(b"data: ") else None
+
 
 class Cllm(Dialect):
     def body(self, prompt, gen_tokens, stream):
@@ -132,7 +136,27 @@ class Chat(Dialect):
         return "", None
 
 
-CHAT_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+@dataclass
+class Ollama(Dialect):
+    """Ollama's /api/chat: options.num_predict, a JSON object a line, the done one counting eval_count."""
+
+    model: str = "default"  # a name /api/tags lists: the Ollama door answers an unknown one 404
+
+    def body(self, prompt, gen_tokens, stream):
+        return {"model": self.model, "messages": [{"role": "user", "content": prompt}], "stream": stream,
+                "options": {"num_predict": gen_tokens, "temperature": 0, "ignore_eos": True}}
+
+    def tokens(self, answer):
+        return answer["eval_count"]
+
+    def event(self, event):
+        return event.get("message", {}).get("content", ""), event.get("eval_count") if event.get("done") else None
+
+    def payload(self, line):
+        return line.strip() or None
+
+
+CHAT_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses", "ollama": "/api/chat"}
 
 
 def make_dialect(name: str, model: str = "default", ban_tokens: tuple[int, ...] = ()) -> Dialect:
@@ -142,6 +166,8 @@ def make_dialect(name: str, model: str = "default", ban_tokens: tuple[int, ...] 
         return OpenAI("/v1/completions", model, ban_tokens)
     if name == "llama-server":
         return LlamaServer("/completion")
+    if name == "ollama":
+        return Ollama(CHAT_PATHS[name], model)
     if name in CHAT_PATHS:
         return Chat(CHAT_PATHS[name], name)
     raise ValueError(f"unknown dialect {name!r}")
@@ -211,9 +237,9 @@ async def _one(session, url: str, dialect: Dialect, prompt: str, gen_tokens: int
                 counted = None
                 events = 0
                 async for line in resp.content:
-                    if not line.startswith(b"data: "):
+                    payload = dialect.payload(line)
+                    if payload is None:
                         continue
-                    payload = line[6:].strip()
                     if payload == b"[DONE]":
                         break
                     text, n = dialect.event(decode(payload))
@@ -330,7 +356,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("-g", "--gen-tokens", type=int, default=50)
     ap.add_argument("--stream", action="store_true", help="stream the answers (time to first token is measured then)")
     ap.add_argument("--pid", type=int, action="append", default=[], help="a server process to measure the CPU of (with its children)")
-    ap.add_argument("--model-name", default="default", help="the openai dialect's 'model' field")
+    ap.add_argument("--model-name", default="default", help="the openai and ollama dialects' 'model' field")
     ap.add_argument("--ban-tokens", default="", help="openai dialect: comma-separated token ids to bias by -100 (the EOS tokens)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     ap.add_argument("--no-warmup", action="store_true")
