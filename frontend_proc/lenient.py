@@ -17,8 +17,10 @@ import msgspec
 
 log = logging.getLogger("cllm.frontend")
 
-# msgspec's message for a field a Struct does not declare, and the path of the object holding it.
-_UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`(?: - at `\$([^`]*)`)?")
+# msgspec's message for a field a Struct does not declare (its name may hold any character, a backtick too),
+# and where the path of the object holding it may begin.
+_UNKNOWN = "Object contains unknown field `"
+_AT = "` - at `$"
 _STEP = re.compile(r"\.([A-Za-z_][\w-]*)|\[(\d+)\]|\[\.\.\.\]")
 
 
@@ -28,10 +30,23 @@ def decode(value, type_: type):
         try:
             return msgspec.convert(value, type_)
         except msgspec.ValidationError as e:
-            found = _UNKNOWN.fullmatch(str(e))
-            if found is None or not _drop(value, found.group(2) or "", found.group(1)):
+            field, path = _unknown(str(e), value)
+            if field is None:
                 raise
-            log.debug("ignored a field not known here", extra={"fields": {"field": found.group(1), "at": "$" + (found.group(2) or "")}})
+            log.debug("ignored a field not known here", extra={"fields": {"field": field, "at": "$" + path}})
+
+
+def _unknown(message: str, value) -> tuple[str | None, str]:
+    """The unknown field the message names and the path of its object, once dropped from ``value``; (None, "") if none."""
+    if not message.startswith(_UNKNOWN) or not message.endswith("`"):
+        return None, ""
+    rest = message[len(_UNKNOWN) : -1]
+    # Read as "name" alone, or as "name` - at `$path" at each place the separator occurs: the one whose field exists.
+    splits = [(rest, "")] + [(rest[:i], rest[i + len(_AT) :]) for i in range(len(rest)) if rest.startswith(_AT, i)]
+    for field, path in splits:
+        if _drop(value, path, field):
+            return field, path
+    return None, ""
 
 
 def _drop(value, path: str, field: str) -> bool:

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from cllm.core.protocol import Embed
-from conftest import start_server, wait_idle
+from tests.conftest import start_server, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 CAT = "The cat sat on the mat."

@@ -149,7 +149,6 @@ def test_grammar_on_the_openai_routes(http):
 def test_bad_completion_bodies_name_what_is_wrong(http):
     post = lambda **body: http.post("/completion", json=body)  # noqa: E731
     refused(post(prompt="x", n_predict=-5), 400, "n_predict")
-    refused(post(prompt="x", n_prdict=5), 400, "n_prdict")
     refused(post(prompt="x", top_p=2), 400, "top_p")
     refused(post(prompt=[1, 1 << 30]), 400, "outside the vocabulary")
     refused(post(prompt={"a": 1}), 400, "prompt")

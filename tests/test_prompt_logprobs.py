@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import wait_idle
+from tests.conftest import wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 PROMPT = "The capital of France is Paris. The capital of Italy is"

@@ -33,3 +33,8 @@ def test_a_bad_value_is_still_an_error_naming_it():
         decode({"items": [{"a": "1", "new": 1}], "new": 2}, Outer)
     with pytest.raises(msgspec.ValidationError, match="Object missing required field `items`"):
         decode({"new": 1}, Outer)
+
+
+def test_a_field_name_may_hold_any_character():
+    for name in ("a`b", "x` - at `$.items", "\U000f1a4b`(", ""):
+        assert decode({"items": [{"a": 1, name: 1}], name: [name]}, Outer) == Outer([Inner(1)])
