@@ -6,6 +6,7 @@ seconds (`make test-unit`, or `-m unit`); everything else in tests/ runs llama.c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -142,6 +143,25 @@ def wait_until(check, timeout: float, interval: float = 0.1):
         if time.monotonic() > deadline:
             raise AssertionError(f"not true after {timeout} s: {check}")
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def running(url: str, path: str, body: dict, timeout: float = 60.0) -> Iterator[None]:
+    """A streamed request read to its end in a thread of its own: entered once its first line came, left once it ended."""
+    started = threading.Event()
+
+    def run():
+        with httpx.Client(base_url=url, timeout=300) as c, c.stream("POST", path, json={**body, "stream": True}) as r:
+            for _ in r.iter_lines():
+                started.set()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        assert started.wait(timeout), f"no answer from {path} within {timeout} s"
+        yield
+    finally:
+        worker.join(120)
 
 
 def health(http: httpx.Client, level: str = "full") -> dict:

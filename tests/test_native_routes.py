@@ -8,13 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.conftest import CHAT_PROMPT, ROOT, free_port, start_server, wait_idle
+from tests.conftest import CHAT_PROMPT, ROOT, free_port, running, start_server, wait_idle
 
 LLAMA_SERVER = os.path.join(ROOT, "perf", "cache", "bin", "llama-server")
 TIMING_KEYS = {
@@ -193,23 +192,11 @@ def test_slots_show_the_requests_running(http, server):
     idle = http.get("/slots").json()
     assert len(idle) == 16 and [s["id"] for s in idle] == list(range(16))
     assert all(s.keys() == {"id", "n_ctx", "speculative", "is_processing"} and not s["is_processing"] for s in idle)
-    started = threading.Event()
-
-    def run():
-        with server.client() as c, c.stream("POST", "/completion", json={"prompt": "Once", "n_predict": 300, "ignore_eos": True, "stream": True}) as r:
-            for _ in r.iter_lines():
-                started.set()
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    try:
-        assert started.wait(60)
+    with running(server.url, "/completion", {"prompt": "Once", "n_predict": 300, "ignore_eos": True}):
         busy = [s for s in http.get("/slots").json() if s["is_processing"]]
         assert len(busy) == 1 and busy[0]["params"]["n_predict"] == 300 and busy[0]["params"]["ignore_eos"] is True
         assert busy[0].keys() == BUSY_SLOT_KEYS and busy[0]["next_token"][0]["n_decoded"] >= 1
         assert busy[0]["n_prompt_tokens"] == len(http.post("/tokenize", json={"content": "Once"}).json()["tokens"])
-    finally:
-        worker.join(120)
     wait_idle(http)
 
 

@@ -13,14 +13,13 @@ llama-server refuses them, and the answers have llama-server's keys and types.
 from __future__ import annotations
 
 import os
-import threading
 
 import httpx
 import numpy as np
 import pytest
 
 from engine_proc.kv_file import file_head
-from tests.conftest import start_server
+from tests.conftest import running, start_server
 from tests.test_native_routes import llama_server_on, refused, same_shape
 from tests.test_prefix_cache_exact import doc
 
@@ -81,22 +80,9 @@ def test_save_erase_restore_then_the_prompt_is_cached(slots, folder):
 def test_an_action_on_a_busy_slot_waits_for_its_request(slots):
     for slot in (0, 1):
         ok(act(slots, slot, "erase"))
-    started = threading.Event()
-
-    def run():
-        with httpx.Client(base_url=slots.base_url, timeout=300) as c:
-            with c.stream("POST", "/completion", json={"prompt": PROMPT, **GREEDY, "n_predict": 200, "ignore_eos": True, "stream": True}) as r:
-                for _ in r.iter_lines():
-                    started.set()
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    try:
-        assert started.wait(60)
+    with running(str(slots.base_url), "/completion", {"prompt": PROMPT, **GREEDY, "n_predict": 200, "ignore_eos": True}):
         saved = ok(act(slots, 0, "save", "busy.bin"))  # answered once the request ends, with all of its cells
         assert saved["n_saved"] == len(slots.post("/tokenize", json={"content": PROMPT}).json()["tokens"]) + 200 - 1
-    finally:
-        worker.join(120)
 
 
 def test_a_restore_survives_a_restart(tmp_path):
