@@ -372,17 +372,19 @@ async def infill(request: Request) -> Response:
     return await answer(request, st, body, [prompt])
 
 
+ANSWER = dict | list[dict]  # an array for several prompts or n_cmpl > 1
+
 operations = [
     Operation(
         "POST", "/completion", completion, "llama-server: text completion in its own shape",
-        body=CompletionBody, response=dict, events=dict, errors=GENERATE_ERRORS,
+        body=CompletionBody, response=ANSWER, events=dict, errors=GENERATE_ERRORS,
     ),
     Operation(
         "POST", "/completions", completion, "llama-server: /completion under its other name",
-        body=CompletionBody, response=dict, events=dict, errors=GENERATE_ERRORS,
+        body=CompletionBody, response=ANSWER, events=dict, errors=GENERATE_ERRORS,
     ),
     Operation(
         "POST", "/infill", infill, "llama-server: fill in the middle (501 for a model without FIM tokens)",
-        body=InfillBody, response=dict, events=dict, errors=(*GENERATE_ERRORS, 501),
+        body=InfillBody, response=ANSWER, events=dict, errors=(*GENERATE_ERRORS, 501),
     ),
 ]

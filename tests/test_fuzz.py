@@ -48,7 +48,7 @@ def _short(case):
                 body[field] = GEN_TOKENS if field == "n_predict" else min(body[field] or 1, 2)
         if body.get("max_completion_tokens"):
             body["max_completion_tokens"] = min(body["max_completion_tokens"], GEN_TOKENS)
-        if "n" in body:
+        if body.get("n"):
             body["n"] = min(body["n"], 2)
         # A string of control characters tokenizes to nothing: an empty prompt, a 400 no schema can state.
         if isinstance(body.get("prompt"), str) and not any(c.isalnum() for c in body["prompt"]):

@@ -8,11 +8,14 @@ Requests decoded together may not: with flash attention a decode step's
 logits depend on what else is in the step, cache or no cache. What the cache
 guarantees there is the prompt's KV cells, checked by the first token's
 logprobs, which come from the prompt alone; with --flash-attn off, whole
-greedy texts. Both servers decode on a fixed thread count (--fixed-threads):
+greedy texts. Both servers decode on one thread, held (--fixed-threads):
 under flash attention a decode over 512 or more KV cells splits them between
 the threads, so the count changes the logits' last bits, and a server that
-goes down to fewer threads beside a busy program could part from the other
-for that alone, cache or no cache.
+went down to fewer threads beside a busy program could part from the other
+for that alone, cache or no cache. One thread also meets no barrier: beside a
+busy program two held threads kept ~0.23 of their speed (engine_proc/threads.py)
+and this module took many times as long. The two servers answer each request
+at the same time, each on a CPU of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from tests.test_metrics import scrape, value, wait_idle
 BLOCK = 128  # the scheduler's prefill block: only whole blocks are reused
 SLOTS = 4
 EXACT = ("--prefix-cache-exact", "--cache-slots", "0")
-SAME_THREADS = ("--fixed-threads",)  # like with like: the cache is the only difference between the two
+SAME_THREADS = ("--threads", "1", "--fixed-threads")  # like with like: the cache is the only difference between the two
 
 
 def doc(topic: str, facts: int = 24) -> str:
@@ -85,11 +88,26 @@ def pair():
         yield Side(a), Side(b)
 
 
+def both(pair, call) -> list:
+    """call(side) for both sides at once: [its result on the cache's side, on the other]."""
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(call, pair))
+
+
 def same(pair, prompt: str, max_tokens: int = 12) -> str:
-    on, off = pair
-    text = on.generate(prompt, max_tokens)
-    assert text == off.generate(prompt, max_tokens)
+    text, text_off = both(pair, lambda side: side.generate(prompt, max_tokens))
+    assert text == text_off
     return text
+
+
+def at_once(call, prompts: list[str]) -> list:
+    """call(prompt) for every prompt at once, on one server: they share its steps."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(call, prompts))
+
+
+def firsts(side: Side, prompts: list[str]) -> list[dict]:
+    return at_once(side.first_token, prompts)
 
 
 def reused(before: dict, after: dict) -> int:
@@ -126,12 +144,12 @@ def test_partial_match_and_a_prefix_of_a_cached_prompt(pair):
 
 
 def test_multi_turn_chat_reuses_the_conversation_so_far(pair):
-    on, off = pair
+    on, _ = pair
     messages = [{"role": "system", "content": "You answer briefly. " + doc("price", 30)}]
     for question in ("What is the price of item 3?", "And of item 4?", "And of item 9?"):
         messages.append({"role": "user", "content": question})
         before = on.cache()
-        replies = [side.post("/v1/chat/completions", {"messages": messages, "max_tokens": 16}) for side in (on, off)]
+        replies = both(pair, lambda side: side.post("/v1/chat/completions", {"messages": messages, "max_tokens": 16}))
         answer, answer_off = (r["choices"][0]["message"]["content"] for r in replies)
         assert answer == answer_off
         messages.append({"role": "assistant", "content": answer})
@@ -140,16 +158,14 @@ def test_multi_turn_chat_reuses_the_conversation_so_far(pair):
 
 
 def test_concurrent_requests_sharing_a_prefix_being_prefilled(pair):
-    on, off = pair
+    on, _ = pair
     # ~600 tokens: the first request prefills for two steps, and the one
     # step's budget (512 tokens) it takes first lets no other in; the others
     # copy its 4 whole blocks while it is still prefilling, or once it is done.
     notes = doc("height", 34)
     prompts = [notes + f"\nItem {i} doubled is" for i in range(4)]
     before = on.cache()
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        got_on = list(pool.map(on.first_token, prompts))
-        got_off = list(pool.map(off.first_token, prompts))
+    got_on, got_off = both(pair, lambda side: firsts(side, prompts))
     assert got_on == got_off
     after = on.cache()
     assert after["misses"] == before["misses"] + 1 and after["hits"] == before["hits"] + len(prompts) - 1
@@ -163,9 +179,7 @@ def test_without_flash_attention_concurrent_texts_are_identical_too():
         on, off = Side(x), Side(y)
         notes = doc("width", 32)  # ~570 tokens: the first prefills for two steps
         prompts = [notes + f"\nItem {i} tripled is" for i in range(4)]
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            got_on = list(pool.map(lambda p: on.generate(p, 16), prompts))
-            got_off = list(pool.map(lambda p: off.generate(p, 16), prompts))
+        got_on, got_off = both((on, off), lambda side: at_once(lambda p: side.generate(p, 16), prompts))
         alone = [off.generate(p, 16) for p in prompts[:2]]
         assert on.cache()["hits"] == len(prompts) - 1
     assert got_on == got_off
@@ -173,7 +187,7 @@ def test_without_flash_attention_concurrent_texts_are_identical_too():
 
 
 def test_eviction_under_memory_pressure(pair):
-    on, off = pair
+    on, _ = pair
     topics = [f"subject {i}" for i in range(SLOTS + 2)]
     for topic in topics:  # each leaves an entry (one whole block and more); the oldest leave the streams
         same(pair, doc(topic, 10), 4)
@@ -188,8 +202,8 @@ def test_eviction_under_memory_pressure(pair):
     assert after["hits"] == middle["hits"] + len(topics) - 1 and after["restored"] > middle["restored"]
     # As many new requests as slots: every entry is displaced or dropped.
     prompts = [doc(f"other {i}", 10) for i in range(SLOTS)]
-    with ThreadPoolExecutor(SLOTS) as pool:
-        assert list(pool.map(on.first_token, prompts)) == list(pool.map(off.first_token, prompts))
+    got_on, got_off = both(pair, lambda side: firsts(side, prompts))
+    assert got_on == got_off
 
 
 def test_health_and_metrics_report_the_cache(pair):
@@ -212,15 +226,16 @@ def test_health_and_metrics_report_the_cache(pair):
 def test_a_scored_prompt_reuses_nothing_and_leaves_nothing(pair):
     """Echo with logprobs needs every prompt token's logits, and its 64-token chunks are not the fixed
     blocks: it takes no cells from the cache, and a later prompt reuses none of its own."""
-    on, off = pair
+    on, _ = pair
     notes = doc("length", 30)
     on.generate(notes + " First.")  # cached: a plain prompt would reuse its blocks
     before = on.cache()
     body = {"prompt": notes + " Second.", "max_tokens": 0, "echo": True, "logprobs": 1}
-    scored = [side.post("/v1/completions", body)["choices"][0]["logprobs"]["token_logprobs"] for side in pair]
+    scored = both(pair, lambda side: side.post("/v1/completions", body)["choices"][0]["logprobs"]["token_logprobs"])
     assert scored[0] == scored[1] and len(scored[0]) == on.n_tokens(notes + " Second.")
     middle = on.cache()
     assert reused(before, middle) == 0
     text = notes + " Second. Third."  # whatever it reuses, the same cells as a fresh prefill
-    assert on.first_token(text) == off.first_token(text)
+    first, first_off = both(pair, lambda side: side.first_token(text))
+    assert first == first_off
     assert reused(middle, on.cache()) >= BLOCK
