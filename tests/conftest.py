@@ -47,6 +47,16 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid} is in tests/unit/ but asks for the model or a server: move it up to tests/")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test on a server shows that server's last log lines: its requests, how they ended, what it warned."""
+    report = yield
+    srv = item.funcargs.get("server") if hasattr(item, "funcargs") else None
+    if report.failed and isinstance(srv, Server):
+        report.sections.append(("server log (last 40 lines)", "".join(srv.stderr_lines[-40:])))
+    return report
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
