@@ -106,10 +106,6 @@ def at_once(call, prompts: list[str]) -> list:
         return list(pool.map(call, prompts))
 
 
-def firsts(side: Side, prompts: list[str]) -> list[dict]:
-    return at_once(side.first_token, prompts)
-
-
 def reused(before: dict, after: dict) -> int:
     return after["hit_tokens"] - before["hit_tokens"]
 
@@ -165,7 +161,7 @@ def test_concurrent_requests_sharing_a_prefix_being_prefilled(pair):
     notes = doc("height", 34)
     prompts = [notes + f"\nItem {i} doubled is" for i in range(4)]
     before = on.cache()
-    got_on, got_off = both(pair, lambda side: firsts(side, prompts))
+    got_on, got_off = both(pair, lambda side: at_once(side.first_token, prompts))
     assert got_on == got_off
     after = on.cache()
     assert after["misses"] == before["misses"] + 1 and after["hits"] == before["hits"] + len(prompts) - 1
@@ -202,7 +198,7 @@ def test_eviction_under_memory_pressure(pair):
     assert after["hits"] == middle["hits"] + len(topics) - 1 and after["restored"] > middle["restored"]
     # As many new requests as slots: every entry is displaced or dropped.
     prompts = [doc(f"other {i}", 10) for i in range(SLOTS)]
-    got_on, got_off = both(pair, lambda side: firsts(side, prompts))
+    got_on, got_off = both(pair, lambda side: at_once(side.first_token, prompts))
     assert got_on == got_off
 
 
