@@ -1,4 +1,14 @@
-"""OpenAI's Responses API, with the real `openai` SDK's client.responses, against `cllm serve`."""
+"""OpenAI's Responses API, with the real `openai` SDK's client.responses, against `cllm serve`.
+
+Its tests compare greedy texts (streamed with whole, a chained request with
+the same one resent), so the module has a server of its own. On the shared
+one its prompts reuse cells that earlier modules' requests left in the prefix
+cache, and under flash attention a cell's last bits depend on the chunk that
+computed it (docs/internals.md, "What is exact"), which depends on what else
+those requests met in the engine's steps. Beside a busy program, three tests
+here once met other greedy texts. Here the cache holds only what this
+module's own requests, one at a time, left.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +18,7 @@ import openai
 import pytest
 
 from tests import test_tools
-from tests.conftest import health, wait_idle
+from tests.conftest import health, start_server, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 HELPFUL = "You are a helpful assistant."  # with it, SmolLM2 answers briefly
@@ -17,6 +27,18 @@ PERSON_SCHEMA = {
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
     "required": ["name", "age"],
 }
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server("--parallel", "16", "--ctx-size", "8192") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with server.client() as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
