@@ -150,16 +150,18 @@ class ModelRunner:
 
     # The scheduler's KvStreams: one stream per slot.
 
-    def copy(self, src: int, dst: int, keep: int) -> None:
+    def copy(self, src: int, dst: int, keep: int, at_once: bool = False) -> None:
         """Stream ``dst`` := the first ``keep`` cells of ``src``, at the same indices.
 
         llama.cpp copies the whole stream's data, every cell of it (~7 ms for
         4096 cells of the embedded model here), at the start of the next
         llama_decode, after the copies asked before this one. Between settled
         streams a short sequence's cells are saved and restored at once
-        instead (~3.5 ms for 1100 tokens): see _cheaper_at_once.
+        instead (~3.5 ms for 1100 tokens): see _cheaper_at_once. ``at_once``:
+        so in any case (the caller checked can_move_at_once), since it is about
+        to write ``src``'s cells itself.
         """
-        if not (self._cheaper_at_once((src,), (src, dst), 1) and self.restore(dst, self.save(src, scratch=0))):
+        if not ((at_once or self._cheaper_at_once((src,), (src, dst), 1)) and self.restore(dst, self.save(src, scratch=0))):
             L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
             self._moving.update((src, dst))
         L.llama_memory_seq_rm(self.memory, dst, keep, -1)
@@ -184,10 +186,14 @@ class ModelRunner:
         cell saved and restored through a used scratch buffer cost 3.0-3.5 us,
         a cell of a whole-stream copy 1.6-1.9 us: about 1.8x, counted as 2.
         """
-        if not self._copy_through_host or not all(map(self.settled, settled)):
+        if not self.can_move_at_once(settled):
             return False
         held = sum(L.llama_memory_seq_pos_max(self.memory, s) + 1 for s in moved)
         return held * 2.0 < self.seq_ctx * whole_copies
+
+    def can_move_at_once(self, slots) -> bool:
+        """Whether cells can go between these streams at once: streams in host memory, none waiting for a copy."""
+        return self._copy_through_host and all(map(self.settled, slots))
 
     def settled(self, slot: int) -> bool:
         """Whether the stream's data is what its cells say: no copy from or to it waits for the next decode."""

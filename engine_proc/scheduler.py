@@ -248,7 +248,7 @@ class Scheduler:
         into = self.free_slots[0]  # the slot the sequence takes: _fetch leaves free_slots as they are
         src, reuse, stored = cache.lookup(prompt, held, into=into)
         if stored is not None:
-            src = self._fetch(stored, held)
+            src = self._fetch(stored, held, into)
             if src < 0:  # no stream can take it this step: the best a stream holds, then
                 src, reuse, stored = cache.lookup(prompt, held, host=False, into=into)
         cache.count(reuse, stored)
@@ -280,28 +280,38 @@ class Scheduler:
         if eb is not None:
             self.cache.entries[a] = eb
 
-    def _rehome(self, slot: int, entry: Entry, held: Held, exclude: int) -> None:
+    def _rehome(self, slot: int, entry: Entry, held: Held, exclude: int, at_once: bool = False) -> None:
         """Move the entry out of ``slot`` before it is overwritten, or let it go (to host RAM if it has room)."""
         dst, lost = self.cache.rehome(entry, [s for s in self.free_slots if s != exclude], held)
         if lost is not None:
             self._stash(slot if dst < 0 else dst, lost, held)
         if dst >= 0:
-            self.kv.copy(slot, dst, len(entry.tokens))
+            self.kv.copy(slot, dst, len(entry.tokens), at_once)
 
     def _stash(self, slot: int, entry: Entry, held: Held) -> None:
         """Copy the cells of an entry about to lose its stream to host RAM, if they are worth it."""
         if self.cache.worth_keeping(entry, held) and self.kv.settled(slot):
             self.cache.host.put(entry.tokens, self.kv.save(slot))
 
-    def _fetch(self, stored: Stored, held: Held) -> int:
-        """Bring an entry back from host RAM into the settled free slot worth least; that slot, -1 if none."""
+    def _fetch(self, stored: Stored, held: Held, into: int) -> int:
+        """Bring an entry back from host RAM or a file into a free stream; that stream, -1 if none can take it now.
+
+        Into ``into``, the slot the new sequence takes, when the free streams' cells can move at once (what
+        it holds moves out of the way first): the sequence then uses the cells where they land. Anywhere
+        else, they would then trade places with that slot's, a save and a restore of each (on a quiet
+        16-core CPU a 4,000-token conversation's next turn after a restart went from 0.17-0.21 s to
+        0.16-0.17 s). Else into the settled free slot worth least.
+        """
         cache = self.cache
-        dst = cache.victim([s for s in self.free_slots if self.kv.settled(s)], held)
+        here = self.kv.can_move_at_once(self.free_slots)
+        dst = into if here else cache.victim([s for s in self.free_slots if self.kv.settled(s)], held)
         if dst < 0:
             return -1
         cache.host.take(stored)  # first: room for what it displaces
         lost = cache.entries.pop(dst, None)
-        if lost is not None:
+        if lost is not None and here:
+            self._rehome(dst, lost, held, exclude=dst, at_once=True)
+        elif lost is not None:
             self._stash(dst, lost, held)
         if not self.kv.restore(dst, stored.data):
             self.kv.clear(dst)

@@ -26,15 +26,23 @@ from engine_proc.sequence import Sequence, common_prefix, starts_with
 
 
 class FakeStreams:
-    def __init__(self, n: int):
+    def __init__(self, n: int, host: bool = False):
         self.n = [0] * (n + 1)  # cells each stream says it holds; the scratch stream last
         self.data: list[list[int]] = [[] for _ in range(n + 1)]  # what they hold
         self.scratch = n
         self.queued: list[tuple[int, int]] = []  # stream copies (src, dst) the next decode carries out
+        self.host = host  # streams in host memory: cells can move between settled ones at once
 
-    def copy(self, src: int, dst: int, keep: int) -> None:
+    def copy(self, src: int, dst: int, keep: int, at_once: bool = False) -> None:
         self.n[dst] = min(self.n[src], keep)
-        self.queued.append((src, dst))
+        if at_once:
+            assert self.can_move_at_once((src, dst))
+            self.data[dst] = list(self.data[src])
+        else:
+            self.queued.append((src, dst))
+
+    def can_move_at_once(self, slots) -> bool:
+        return self.host and all(map(self.settled, slots))
 
     def swap(self, a: int, b: int) -> None:
         self.n[a], self.n[b] = self.n[b], self.n[a]
@@ -128,12 +136,13 @@ def conversation_turns(rng: random.Random, conversations: int, turns: int) -> li
     return out
 
 
+@pytest.mark.parametrize("host_streams", [False, True], ids=["device-streams", "host-streams"])
 @pytest.mark.parametrize("host_bytes", [0, 4 * 300, 1 << 20], ids=["no-host-ram", "little-host-ram", "host-ram"])
-def test_books_stay_right_through_conversations_outnumbering_the_streams(host_bytes, monkeypatch):
+def test_books_stay_right_through_conversations_outnumbering_the_streams(host_bytes, host_streams, monkeypatch):
     monkeypatch.setattr(host_cache, "MIN_CELLS", HEAD)  # these conversations are short
     rng = random.Random(1)
     parallel, slots = 3, 6
-    kv = FakeStreams(slots)
+    kv = FakeStreams(slots, host_streams)
     sched = Scheduler(parallel, slots, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes)
     ids = iter(range(10**6))
     convs = conversation_turns(rng, 8, 5)
@@ -218,6 +227,32 @@ def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(ho
     else:
         assert full <= 3 and stats.restored == 0  # only what the three streams held
         assert stats.host_cells == 0 and not saves
+
+
+@pytest.mark.parametrize("host_streams", [False, True], ids=["device-streams", "host-streams"])
+def test_an_entry_back_from_host_ram_lands_in_its_sequences_slot_when_streams_move_at_once(host_streams, monkeypatch):
+    """A conversation's turn whose cells come back from host RAM (or a file, after a restart): with streams in
+    host memory they are restored into the slot the sequence takes, whose short entry moves aside first, so
+    nothing trades places; streams on a device go to a free stream and trade places through the scratch one."""
+    monkeypatch.setattr(host_cache, "MIN_CELLS", HEAD)
+    rng = random.Random(7)
+    kv = FakeStreams(2, host_streams)
+    sched = Scheduler(1, 2, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=1 << 20)
+    ids = iter(range(10**6))
+    first, *others = [Sequence(next(ids), np.arange(300, dtype=np.int32) + 1000 * c, SamplingParams(max_tokens=4), None) for c in range(3)]
+    for seq in (first, *others):  # the two others push the first one's entry out of the streams, into host RAM
+        run(sched, kv, [seq], rng)
+    assert [e.tokens[0] for e in sched.cache.host.entries.values()] == [0]
+    moves = []
+    for name in ("copy", "swap", "restore"):
+        method = getattr(kv, name)
+        setattr(kv, name, lambda *a, _m=method, _n=name: moves.append(_n) or _m(*a))
+    history = first.known(len(first.prompt) + len(first.output))
+    turn = Sequence(next(ids), np.concatenate((history, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=3), None)
+    before = sched.cache.stats().hit_tokens
+    run(sched, kv, [turn], rng)
+    assert sched.cache.stats().hit_tokens - before == len(history) - 1 and sched.cache.stats().restored == 1
+    assert moves == (["copy", "restore"] if host_streams else ["restore", "swap"])
 
 
 def test_a_short_entry_goes_to_host_ram_rather_than_pushing_a_longer_one_there(monkeypatch):
