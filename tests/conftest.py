@@ -211,10 +211,13 @@ def tok():
     return Tokenizer(resolve_model(None))
 
 
+SHARED = ("--parallel", "16", "--ctx-size", "8192")  # 16 sequences at once, 512 KV cells each
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    """The server most tests share: 16 sequences at once, 512 KV cells each."""
-    with start_server("--parallel", "16", "--ctx-size", "8192") as srv:
+    """The server most tests share (SHARED)."""
+    with start_server(*SHARED) as srv:
         yield srv
 
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests import test_tools
-from tests.conftest import health, start_server, wait_idle
+from tests.conftest import SHARED, health, start_server, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 HELPFUL = "You are a helpful assistant."  # with it, SmolLM2 answers briefly
@@ -31,7 +31,8 @@ PERSON_SCHEMA = {
 
 @pytest.fixture(scope="module")
 def server():
-    with start_server("--parallel", "16", "--ctx-size", "8192") as srv:
+    """Settings as the shared server's."""
+    with start_server(*SHARED) as srv:
         yield srv
 
 
