@@ -86,21 +86,28 @@ def alternate(rounds: int, systems: tuple[str, ...] = SYSTEMS) -> list[tuple[str
 
 
 def run_chat(clients: dict, args) -> str:
-    """A row per conversation count and cllm server: its TTFT of turns 2+ against llama-server's."""
+    """A row per conversation count and cllm server: its TTFT of turns 2+ against llama-server's; then each round's means."""
     lines = ["| conversations | llama-server TTFT mean / p90 | cllm TTFT mean / p90 | cllm ÷ llama-server: mean / p90 |",
              "|---|---|---|---|"]
     cllms = [s for s in clients if s != "llama-server"]
+    rounds = []
     for c in args.conversations:
         got = {s: [] for s in clients}
         for r, order in enumerate(alternate(args.rounds, tuple(clients))):
+            means = {}
             for system in order:  # each round its own customers: turn 1 is new to every server
-                got[system] += chat(clients[system], c, args.turns, args.max_tokens, seed=c * 100 + r)
+                ttfts = chat(clients[system], c, args.turns, args.max_tokens, seed=c * 100 + r)
+                got[system] += ttfts
+                means[system] = statistics.mean(ttfts)
+            rounds.append(f"- {c} conversations, round {r + 1}, mean TTFT: "
+                          + ", ".join(f"{s} {means[s]:.3f} s" for s in clients)
+                          + "".join(f"; {s} ÷ cllm {means[s] / means['cllm']:.3f}" for s in cllms[1:]))
         l_mean, l_p90 = statistics.mean(got["llama-server"]), p90(got["llama-server"])
         for s in cllms:
             c_mean, c_p90 = statistics.mean(got[s]), p90(got[s])
             name = "" if len(cllms) == 1 else f"{s}: "
             lines.append(f"| {c} | {l_mean:.3f} / {l_p90:.3f} s | {name}{c_mean:.3f} / {c_p90:.3f} s | {c_mean / l_mean:.2f} / {c_p90 / l_p90:.2f} |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *rounds])
 
 
 def run_rate(clients: dict, args, prompts_of_round, max_tokens: int) -> str:
