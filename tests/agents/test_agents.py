@@ -11,12 +11,13 @@ The answers do not matter: the server must have answered every request with
 200, ending each with stop or length, and the run must end with exit 0. One
 outcome is the model's, not the server's: past its 8k training context the
 embedded 135M model often writes no end (4 of 6 samples of Claude Code's
-recorded turn ran to 256 tokens), and Claude Code, which asks for at most
-CLAUDE_CODE_MAX_OUTPUT_TOKENS, exits 1 with "exceeded the 256 output token
-maximum" when the last reply was cut there (as it does against llama-server).
-That exit is accepted only then. Codex (which sends no limit) gets what is left
-of the sequence. `make test-agents` installs the CLIs and runs this; without
-CLLM_TEST_AGENTS=1 it is skipped.
+recorded turn ran to 256 tokens). Claude Code asks for at most
+CLAUDE_CODE_MAX_OUTPUT_TOKENS; a reply cut there it asks to go on, up to three
+times, and when the last is cut too it exits 1 with "exceeded the 256 output
+token maximum" (as it does against llama-server). That exit is accepted only
+then. Codex (which sends no limit) gets what is left of the sequence.
+`make test-agents` installs the CLIs and runs this; without CLLM_TEST_AGENTS=1
+it is skipped.
 """
 
 from __future__ import annotations
