@@ -117,6 +117,11 @@ def _serve_parser(sub) -> None:
     p.add_argument("--log-level", metavar="|".join(get_args(LogLevel)), help=f"least severe log records written to stderr; info logs one line per request (default {d.log_level})")
     p.add_argument("--log-format", metavar="|".join(get_args(LogFormat)), help=f"text, or json for log shippers: one object a line (default {d.log_format})")
     p.add_argument("--max-prompt-tokens", type=int, help="most tokens a prompt may have (default: what one sequence holds, ctx-size / parallel - 1)")
+    p.add_argument(
+        "--max-tokens", type=int,
+        help="most tokens one request generates: one that names no limit, or a larger one, gets this many at most, as under llama-server's"
+        " --n-predict (default: what its sequence holds)",
+    )
     p.add_argument("--max-body-bytes", type=int, help=f"largest request body; larger ones get 413 (default {d.max_body_bytes})")
     p.add_argument("--max-waiting", type=int, help=f"requests that may wait beyond --parallel; more get 429 (default {d.max_waiting})")
     p.add_argument("--request-timeout", type=float, help=f"seconds a request may take before it is cancelled with 408; 0 for none (default {d.request_timeout:g})")

@@ -49,6 +49,7 @@ async def start(
     shown: control tokens written out in the text (a tool-call opener).
     """
     engine_info(st)
+    sampling = st.client.limits.capped(sampling)
     st.client.limits.check(prompts, sampling.max_tokens, n, prompt_param)
     per_step = stream or bool(stops)  # stop strings are looked for as the text grows
     choices: list[Choice] = []

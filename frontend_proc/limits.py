@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from cllm.core.config import ServeConfig
-from cllm.core.protocol import ModelInfo
+from cllm.core.protocol import ModelInfo, SamplingParams
 from cllm.core.errors import ApiError
 
 
@@ -18,6 +20,7 @@ from cllm.core.errors import ApiError
 class Limits:
     prompt_tokens: int  # a sequence needs one cell left for what it generates
     max_tokens: int  # one sequence's context: no more can ever be generated
+    cap: int  # --max-tokens: the most one request generates, whatever it asks; 0: none
     sequences: int  # in flight at once (--parallel + --max-waiting): a request asking more could never run
 
     @classmethod
@@ -26,12 +29,19 @@ class Limits:
         return cls(
             prompt_tokens=min(config.max_prompt_tokens or most, most),
             max_tokens=info.seq_ctx,
+            cap=config.max_tokens,
             sequences=info.parallel + config.max_waiting,
         )
 
     def maxima(self) -> dict[str, int]:
         """What the OpenAPI document states, by request field."""
         return {"max_tokens": self.max_tokens, "max_completion_tokens": self.max_tokens}
+
+    def capped(self, sampling: SamplingParams) -> SamplingParams:
+        """``sampling`` asking at most --max-tokens (0, a prompt scored and nothing generated, stays 0)."""
+        if 0 < self.cap < sampling.max_tokens:
+            return msgspec.structs.replace(sampling, max_tokens=self.cap)
+        return sampling
 
     def check(self, prompts: list[list[int]], max_tokens: int, n: int, prompt_param: str) -> None:
         for prompt in prompts:

@@ -51,7 +51,7 @@ def test_help_explains_every_option():
     out = subprocess.run([sys.executable, "-m", "cllm.cli", "serve", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
     for opt in (
         "--host", "--port", "--model", "--ctx-size", "--parallel", "--threads", "--batch-size", "--config",
-        "--shutdown-timeout", "--max-prompt-tokens", "--max-body-bytes", "--max-waiting", "--request-timeout", "--api-key",
+        "--shutdown-timeout", "--max-prompt-tokens", "--max-tokens", "--max-body-bytes", "--max-waiting", "--request-timeout", "--api-key",
         "--no-prefix-cache", "--flash-attn", "--log-level", "--log-format",
     ):
         assert opt in out

@@ -60,3 +60,15 @@ def test_max_prompt_tokens(tight):
         assert r.json() == {"success": False, "error": "prompt too long", "message": f"the prompt is {n} tokens; this server takes at most 16"}
         r = http.post("/generate", json={"prompt": "one two three", "max_tokens": 2})
         assert r.status_code == 200
+
+
+def test_max_tokens_caps_what_each_request_generates():
+    """--max-tokens 8: a request naming no limit, or a larger one (even past its sequence), gets 8; a smaller one what it asks."""
+    with start_server("--parallel", "1", "--ctx-size", "1024", "--max-tokens", "8") as srv, srv.client() as http:
+        msgs = [{"role": "user", "content": "Count from one to one hundred."}]
+        r = http.post("/v1/chat/completions", json={"messages": msgs, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8 and r.json()["choices"][0]["finish_reason"] == "length"
+        r = http.post("/v1/messages", json={"model": "m", "max_tokens": 32000, "messages": msgs, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 8 and r.json()["stop_reason"] == "max_tokens"
+        r = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

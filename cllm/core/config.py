@@ -105,6 +105,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     log_format: LogFormat = "text"
     # Requests: what each may ask and how long it may take, how many may wait.
     max_prompt_tokens: Annotated[int, Meta(ge=0)] = 0  # 0: what one sequence holds
+    max_tokens: Annotated[int, Meta(ge=0)] = 0  # most tokens one request generates; 0: what its sequence holds
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 1 << 20
     max_waiting: Annotated[int, Meta(ge=0)] = 256  # requests beyond --parallel; past that, 429
     request_timeout: Annotated[float, Meta(ge=0)] = 600.0  # seconds; 0: none

@@ -11,13 +11,15 @@ The answers do not matter: the server must have answered every request with
 200, ending each with stop or length, and the run must end with exit 0. One
 outcome is the model's, not the server's: past its 8k training context the
 embedded 135M model often writes no end (4 of 6 samples of Claude Code's
-recorded turn ran to 256 tokens). Claude Code asks for at most
-CLAUDE_CODE_MAX_OUTPUT_TOKENS; a reply cut there it asks to go on, up to three
-times, and when the last is cut too it exits 1 with "exceeded the 256 output
-token maximum" (as it does against llama-server). That exit is accepted only
-then. Codex (which sends no limit) gets what is left of the sequence.
-`make test-agents` installs the CLIs and runs this; without CLLM_TEST_AGENTS=1
-it is skipped.
+recorded turn ran to 256 tokens, 1 of 5 of Codex's past 1024). Claude Code asks
+for at most CLAUDE_CODE_MAX_OUTPUT_TOKENS; a reply cut there it asks to go on,
+up to three times, and when the last is cut too it exits 1 with "exceeded the
+256 output token maximum" (as it does against llama-server). Codex names no
+limit, so the server caps each reply (--max-tokens 512, else it would run for
+the ~10k tokens left in the sequence), and a reply cut there ends its run with
+exit 1, "Incomplete response returned, reason: max_output_tokens". Those exits
+are accepted only after a last reply cut at length. `make test-agents`
+installs the CLIs and runs this; without CLLM_TEST_AGENTS=1 it is skipped.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ CLAUDE_ENV = {
     "DISABLE_ERROR_REPORTING": "1", "ANTHROPIC_API_KEY": "sk-local", "API_TIMEOUT_MS": str(RUN_TIMEOUT * 1000),
     "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
 }
-# What `claude -p` says, exiting 1, when its last reply ended at that limit (stop_reason max_tokens).
+# What each says, exiting 1, when its last reply was cut at its limit (stop_reason max_tokens, status incomplete).
 CLAUDE_CUT = "Claude's response exceeded the 256 output token maximum"
+CODEX_CUT = "Incomplete response returned, reason: max_output_tokens"
 CODEX_CONFIG = """\
 model = "smollm2"
 model_provider = "cllm"
@@ -128,4 +131,4 @@ def test_claude_code(server, home, args):
 @pytest.mark.parametrize("prompt", ["Say hello.", "List the files in this directory."], ids=["plain", "tools"])
 def test_codex(server, home, prompt):
     before = len(server.stderr_lines)
-    check(codex(server, home, prompt), server, "/v1/responses", before)
+    check(codex(server, home, prompt), server, "/v1/responses", before, CODEX_CUT)

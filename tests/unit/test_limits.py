@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cllm.core.config import ServeConfig
-from cllm.core.protocol import ModelInfo
+from cllm.core.protocol import ModelInfo, SamplingParams
 from cllm.core.errors import ApiError
 from frontend_proc.limits import Limits
 
@@ -20,6 +20,12 @@ def test_defaults_follow_the_sequence_context_and_the_queue():
     assert (limits.prompt_tokens, limits.max_tokens, limits.sequences) == (511, 512, 12)
     assert limits.maxima() == {"max_tokens": 512, "max_completion_tokens": 512}
     limits.check([[1] * 511], 512, 12, "prompt")
+
+
+def test_max_tokens_caps_a_larger_ask_and_leaves_a_smaller_one():
+    limits = Limits.of(ServeConfig(max_tokens=64), INFO)
+    assert [limits.capped(SamplingParams(max_tokens=k)).max_tokens for k in (0, 10, 64, 512)] == [0, 10, 64, 64]
+    assert Limits.of(ServeConfig(), INFO).capped(SamplingParams(max_tokens=512)).max_tokens == 512
 
 
 def test_max_prompt_tokens_lowers_but_never_raises_the_limit():
