@@ -9,9 +9,10 @@ deadline; a run's second turn reads the first's prefix from the cache.
 
 The answers do not matter: the server must have answered every request with
 200, ending each with stop or length, and the run must end with exit 0. One
-outcome is the model's, not the server's: past its 8k training context the
-embedded 135M model often writes no end (4 of 6 samples of Claude Code's
-recorded turn ran to 256 tokens, 1 of 5 of Codex's past 1024). Claude Code asks
+outcome is the model's, not the server's: the embedded 135M model often writes
+no end past its 8k training context (4 of 6 samples of Claude Code's recorded
+~12k-token turn ran to 256 tokens) and now and then within it (1 of 5 of
+Codex's ~6k-token turn ran past 1,024). Claude Code asks
 for at most CLAUDE_CODE_MAX_OUTPUT_TOKENS; a reply cut there it asks to go on,
 up to three times, and when the last is cut too it exits 1 with "exceeded the
 256 output token maximum" (as it does against llama-server). Codex names no
