@@ -19,6 +19,7 @@ from tests.test_clients import RECORDED, recorded
 if not os.environ.get("CLLM_TEST_AGENTS"):
     pytest.skip("the recorded agents' requests run in `make test-agents`", allow_module_level=True)
 
+LIMIT = 8  # tokens per reply: the prefill is what is tested
 STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use"}
 
 
@@ -35,7 +36,7 @@ def events(lines) -> list[tuple[str, dict]]:
     return out
 
 
-def check_anthropic_stream(stream: list[tuple[str, dict]]) -> None:
+def check_anthropic_stream(stream: list[tuple[str, dict]], limit: int) -> None:
     """message_start, pings, per block start/deltas/stop with indices 0, 1, ..., message_delta, message_stop."""
     names = [n for n, _ in stream if n != "ping"]
     assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"], names
@@ -54,10 +55,15 @@ def check_anthropic_stream(stream: list[tuple[str, dict]]) -> None:
             open_block = None
     assert open_block is None
     end = [d for n, d in stream if n == "message_delta"][0]
-    assert end["delta"]["stop_reason"] in STOP_REASONS and end["usage"]["output_tokens"] >= 1
+    assert end["delta"]["stop_reason"] in STOP_REASONS
+    # a sampled reply may end at its first token (end_turn, no blocks, 0 tokens); one cut at the limit has them all
+    if end["delta"]["stop_reason"] == "max_tokens":
+        assert end["usage"]["output_tokens"] == limit
+    else:
+        assert end["usage"]["output_tokens"] <= limit and (index >= 0 or end["delta"]["stop_reason"] != "tool_use")
 
 
-def check_responses_stream(stream: list[tuple[str, dict]]) -> None:
+def check_responses_stream(stream: list[tuple[str, dict]], limit: int) -> None:
     """created, in_progress, items added/deltas/done in order, then completed; sequence numbers 0, 1, ..."""
     names = [n for n, _ in stream]
     assert names[:2] == ["response.created", "response.in_progress"] and names[-1] in ("response.completed", "response.incomplete"), names
@@ -69,15 +75,16 @@ def check_responses_stream(stream: list[tuple[str, dict]]) -> None:
     assert len(final["output"]) == len(added) and {o["type"] for o in final["output"]} <= {"message", "function_call", "reasoning"}
     usage = final["usage"]
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] and "cached_tokens" in usage["input_tokens_details"]
+    assert usage["output_tokens"] <= limit and (names[-1] == "response.completed" or usage["output_tokens"] == limit)
 
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_a_recorded_request_is_answered_with_a_well_formed_stream(server, name):
     rec = recorded(name)
     anthropic_api = rec["path"].startswith("/v1/messages")
-    body = {**rec["body"], ("max_tokens" if anthropic_api else "max_output_tokens"): 8}
+    body = {**rec["body"], ("max_tokens" if anthropic_api else "max_output_tokens"): LIMIT}
     with server.client(timeout=1800) as http:
         with http.stream("POST", rec["path"], json=body, headers=rec["headers"]) as r:
             assert r.status_code == 200, r.read()
             stream = events(r.iter_lines())
-    (check_anthropic_stream if anthropic_api else check_responses_stream)(stream)
+    (check_anthropic_stream if anthropic_api else check_responses_stream)(stream, LIMIT)
