@@ -149,8 +149,10 @@ def summary(settings: dict) -> dict:
 # ---- the answer -----------------------------------------------------------------
 
 
-def settings(params: SamplingParams, body: CompletionFields | None = None) -> dict:
-    """llama-server's generation_settings: the fields cLLM applies, as applied (with the body: as asked, too)."""
+def settings(params: SamplingParams, body: CompletionFields | None = None, capped: bool = False) -> dict:
+    """llama-server's generation_settings: the fields cLLM applies, as applied (with the body: as asked, too;
+    n_predict as --max-tokens capped it, as llama-server shows --n-predict's clamp)."""
+    predict = params.max_tokens if body is None or capped else body.predict
     out = {
         "seed": RANDOM_SEED if params.seed is None else params.seed,
         "temperature": params.temperature,
@@ -161,8 +163,8 @@ def settings(params: SamplingParams, body: CompletionFields | None = None) -> di
         "repeat_penalty": params.repetition_penalty,
         "presence_penalty": params.presence_penalty,
         "frequency_penalty": params.frequency_penalty,
-        "max_tokens": params.max_tokens if body is None else body.predict,
-        "n_predict": params.max_tokens if body is None else body.predict,
+        "max_tokens": predict,
+        "n_predict": predict,
         "ignore_eos": params.ignore_eos,
         "logit_bias": [{"bias": b, "token": t} for t, b in (params.logit_bias or {}).items()],
         "n_probs": params.logprobs or 0,
@@ -237,7 +239,8 @@ class Answer:
 
     def __init__(self, st: AppState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]], gen: Generation):
         self.st, self.body, self.gen, self.prompts = st, body, gen, prompts
-        self.settings = settings(params, body)
+        applied = st.client.limits.capped(params)
+        self.settings = settings(applied, body, capped=applied is not params)
         self.n = body.count
 
     def final(self, choice: Choice, text: str, new_line: bool | None = None) -> dict:

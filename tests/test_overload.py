@@ -72,3 +72,8 @@ def test_max_tokens_caps_what_each_request_generates():
         assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 8 and r.json()["stop_reason"] == "max_tokens"
         r = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        # /completion shows n_predict as capped, as llama-server shows its --n-predict clamp; a smaller one as asked
+        for asked, shown in ((-1, 8), (100, 8), (3, 3)):
+            r = http.post("/completion", json={"prompt": "One, two,", "n_predict": asked, "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["tokens_predicted"] == shown
+            assert r.json()["generation_settings"]["n_predict"] == shown
