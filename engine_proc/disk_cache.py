@@ -69,22 +69,24 @@ def open_disk_cache(model_path: str, config: ServeConfig, runner) -> DiskCache |
     """The engine's disk cache (``runner``: its ModelRunner), or None without --cache-dir or the prefix cache."""
     if config.cache_dir is None or not config.prefix_cache:
         return None
-    ident = identity(model_path, config, runner.seq_ctx, runner.token_budget, runner.info.gpu_layers)
+    ident = identity(model_path, config, runner.seq_ctx, runner.token_budget, runner.info.gpu_layers, runner.n_streams)
     return DiskCache(config.cache_dir, config.cache_dir_max << 20, ident)
 
 
-def identity(model_path: str, config: ServeConfig, seq_ctx: int, token_budget: int, gpu_layers: int) -> dict:
-    """What a KV cell's bits depend on, besides the tokens before it.
+def identity(model_path: str, config: ServeConfig, seq_ctx: int, token_budget: int, gpu_layers: int, streams: int) -> dict:
+    """What a KV cell's bits depend on, besides the tokens before it, and what a saved stream fits into.
 
     The model file (path, size, mtime), llama.cpp's build and this CPU's
     features, the KV types, flash attention, where layers run, a sequence's
     cells; in exact mode also the batch shapes, which fix the prefill blocks.
+    And the context's KV streams: llama_state_seq_set_data refuses a stream
+    saved from a context with another count ("n_stream mismatch").
     """
     st = os.stat(model_path)
     ident = {
         "model": [os.path.realpath(model_path), st.st_size, st.st_mtime_ns],
         "llama_cpp": [L.__version__, L.llama_print_system_info().decode(errors="replace")],
-        "kv": [config.cache_type_k, config.cache_type_v, config.flash_attn, gpu_layers, seq_ctx],
+        "kv": [config.cache_type_k, config.cache_type_v, config.flash_attn, gpu_layers, seq_ctx, streams],
         "exact": config.prefix_cache_exact,
     }
     if config.prefix_cache_exact:

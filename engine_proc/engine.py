@@ -65,7 +65,8 @@ class LLMEngine:
             disk,
         )
         # llama-server's slot actions, their files keyed as the disk cache's (with or without --cache-dir)
-        ident = identity(model_path, config, self.runner.seq_ctx, self.runner.token_budget, self.runner.info.gpu_layers)
+        r = self.runner
+        ident = identity(model_path, config, r.seq_ctx, r.token_budget, r.info.gpu_layers, r.n_streams)
         self.slots = SlotFiles(self.scheduler, self.runner, fingerprint(ident))
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
         self.embedder = Embedder(self.runner)

@@ -62,7 +62,7 @@ class ModelRunner:
         # --ctx-size is shared by the running sequences; the cache's slots get
         # as much each, and so does the scratch stream the scheduler swaps through.
         self.scratch = config.kv_streams
-        n_streams = config.kv_streams + config.prefix_cache
+        self.n_streams = n_streams = config.kv_streams + config.prefix_cache
         cparams.n_ctx = config.kv_cells
         cparams.n_batch = self.token_budget
         cparams.n_ubatch = min(self.token_budget, 512)

@@ -159,13 +159,13 @@ def test_a_folder_that_cannot_be_written_leaves_the_cache_in_ram(tmp_path, caplo
     assert not disk.writable and not disk.wants(toks(2000)) and disk.stats() == (0, 0)
 
 
-def test_every_setting_that_changes_cells_changes_the_fingerprint(tmp_path):
+def test_every_setting_that_changes_cells_or_the_streams_changes_the_fingerprint(tmp_path):
     model = tmp_path / "m.gguf"
     shutil.copy(resolve_model(None), model)
     base = ServeConfig()
 
-    def fp(config=base, seq_ctx=1024, budget=512, gpu=0, path=str(model)) -> str:
-        return fingerprint(identity(path, config, seq_ctx, budget, gpu))
+    def fp(config=base, seq_ctx=1024, budget=512, gpu=0, streams=3, path=str(model)) -> str:
+        return fingerprint(identity(path, config, seq_ctx, budget, gpu, streams))
 
     r = msgspec.structs.replace
     seen = {
@@ -177,8 +177,9 @@ def test_every_setting_that_changes_cells_changes_the_fingerprint(tmp_path):
         fp(r(base, prefix_cache_exact=True), budget=256),
         fp(seq_ctx=2048),
         fp(gpu=10),
+        fp(streams=5),  # a saved stream loads only into a context with as many
     }
-    assert len(seen) == 8
+    assert len(seen) == 9
     assert fp(r(base, threads=3, parallel=5, cache_ram=0)) == fp()  # none of these changes a cell
     assert fp(budget=256) == fp()  # outside exact mode any chunking's cells are the server's
     os.utime(model, ns=(1, 1))
