@@ -8,7 +8,11 @@ to host RAM as it is stored there (its bytes are at hand), an entry still in
 its KV stream once the engine has been idle a moment, or when it stops. A
 new engine reads the files' tokens, not their cells; a prompt that a file
 serves better than the streams and host RAM gets its cells from it
-(llama_state_seq_set_data), as from host RAM.
+(llama_state_seq_set_data), as from host RAM. While it is idle, it also
+brings the newest files it found into empty streams (found, warmed): a
+conversation's next turn then finds its cells in a stream, as it would
+without the restart. On a GPU the copy from a file is most of that turn's
+time (~17 ms of 33 ms on an H100 for 4,000 cells of the embedded model).
 
 - Never wrong cells: a file is kept under, and carries, the fingerprint of
   the model file and of every setting that changes cells (see identity).
@@ -104,6 +108,7 @@ class DiskCache:
         self.fingerprint = fingerprint(ident)
         self.dir = os.path.join(self.root, self.fingerprint)
         self.entries: dict[str, OnDisk] = {}  # name -> entry: this fingerprint's files
+        self.found: list[OnDisk] = []  # the files the engine found at its start, not yet warmed: the oldest first
         self._by_head: dict[bytes, dict[str, OnDisk]] = {}
         self.hits = 0  # lookups it served
         self.load_seconds = 0.0
@@ -161,8 +166,9 @@ class DiskCache:
                 best, n_best = e, n
         return best, n_best
 
-    def load(self, entry: OnDisk) -> np.ndarray | None:
+    def load(self, entry: OnDisk, use: bool = True) -> np.ndarray | None:
         """The entry's cells, the file mapped into memory; None (and the entry forgotten) if the file is gone or wrong.
+        ``use``: the load counts as the file's last use for the cap's LRU (warming one does not).
 
         Mapped, not read: the cells are copied once, into the stream, from the
         page cache. Reading 92 MB into new memory took 150-1000 ms here, into a
@@ -185,15 +191,31 @@ class DiskCache:
             self._forget(entry.name)
             return None
         try:
-            os.utime(path)  # its last use, for the cap's LRU
+            if use:
+                os.utime(path)  # its last use, for the cap's LRU
         except OSError:
             pass
         return np.frombuffer(mapped, np.uint8, header.n_bytes, start)
 
-    def served(self) -> None:
-        """The last load's cells are in a stream: a hit, and its time from the file's opening on."""
+    def served(self, loaded_now: bool = True) -> None:
+        """A lookup was served from a file: a hit, and (``loaded_now``) the last load's time from the file's
+        opening on, its cells now in a stream (else they went in while the engine was idle: see warmed)."""
         self.hits += 1
+        if loaded_now:
+            self.warmed()
+
+    def warmed(self) -> None:
+        """The last load's cells are in a stream: its time from the file's opening on."""
         self.load_seconds += time.perf_counter() - self._t_load
+
+    def newest_found(self) -> OnDisk | None:
+        """The newest file found at the start that is still there (and no longer in ``found``)."""
+        self._drop_gone()
+        while self.found:
+            entry = self.found.pop()
+            if self.entries.get(entry.name) is entry:
+                return entry
+        return None
 
     def writing(self) -> bool:
         """Whether the writer has entries it has not written yet."""
@@ -234,6 +256,7 @@ class DiskCache:
             names = os.listdir(self.dir)
         except OSError:
             return
+        found = []
         for name in names:
             path = os.path.join(self.dir, name)
             if name.endswith(TMP):
@@ -244,11 +267,15 @@ class DiskCache:
             try:
                 with open(path, "rb") as f:
                     header, tokens = read_tokens(f, self.fingerprint)
+                    used = os.fstat(f.fileno()).st_mtime_ns
             except (OSError, ValueError, msgspec.DecodeError) as e:
                 log.warning("prefix cache file %s skipped: %s", path, e)
                 continue
             if len(tokens) >= HEAD:
-                self._add(OnDisk(tokens, name, header.n_bytes, written=True))
+                entry = OnDisk(tokens, name, header.n_bytes, written=True)
+                self._add(entry)
+                found.append((used, name, entry))
+        self.found = [entry for _, _, entry in sorted(found)]
         if self.entries:
             log.info("prefix cache: %d entries on disk in %s", len(self.entries), self.dir)
 

@@ -318,8 +318,10 @@ class LLMEngine:
         return self.scheduler.cache.persist_wait() if self.scheduler.cache is not None else None
 
     def persist(self) -> bool:
-        """The idle engine's cache entries go to disk (--cache-dir); whether its figures changed."""
-        return self.scheduler.cache is not None and self.scheduler.cache.persist(self.runner)
+        """The idle engine's cache and its disk (--cache-dir): entries go to files, files found at the start
+        into empty streams; whether its figures changed."""
+        cache = self.scheduler.cache
+        return cache is not None and cache.persist(self.runner) | self.scheduler.warm()
 
     def stats(self) -> EngineStats:
         """Current figures, and the per-step ones gathered since the last call."""

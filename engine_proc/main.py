@@ -73,7 +73,7 @@ def main() -> int:
             records = requests.drain()
             reported = reported and not records
             if not records and not engine.has_work():
-                if engine.persist():  # idle a while: cache entries went to disk (--cache-dir), their figures go out
+                if engine.persist():  # idle: cache entries went to disk or files into streams (--cache-dir); figures go out
                     reported = False
                 if session is not None and not reported:
                     send(engine.stats())  # going idle: the frontend sees the final figures

@@ -21,6 +21,8 @@ Entries the streams have no room for are kept in host RAM (host_cache).
 With a disk cache (disk_cache) entries also go to files, so that they
 outlive the engine: those stored in host RAM as they are, those still in
 their streams once the engine has been idle PERSIST_IDLE seconds (persist).
+A new engine, while idle, brings the newest files it found into its empty
+streams (warm).
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class Entry:
     tokens: np.ndarray  # the tokens whose KV cells the stream holds, position by position
     last_used: int
     persisted: bool = False  # handed to the disk cache, or passed over
+    warmed: bool = False  # brought from a file while the engine was idle, and not reused since
 
 
 class PrefixCache:
@@ -139,9 +142,11 @@ class PrefixCache:
         self._kept_at = time.monotonic()
 
     def persist_wait(self) -> float | None:
-        """Seconds until persist has something to do while the engine stays idle; None: nothing."""
+        """Seconds until persist or warm has something to do while the engine stays idle; None: nothing."""
         if self.disk is None:
             return None
+        if self.disk.found:
+            return 0.0
         if any(not e.persisted and self.disk.wants(e.tokens) for e in self.entries.values()):
             return max(0.0, self._kept_at + PERSIST_IDLE - time.monotonic())
         return WRITER_POLL if self.disk.writing() else None
@@ -161,6 +166,33 @@ class PrefixCache:
                 entry.persisted = True
         seen, self._disk_seen = self._disk_seen, self.disk.stats()
         return seen != self._disk_seen
+
+    def warm(self, kv, empty: list[int]) -> bool:
+        """Bring the newest file found at the start that no entry holds into the highest of the ``empty``
+        free streams (new sequences take the lowest); whether a file was taken up (or passed over).
+
+        Called while the engine is idle, one file a call: a request that comes waits for one copy at most.
+        With no empty stream left, the rest stay on disk and serve lookups from there.
+        """
+        if self.disk is None or not self.disk.found:
+            return False
+        if not empty:
+            self.disk.found.clear()
+            return False
+        on_disk = self.disk.newest_found()
+        if on_disk is None or any(starts_with(e.tokens, on_disk.tokens) for e in self.entries.values()):
+            return on_disk is not None
+        data = self.disk.load(on_disk, use=False)
+        if data is None:
+            return True
+        slot = max(empty)
+        if not kv.restore(slot, data):
+            kv.clear(slot)
+            return True
+        self.disk.warmed()
+        # recency 0: worth less than every entry this engine used, so these streams are the first to go
+        self.entries[slot] = Entry(on_disk.tokens, 0, persisted=True, warmed=True)
+        return True
 
     def close(self, kv) -> None:
         """The engine stops: its streams' entries go to disk, and the writer finishes (for a few seconds at most)."""
@@ -203,17 +235,22 @@ class PrefixCache:
             entry.last_used = self._clock
         return src, reuse, None
 
-    def count(self, reuse: int, stored: Stored | None) -> None:
-        """Count an admission that reused ``reuse`` cached tokens, ``stored`` in host RAM or a file, or in a stream (None)."""
+    def count(self, reuse: int, stored: Stored | None, src: int) -> None:
+        """Count an admission that reused ``reuse`` cached tokens, ``stored`` in host RAM or a file, or in
+        stream ``src`` (stored None). An entry warmed from a file counts as served from disk at its first reuse."""
         if reuse == 0:
             self._stats.misses += 1
             return
         self._stats.hits += 1
         self._stats.hit_tokens += reuse
+        entry = self.entries.get(src) if stored is None else None
         if stored is not None and stored.disk is not None:
             self.disk.served()
         elif stored is not None:
             self._stats.restored += 1
+        elif entry is not None and entry.warmed:
+            entry.warmed = False
+            self.disk.served(loaded_now=False)
 
     def rehome(self, entry: Entry, free_slots: list[int], running: Held) -> tuple[int, Entry | None]:
         """A free slot for ``entry``, whose own slot a running sequence takes (-1: none), and the entry

@@ -122,6 +122,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
+    def warm(self) -> bool:
+        """Idle: a file the disk cache found at the start goes into an empty stream (PrefixCache.warm)."""
+        cache = self.cache
+        return cache.warm(self.kv, [s for s in self.free_slots if s not in cache.entries and self.kv.settled(s)])
+
     def add(self, seq: Sequence) -> None:
         seq.arrived = self.steps
         self.waiting.append(seq)
@@ -251,7 +256,7 @@ class Scheduler:
             src = self._fetch(stored, held, into)
             if src < 0:  # no stream can take it this step: the best a stream holds, then
                 src, reuse, stored = cache.lookup(prompt, held, host=False, into=into)
-        cache.count(reuse, stored)
+        cache.count(reuse, stored, src)
         slot = seq.slot = heapq.heappop(self.free_slots)
         entry = cache.entries.get(src)
         if entry is not None and (len(entry.tokens) - reuse) * 8 <= reuse:

@@ -5,7 +5,9 @@ then servers on the embedded model in exact mode, where a reused cell is the
 same bits as a fresh prefill: a conversation's next turn after a restart
 (SIGTERM of the server, SIGKILL of the engine, SIGKILL while a file is
 being written) reuses its cells from disk and gives the greedy text it gives
-without the restart; a server with other settings never uses the files.
+without the restart, whether the idle engine warmed them into a stream or
+a lookup reads them from their file; a server with other settings never
+uses the files.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 from cllm.core.config import ServeConfig
 from cllm.core.model_file import resolve_model
 from engine_proc.disk_cache import SUFFIX, TMP, DiskCache, fingerprint, identity
+from engine_proc.kv_file import read_tokens
 from tests.conftest import child, health, start_server, wait_until
 from tests.test_prefix_cache_exact import doc
 
@@ -62,6 +65,26 @@ def test_an_entry_outlives_its_engine(tmp_path):
     assert disk.hits == 1 and disk.load_seconds > 0
     assert disk.lookup(prompt, len(prompt) - 1, 128)[1] == 128  # a multiple of the unit
     assert disk.lookup(toks(3000), 199, 1) == (None, 0)
+    disk.close()
+
+
+def test_a_new_engine_finds_its_files_newest_last_and_warming_one_is_no_use(tmp_path):
+    for first in (1000, 2000, 3000):
+        write(tmp_path, (toks(first), cells(100, first // 1000)))
+    names = files(tmp_path)
+    for age, name in enumerate(names):  # their last uses: by name, not by the order written
+        os.utime(name, ns=(age * 10**9, age * 10**9))
+    disk = DiskCache(str(tmp_path), 64 * MIB, IDENT)
+    assert [os.path.join(disk.dir, e.name) for e in disk.found] == names
+    disk._forget(disk.found[-1].name)  # the newest, gone since (the cap, another engine)
+    newest = disk.newest_found()
+    assert os.path.join(disk.dir, newest.name) == names[1] and len(disk.found) == 1
+    assert (disk.load(newest, use=False) == int(newest.tokens[0]) // 1000).all()
+    assert os.stat(names[1]).st_mtime_ns == 10**9  # warming is not a use: the cap's order stays
+    disk.warmed()
+    assert disk.hits == 0 and disk.load_seconds > 0
+    disk.served(loaded_now=False)  # a prompt reused the warmed stream
+    assert disk.hits == 1
     disk.close()
 
 
@@ -214,6 +237,11 @@ def blocks(prompt: list[int]) -> int:
     return (len(prompt) - 1) // BLOCK * BLOCK
 
 
+def file_cells(path: str) -> int:
+    with open(path, "rb") as f:
+        return len(read_tokens(f, os.path.basename(os.path.dirname(path)))[1])
+
+
 def disk_figures(http) -> dict:
     return {k: v for k, v in health(http)["prefix_cache"].items() if k.startswith("disk_")}
 
@@ -244,9 +272,12 @@ def test_a_conversation_goes_on_after_restarts(cache_dir):
         g.write(f.read(50_000))  # torn: skipped at start, with a line
 
     with start_server(*args) as srv, srv.client() as http:
+        # idle, the new engine warms the file into a stream; it counts as served from disk once reused
+        wait_until(lambda: health(http)["prefix_cache"]["cells"] > 0, 60)
+        assert disk_figures(http)["disk_hits"] == 0 and disk_figures(http)["disk_load_seconds"] > 0
         assert complete(http, p2) == (t2, blocks(p2))  # the cells came from disk, bit for bit
         figures = disk_figures(http)
-        assert figures["disk_hits"] == 1 and figures["disk_entries"] == 1 and figures["disk_load_seconds"] > 0
+        assert figures["disk_hits"] == 1 and figures["disk_entries"] == 1
         assert sum(f"{broken} skipped" in line for line in srv.stderr_lines) == 1
 
         # SIGKILL of the engine once the turn's entry is on disk: the supervisor's restart finds it.
@@ -269,6 +300,26 @@ def test_a_conversation_goes_on_after_restarts(cache_dir):
         if torn != ["none"]:  # caught mid-write (else just after)
             assert sum("did not finish" in line for line in srv.stderr_lines) == 1
     assert sum(os.path.getsize(f) for f in files(cache_dir)) > 0
+
+
+def test_files_past_the_empty_streams_serve_prompts_from_disk(tmp_path):
+    """Three files, two streams: the two newest are warmed into them, the oldest is read when a prompt asks for it."""
+    args = (*ARGS, "--cache-dir", str(tmp_path))
+    with start_server(*args) as srv, srv.client() as http:
+        prompts = [encode(http, doc(topic, 20)) for topic in ("harbour", "meadow", "orchard")]
+        text, _ = complete(http, prompts[0])
+        wait_until(lambda: len(files(tmp_path)) == 1, 60)  # one file after the other: the first is the oldest
+        for k in (2, 3):
+            complete(http, prompts[k - 1])
+            wait_until(lambda: len(files(tmp_path)) == k, 60)
+        assert srv.stop() == 0
+    newest = sorted(files(tmp_path), key=os.path.getmtime)[1:]
+
+    with start_server(*args) as srv, srv.client() as http:
+        wait_until(lambda: health(http)["prefix_cache"]["cells"] == sum(map(file_cells, newest)), 60)
+        assert disk_figures(http)["disk_hits"] == 0 and disk_figures(http)["disk_load_seconds"] > 0
+        assert complete(http, prompts[0]) == (text, blocks(prompts[0]))
+        assert disk_figures(http)["disk_hits"] == 1
 
 
 def test_a_server_with_other_settings_never_uses_the_files(cache_dir):
