@@ -21,8 +21,8 @@ Entries the streams have no room for are kept in host RAM (host_cache).
 With a disk cache (disk_cache) entries also go to files, so that they
 outlive the engine: those stored in host RAM as they are, those still in
 their streams once the engine has been idle PERSIST_IDLE seconds (persist).
-A new engine, while idle, brings the newest files it found into its empty
-streams (warm).
+A new engine, idle before its first request, brings the newest files it
+found into its empty streams (warm).
 """
 
 from __future__ import annotations
@@ -171,8 +171,8 @@ class PrefixCache:
         """Bring the newest file found at the start that no entry holds into the highest of the ``empty``
         free streams (new sequences take the lowest); whether a file was taken up (or passed over).
 
-        Called while the engine is idle, one file a call: a request that comes waits for one copy at most.
-        With no empty stream left, the rest stay on disk and serve lookups from there.
+        Called while the engine is idle, one file a call, until its first step (``empty`` is then []): a
+        request that comes waits for one copy at most. The files left stay on disk and serve lookups from there.
         """
         if self.disk is None or not self.disk.found:
             return False

@@ -123,8 +123,11 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     def warm(self) -> bool:
-        """Idle: a file the disk cache found at the start goes into an empty stream (PrefixCache.warm)."""
+        """Idle before the first step: a file the disk cache found at the start goes into an empty stream
+        (PrefixCache.warm). Once requests have run, the files left serve lookups from disk."""
         cache = self.cache
+        if self.steps:
+            return cache.warm(self.kv, [])
         return cache.warm(self.kv, [s for s in self.free_slots if s not in cache.entries and self.kv.settled(s)])
 
     def add(self, seq: Sequence) -> None:

@@ -13,6 +13,7 @@ No model is involved; tests/test_prefix_cache.py checks the same on llama.cpp.
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -20,6 +21,7 @@ import pytest
 
 from cllm.core.protocol import SamplingParams
 from engine_proc import host_cache
+from engine_proc.disk_cache import DiskCache
 from engine_proc.host_cache import HEAD, MIN_CELLS, HostCache
 from engine_proc.scheduler import MAX_WAIT, Scheduler
 from engine_proc.sequence import Sequence, common_prefix, starts_with
@@ -253,6 +255,50 @@ def test_an_entry_back_from_host_ram_lands_in_its_sequences_slot_when_streams_mo
     run(sched, kv, [turn], rng)
     assert sched.cache.stats().hit_tokens - before == len(history) - 1 and sched.cache.stats().restored == 1
     assert moves == (["copy", "restore"] if host_streams else ["restore", "swap"])
+
+
+class TokenFiles(FakeStreams):
+    """Streams whose saved cells are their tokens' bytes, as a file of the disk cache holds them."""
+
+    def save(self, slot: int) -> np.ndarray:
+        return super().save(slot).view(np.uint8)
+
+    def restore(self, slot: int, data: np.ndarray) -> bool:
+        return super().restore(slot, np.frombuffer(data, np.int32))
+
+
+def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_streams_before_its_first_step(tmp_path):
+    """Three conversations on disk, two streams: the two newest files go into slots 1 and 0, the oldest is
+    read when its turn comes; a scheduler that has stepped warms nothing, and its files still serve."""
+    rng = random.Random(8)
+    ident = {"model": "fake"}
+    disk = DiskCache(str(tmp_path), 1 << 30, ident)
+    convs = [np.arange(300, dtype=np.int32) + 1000 * c for c in range(3)]
+    for tokens in convs:
+        disk.put(tokens, tokens.view(np.uint8))
+    disk.close()
+    for age, tokens in enumerate(convs):  # their last uses: the first is the oldest
+        path = os.path.join(disk.dir, next(e.name for e in disk.entries.values() if e.tokens[0] == tokens[0]))
+        os.utime(path, ns=(age * 10**9, age * 10**9))
+
+    kv = TokenFiles(2, host=True)
+    sched = Scheduler(2, 2, 64, 4096, kv, prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 1 << 30, ident))
+    assert sched.warm() and sched.warm() and not sched.warm()
+    assert {slot: int(e.tokens[0]) for slot, e in sched.cache.entries.items()} == {1: 2000, 0: 1000}
+    assert kv.held(1) == convs[2].tolist() and kv.held(0) == convs[1].tolist()
+    assert sched.cache.persist_wait() is None  # nothing left to warm: the idle engine sleeps
+    ids = iter(range(10**6))
+    for conv in (convs[0], convs[2]):  # the oldest from its file, the newest from its warmed stream
+        turn = Sequence(next(ids), np.concatenate((conv, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=2), None)
+        run(sched, kv, [turn], rng)
+    stats = sched.cache.stats()
+    assert stats.hit_tokens == 2 * 300 and stats.disk_hits == 2
+
+    later = Scheduler(2, 2, 64, 4096, TokenFiles(2, host=True), prefix_cache=True, exact=False,
+                      disk=DiskCache(str(tmp_path), 1 << 30, ident))
+    run(later, later.kv, [Sequence(next(ids), np.arange(5, dtype=np.int32), SamplingParams(max_tokens=1), None)], rng)
+    assert not later.warm() and not any(e.warmed for e in later.cache.entries.values())
+    assert later.cache.persist_wait() is None and later.cache.disk.entries
 
 
 def test_a_short_entry_goes_to_host_ram_rather_than_pushing_a_longer_one_there(monkeypatch):
