@@ -278,8 +278,12 @@ class PrefixCache:
         return dst, there
 
     def worth_keeping(self, entry: Entry, running: Held) -> bool:
-        """Whether an entry losing its stream has cells no running sequence holds and host RAM would keep."""
-        return self._worth(entry, running) >= 0 and self.host is not None and self.host.wants(entry.tokens)
+        """Whether an entry losing its stream has cells no running sequence holds and host RAM would keep.
+        A warmed entry no prompt has reused is not: its file still serves it, and a copy into new host
+        pages (~2.3 ms a MB) would be paid by the request that displaced it."""
+        if entry.warmed or self._worth(entry, running) < 0:
+            return False
+        return self.host is not None and self.host.wants(entry.tokens)
 
     def victim(self, free_slots: list[int], running: Held) -> int:
         """The free slot whose loss costs the cache least, the lowest of equals; -1 if there is none.

@@ -294,6 +294,15 @@ def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_streams_befo
     stats = sched.cache.stats()
     assert stats.hit_tokens == 2 * 300 and stats.disk_hits == 2
 
+    # Warmed streams no prompt reuses make way for others without a copy to host RAM: their files hold them.
+    fresh = Scheduler(2, 2, 64, 4096, TokenFiles(2, host=True), prefix_cache=True, exact=False, host_bytes=1 << 30,
+                      disk=DiskCache(str(tmp_path), 1 << 30, ident))
+    while fresh.warm():
+        pass
+    others = [Sequence(next(ids), np.arange(200, dtype=np.int32) + 5000 * (k + 1), SamplingParams(max_tokens=2), None) for k in range(2)]
+    run(fresh, fresh.kv, others, rng)
+    assert not any(e.warmed for e in fresh.cache.entries.values()) and fresh.cache.host.bytes == 0
+
     later = Scheduler(2, 2, 64, 4096, TokenFiles(2, host=True), prefix_cache=True, exact=False,
                       disk=DiskCache(str(tmp_path), 1 << 30, ident))
     run(later, later.kv, [Sequence(next(ids), np.arange(5, dtype=np.int32), SamplingParams(max_tokens=1), None)], rng)
