@@ -8,8 +8,9 @@ to host RAM as it is stored there (its bytes are at hand), an entry still in
 its KV stream once the engine has been idle a moment, or when it stops. A
 new engine reads the files' tokens, not their cells; a prompt that a file
 serves better than the streams and host RAM gets its cells from it
-(llama_state_seq_set_data), as from host RAM. Idle before its first request,
-it also brings the newest files it found into empty streams (found): a
+(llama_state_seq_set_data), as from host RAM. With streams in device memory,
+idle before its first request, it also brings the newest files it found into
+empty streams (found, Scheduler.warm): a
 conversation's next turn then finds its cells in a stream, as it would
 without the restart. On a GPU the copy from a file is most of that turn's
 time (~17 ms of 33 ms on an H100 for 4,000 cells of the embedded model).

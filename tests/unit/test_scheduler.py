@@ -267,21 +267,26 @@ class TokenFiles(FakeStreams):
         return super().restore(slot, np.frombuffer(data, np.int32))
 
 
-def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_streams_before_its_first_step(tmp_path):
-    """Three conversations on disk, two streams: the two newest files go into slots 1 and 0, the oldest is
-    read when its turn comes; a scheduler that has stepped warms nothing, and its files still serve."""
-    rng = random.Random(8)
-    ident = {"model": "fake"}
+def three_files(tmp_path, ident: dict) -> list[np.ndarray]:
+    """Three conversations' files, the first the oldest."""
     disk = DiskCache(str(tmp_path), 1 << 30, ident)
     convs = [np.arange(300, dtype=np.int32) + 1000 * c for c in range(3)]
     for tokens in convs:
         disk.put(tokens, tokens.view(np.uint8))
     disk.close()
-    for age, tokens in enumerate(convs):  # their last uses: the first is the oldest
+    for age, tokens in enumerate(convs):  # their last uses
         path = os.path.join(disk.dir, next(e.name for e in disk.entries.values() if e.tokens[0] == tokens[0]))
         os.utime(path, ns=(age * 10**9, age * 10**9))
+    return convs
 
-    kv = TokenFiles(2, host=True)
+
+def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_device_streams_before_its_first_step(tmp_path):
+    """Three conversations on disk, two streams: the two newest files go into slots 1 and 0, the oldest is
+    read when its turn comes; a scheduler that has stepped warms nothing, and its files still serve."""
+    rng = random.Random(8)
+    ident = {"model": "fake"}
+    convs = three_files(tmp_path, ident)
+    kv = TokenFiles(2)
     sched = Scheduler(2, 2, 64, 4096, kv, prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 1 << 30, ident))
     assert sched.warm() and sched.warm() and not sched.warm()
     assert {slot: int(e.tokens[0]) for slot, e in sched.cache.entries.items()} == {1: 2000, 0: 1000}
@@ -295,7 +300,7 @@ def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_streams_befo
     assert stats.hit_tokens == 2 * 300 and stats.disk_hits == 2
 
     # Warmed streams no prompt reuses make way for others without a copy to host RAM: their files hold them.
-    fresh = Scheduler(2, 2, 64, 4096, TokenFiles(2, host=True), prefix_cache=True, exact=False, host_bytes=1 << 30,
+    fresh = Scheduler(2, 2, 64, 4096, TokenFiles(2), prefix_cache=True, exact=False, host_bytes=1 << 30,
                       disk=DiskCache(str(tmp_path), 1 << 30, ident))
     while fresh.warm():
         pass
@@ -303,11 +308,33 @@ def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_streams_befo
     run(fresh, fresh.kv, others, rng)
     assert not any(e.warmed for e in fresh.cache.entries.values()) and fresh.cache.host.bytes == 0
 
-    later = Scheduler(2, 2, 64, 4096, TokenFiles(2, host=True), prefix_cache=True, exact=False,
+    later = Scheduler(2, 2, 64, 4096, TokenFiles(2), prefix_cache=True, exact=False,
                       disk=DiskCache(str(tmp_path), 1 << 30, ident))
     run(later, later.kv, [Sequence(next(ids), np.arange(5, dtype=np.int32), SamplingParams(max_tokens=1), None)], rng)
     assert not later.warm() and not any(e.warmed for e in later.cache.entries.values())
     assert later.cache.persist_wait() is None and later.cache.disk.entries
+
+
+def test_with_streams_in_host_memory_files_are_read_into_the_stream_each_turn_takes_not_warmed(tmp_path):
+    """A warmed stream would trade places with the one its conversation's sequence takes, on the CPU a save and
+    a restore of each; the file's cells are restored straight into that stream instead."""
+    rng = random.Random(9)
+    ident = {"model": "fake"}
+    convs = three_files(tmp_path, ident)
+    kv = TokenFiles(2, host=True)
+    sched = Scheduler(2, 2, 64, 4096, kv, prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 1 << 30, ident))
+    assert not sched.warm() and not sched.cache.entries
+    assert sched.cache.persist_wait() is None  # nothing to warm: the idle engine sleeps
+    moves = []
+    for name in ("copy", "swap", "restore"):
+        method = getattr(kv, name)
+        setattr(kv, name, lambda *a, _m=method, _n=name: moves.append(_n) or _m(*a))
+    for k, conv in enumerate((convs[2], convs[0])):
+        turn = Sequence(k, np.concatenate((conv, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=2), None)
+        run(sched, kv, [turn], rng)
+    assert moves == ["restore", "copy", "restore"]  # the first turn's entry moves out of slot 0 for the second
+    stats = sched.cache.stats()
+    assert stats.hit_tokens == 2 * 300 and stats.disk_hits == 2
 
 
 def test_a_short_entry_goes_to_host_ram_rather_than_pushing_a_longer_one_there(monkeypatch):
