@@ -128,8 +128,8 @@ class Scheduler:
         goes into an empty stream (PrefixCache.warm). Once requests have run, the files left serve lookups
         from disk; with streams in host memory they always do, as _fetch restores a file straight into the
         stream its sequence takes, where a warmed stream would trade places with it: a save and a restore
-        of each, through scratch pages a new process has yet to touch (on 2 CPU cores, a 4,000-token
-        conversation's next turn after a restart took 1.47x its time without one so, 1.25x unwarmed)."""
+        of each, through scratch pages a new process has yet to touch, for a turn no faster on 2 CPU cores
+        (perf/results/2026-11-27-restart-cache-session9.md)."""
         cache = self.cache
         if self.steps or self.kv.can_move_at_once(self.free_slots):
             return cache.warm(self.kv, [])
