@@ -8,6 +8,10 @@ session one CPU of two) a stream kept 0.23 of its idle speed on two threads
 and 0.56 on one, which has no barriers (perf/results/2026-11-26-threads.md).
 
 So the runner times each llama_decode and the CPU the engine spent in it.
+A new engine judges its threads on a few one-token decodes before it
+serves (probe): its first request's first llama_decode can be long (a
+restarted server's next turn over a long history), and it would otherwise
+run at the shared speed.
 Threads that got less than SHARED of their CPUs over a WINDOW of decodes
 are more than the CPUs they get: the engine goes down to as many as it got.
 After a wait (doubled while the CPUs stay taken) it tries all of them again
@@ -36,6 +40,7 @@ import time
 from collections.abc import Callable
 
 WINDOW = 0.25  # seconds of decoding judged at once
+PROBE = 0.1  # seconds of one-token decodes a new engine judges its threads on
 SHARED = 0.7  # the threads' CPU share (CPU seconds ÷ wall seconds ÷ threads) below which they share CPUs
 FIRST_WAIT, LONGEST_WAIT = 2.0, 16.0  # seconds on fewer threads before trying all again
 
@@ -60,8 +65,23 @@ class Threads:
         self._trying = False  # all threads again, for one window
         self._new_window()
 
-    def decoded(self, wall: float, cpu: float) -> None:
-        """One llama_decode took ``wall`` seconds and the engine ``cpu`` seconds of CPU meanwhile."""
+    def probe(self, decode: Callable[[], tuple[float, float]]) -> None:
+        """Judge the threads before the engine serves; ``decode`` runs one short llama_decode and gives its
+        wall and CPU seconds. Beside one busy program a 4,000-token conversation's next turn on a restarted
+        engine took 3-4x its time on the engine before, which had gone down to one thread
+        (perf/results/2026-11-27-restart-cache-session9.md)."""
+        if not self._follow:
+            return
+        decode()  # the first starts llama.cpp's threads and touches its buffers: not what the threads get
+        wall = cpu = 0.0
+        while wall < PROBE:
+            w, c = decode()
+            wall, cpu = wall + w, cpu + c
+        self.decoded(wall, cpu, window=0.0)
+
+    def decoded(self, wall: float, cpu: float, window: float = WINDOW) -> None:
+        """One llama_decode took ``wall`` seconds and the engine ``cpu`` seconds of CPU meanwhile; the
+        decoding since the last judgement is judged once it reaches ``window`` seconds."""
         if not self._follow:
             return
         if self.n < self.most and self._clock() - self._since >= self._wait:
@@ -72,7 +92,7 @@ class Threads:
             return  # one thread meets no barrier: nothing to judge
         self._wall += wall
         self._cpu += cpu
-        if self._wall < WINDOW:
+        if self._wall < window:
             return
         share = self._cpu / (self._wall * self.n)
         if share >= SHARED:

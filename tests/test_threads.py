@@ -77,6 +77,22 @@ def _decode_until(engine: LLMEngine, done, timeout: float) -> None:
 
 
 @needs_cpus
+def test_a_new_engine_beside_busy_programs_serves_on_fewer_threads_from_the_start():
+    """Its first request's first llama_decode, maybe a long one, does not wait at every barrier (Threads.probe)."""
+    busy = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, start_new_session=True) for _ in range(os.cpu_count())]
+    try:
+        engine = _engine()
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    try:
+        assert engine.runner.threads.n < engine.runner.threads.most and engine.stats().threads == engine.runner.threads.n
+    finally:
+        engine.close()
+
+
+@needs_cpus
 def test_beside_busy_programs_the_engine_decodes_on_fewer_threads_and_on_all_once_they_end():
     engine = _engine()
     most = engine.runner.threads.most

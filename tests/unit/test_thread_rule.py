@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from engine_proc import threads
 
 
@@ -97,3 +99,41 @@ def test_fixed_threads_never_change():
     m.now += 100
     m.decode(rule, 0.3)
     assert applied == [] and rule.n == 2
+
+
+def probing(m: Machine, shares: list[float], seconds: float = 0.03):
+    """A probe's decodes: the first ``shares`` given, then the last one's share on."""
+    done = []
+
+    def decode() -> tuple[float, float]:
+        share = shares[min(len(done), len(shares) - 1)]
+        done.append(share)
+        m.now += seconds
+        return seconds, share * seconds * 2
+
+    return decode, done
+
+
+def test_a_new_engine_judges_its_threads_on_short_decodes_before_it_serves():
+    m = Machine()
+    rule, applied = m.governor()
+    decode, done = probing(m, [0.1, 0.5])  # the first decode, setting up, is not counted
+    rule.probe(decode)
+    assert applied == [1] and len(done) == 1 + math.ceil(threads.PROBE / 0.03)
+    m.now += threads.FIRST_WAIT
+    m.decode(rule, 1.0)
+    assert applied == [1, 2]  # and all of them are tried again later, as after any judgement
+
+    quiet = Machine()
+    rule, applied = quiet.governor()
+    decode, done = probing(quiet, [0.1, 0.97])
+    rule.probe(decode)
+    assert applied == [] and rule.n == 2
+
+
+def test_fixed_threads_are_not_probed():
+    m = Machine()
+    rule, applied = m.governor(follow=False)
+    decode, done = probing(m, [0.5])
+    rule.probe(decode)
+    assert done == [] and applied == []
