@@ -101,15 +101,17 @@ def test_fixed_threads_never_change():
     assert applied == [] and rule.n == 2
 
 
-def probing(m: Machine, shares: list[float], seconds: float = 0.03):
-    """A probe's decodes: the first ``shares`` given, then the last one's share on."""
+def probing(m: Machine, shares: list[float], seconds: float = 0.03, first: float = 0.3):
+    """A probe's decodes: the first ``shares`` given, then the last one's share on; the first, setting up,
+    takes ``first`` seconds, the others ``seconds``."""
     done = []
 
     def decode() -> tuple[float, float]:
         share = shares[min(len(done), len(shares) - 1)]
+        wall = first if not done else seconds
         done.append(share)
-        m.now += seconds
-        return seconds, share * seconds * 2
+        m.now += wall
+        return wall, share * wall * 2
 
     return decode, done
 
@@ -117,7 +119,7 @@ def probing(m: Machine, shares: list[float], seconds: float = 0.03):
 def test_a_new_engine_judges_its_threads_on_short_decodes_before_it_serves():
     m = Machine()
     rule, applied = m.governor()
-    decode, done = probing(m, [0.1, 0.5])  # the first decode, setting up, is not counted
+    decode, done = probing(m, [1.0, 0.5])  # the first decode, setting up, is not counted
     rule.probe(decode)
     assert applied == [1] and len(done) == 1 + math.ceil(threads.PROBE / 0.03)
     m.now += threads.FIRST_WAIT
@@ -126,7 +128,7 @@ def test_a_new_engine_judges_its_threads_on_short_decodes_before_it_serves():
 
     quiet = Machine()
     rule, applied = quiet.governor()
-    decode, done = probing(quiet, [0.1, 0.97])
+    decode, done = probing(quiet, [0.1, 0.97])  # counted, the slow first decode alone would send it down
     rule.probe(decode)
     assert applied == [] and rule.n == 2
 
