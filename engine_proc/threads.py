@@ -8,14 +8,13 @@ session one CPU of two) a stream kept 0.23 of its idle speed on two threads
 and 0.56 on one, which has no barriers (perf/results/2026-11-26-threads.md).
 
 So the runner times each llama_decode and the CPU the engine spent in it.
-A new engine judges its threads on a few one-token decodes before it
-serves (probe): its first request's first llama_decode can be long (a
-restarted server's next turn over a long history), and it would otherwise
-run at the shared speed.
 Threads that got less than SHARED of their CPUs over a WINDOW of decodes
 are more than the CPUs they get: the engine goes down to as many as it got.
 After a wait (doubled while the CPUs stay taken) it tries all of them again
-for a window, and keeps them if they run.
+for a window, and keeps them if they run. A new engine judges its threads
+on a few one-token decodes before it serves (probe): its first request's
+first llama_decode can be long (a restarted server's next turn over a long
+history), and would otherwise run at the shared speed.
 
 The count is not free of consequence: under flash attention llama.cpp's CPU
 decode of one query over 512 or more KV cells splits the cells between the
