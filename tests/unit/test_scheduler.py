@@ -82,6 +82,15 @@ class FakeStreams:
         self.n[slot] = start + len(tokens)
 
 
+def recorded(kv: FakeStreams, *names: str) -> list[str]:
+    """The names of these methods of ``kv``, in the order they are called from now on."""
+    moves: list[str] = []
+    for name in names:
+        method = getattr(kv, name)
+        setattr(kv, name, lambda *a, _m=method, _n=name: moves.append(_n) or _m(*a))
+    return moves
+
+
 def run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], rng: random.Random) -> None:
     """Step until every sequence is done, checking the books after every step."""
     for seq in seqs:
@@ -176,10 +185,7 @@ def test_a_prompt_asked_again_with_the_same_reply_moves_no_cells():
     the request takes serves it in place, and the one it displaces is let go, held by another."""
     kv = FakeStreams(4)
     sched = Scheduler(2, 4, 64, 4096, kv, prefix_cache=True, exact=False)
-    moves = []
-    for name in ("copy", "swap", "save", "restore"):
-        method = getattr(kv, name)
-        setattr(kv, name, lambda *a, _m=method, _n=name: moves.append(_n) or _m(*a))
+    moves = recorded(kv, "copy", "swap", "save", "restore")
     prompt = np.arange(50, dtype=np.int32)
     for i in range(4):
         moves.clear()
@@ -245,10 +251,7 @@ def test_an_entry_back_from_host_ram_lands_in_its_sequences_slot_when_streams_mo
     for seq in (first, *others):  # the two others push the first one's entry out of the streams, into host RAM
         run(sched, kv, [seq], rng)
     assert [e.tokens[0] for e in sched.cache.host.entries.values()] == [0]
-    moves = []
-    for name in ("copy", "swap", "restore"):
-        method = getattr(kv, name)
-        setattr(kv, name, lambda *a, _m=method, _n=name: moves.append(_n) or _m(*a))
+    moves = recorded(kv, "copy", "swap", "restore")
     history = first.known(len(first.prompt) + len(first.output))
     turn = Sequence(next(ids), np.concatenate((history, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=3), None)
     before = sched.cache.stats().hit_tokens
@@ -325,10 +328,7 @@ def test_with_streams_in_host_memory_files_are_read_into_the_stream_each_turn_ta
     sched = Scheduler(2, 2, 64, 4096, kv, prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 1 << 30, ident))
     assert not sched.warm() and not sched.cache.entries
     assert sched.cache.persist_wait() is None  # nothing to warm: the idle engine sleeps
-    moves = []
-    for name in ("copy", "swap", "restore"):
-        method = getattr(kv, name)
-        setattr(kv, name, lambda *a, _m=method, _n=name: moves.append(_n) or _m(*a))
+    moves = recorded(kv, "copy", "swap", "restore")
     for k, conv in enumerate((convs[2], convs[0])):
         turn = Sequence(k, np.concatenate((conv, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=2), None)
         run(sched, kv, [turn], rng)
