@@ -1,0 +1,162 @@
+"""Pulling by name with the real huggingface_hub client against tests/hub_server.py (tiny fake GGUF files)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from cllm.hub.pull import Hub, HubError
+from cllm.hub.store import repo_folder
+from tests.hub_server import TOKEN, FakeHub, Repo
+
+MIB = 1 << 20
+
+
+def gguf(tag: str, size: int = 3 * MIB) -> bytes:
+    """Bytes that start like a GGUF file, different for every tag."""
+    seed = hashlib.sha256(tag.encode()).digest()
+    return b"GGUF" + (seed * (size // len(seed) + 1))[: size - 4]
+
+
+TINY = {
+    "README.md": b"# tiny\n",
+    "tiny-Q4_K_M.gguf": gguf("Q4_K_M"),
+    "tiny-Q8_0.gguf": gguf("Q8_0", MIB),
+    "tiny-IQ2_XS-00001-of-00002.gguf": gguf("IQ2_XS.1", MIB),
+    "tiny-IQ2_XS-00002-of-00002.gguf": gguf("IQ2_XS.2", MIB // 2),
+    "mmproj-tiny-F16.gguf": gguf("mmproj", MIB // 4),
+    "tiny-F16.gguf": gguf("F16", 12 * MIB),  # over huggingface_hub's 10 MiB chunk: a cut after it resumes past it
+}
+
+
+@pytest.fixture
+def hub():
+    with FakeHub({"cllm-test/tiny-GGUF": Repo(dict(TINY)), "cllm-test/private-GGUF": Repo(dict(TINY), private=True)}) as h:
+        yield h
+
+
+def client(hub: FakeHub, tmp_path, **kw) -> Hub:
+    return Hub(endpoint=hub.endpoint, cache_dir=str(tmp_path / "hub"), **kw)
+
+
+def test_a_pull_lands_in_the_cache_layout_with_mmproj_and_a_second_downloads_nothing(hub, tmp_path):
+    h = client(hub, tmp_path)
+    got = h.pull("cllm-test/tiny-GGUF:q4_k_m")
+    assert got.name == "cllm-test/tiny-GGUF:Q4_K_M" and got.fetched == len(TINY["tiny-Q4_K_M.gguf"]) + len(TINY["mmproj-tiny-F16.gguf"])
+    folder = repo_folder(h.cache_dir, "cllm-test/tiny-GGUF")
+    commit = hub.repos["cllm-test/tiny-GGUF"].commit
+    assert got.path == os.path.join(folder, "snapshots", commit, "tiny-Q4_K_M.gguf") and os.path.islink(got.path)
+    sha = hashlib.sha256(TINY["tiny-Q4_K_M.gguf"]).hexdigest()
+    assert os.path.realpath(got.path) == os.path.join(folder, "blobs", sha)
+    assert open(got.path, "rb").read() == TINY["tiny-Q4_K_M.gguf"] and open(got.mmproj, "rb").read() == TINY["mmproj-tiny-F16.gguf"]
+    assert open(os.path.join(folder, "refs", "main")).read() == commit
+    # huggingface_hub's own reader of the cache finds the file where cllm put it
+    from huggingface_hub import try_to_load_from_cache
+
+    assert try_to_load_from_cache("cllm-test/tiny-GGUF", "tiny-Q4_K_M.gguf", cache_dir=h.cache_dir) == got.path
+
+    hub.log.clear()
+    again = h.pull("cllm-test/tiny-GGUF:Q4_K_M")
+    assert again == got.__class__(**{**got.__dict__, "fetched": 0})
+    assert [m for m, p, r in hub.log] == ["GET"] and hub.log[0][1].startswith("/api/models/")  # the listing only
+
+
+def test_without_a_tag_the_default_and_a_missing_tag_lists_the_repo(hub, tmp_path):
+    assert client(hub, tmp_path).pull("cllm-test/tiny-GGUF").name == "cllm-test/tiny-GGUF:Q4_K_M"
+    with pytest.raises(Exception) as e:
+        client(hub, tmp_path).pull("cllm-test/tiny-GGUF:Q5_K_M")
+    assert "Q5_K_M" in str(e.value) and "IQ2_XS: tiny-IQ2_XS-00001-of-00002.gguf (2 parts)" in str(e.value)
+
+
+def test_a_split_model_comes_down_whole(hub, tmp_path):
+    got = client(hub, tmp_path).pull("cllm-test/tiny-GGUF:iq2_xs")
+    assert [os.path.basename(p) for p in got.files] == ["tiny-IQ2_XS-00001-of-00002.gguf", "tiny-IQ2_XS-00002-of-00002.gguf"]
+    assert got.path == got.files[0] and all(open(p, "rb").read() == TINY[os.path.basename(p)] for p in got.files)
+
+
+def test_a_cut_connection_resumes_from_where_it_stopped(hub, tmp_path):
+    hub.cut_after = 11 * MIB
+    got = client(hub, tmp_path).pull("cllm-test/tiny-GGUF:F16")
+    data = TINY["tiny-F16.gguf"]
+    assert open(got.path, "rb").read() == data
+    model = [r for p, r in hub.downloads() if p.endswith(hashlib.sha256(data).hexdigest())]
+    assert model == [None, f"bytes={10 * MIB}-"]  # the retry asked for what the last whole chunk did not hold
+    assert hub.sent == 11 * MIB + len(data) - 10 * MIB + len(TINY["mmproj-tiny-F16.gguf"])
+
+
+def test_a_pull_stopped_in_an_earlier_run_resumes(hub, tmp_path):
+    h = client(hub, tmp_path)
+    data = TINY["tiny-Q4_K_M.gguf"]
+    sha = hashlib.sha256(data).hexdigest()
+    blobs = os.path.join(repo_folder(h.cache_dir, "cllm-test/tiny-GGUF"), "blobs")
+    os.makedirs(blobs)
+    with open(os.path.join(blobs, sha + ".incomplete"), "wb") as f:
+        f.write(data[: 2 * MIB])  # what a killed pull left
+    got = h.pull("cllm-test/tiny-GGUF:Q4_K_M")
+    assert open(got.path, "rb").read() == data and got.fetched == len(data) - 2 * MIB + len(TINY["mmproj-tiny-F16.gguf"])
+    assert (f"/lfs/{sha}", f"bytes={2 * MIB}-") in hub.downloads()
+
+
+def test_a_corrupted_byte_is_refused_and_removed_never_served(hub, tmp_path):
+    h = client(hub, tmp_path)
+    hub.corrupt = True
+    with pytest.raises(HubError, match="does not match the hub's checksum.*removed and not served"):
+        h.pull("cllm-test/tiny-GGUF:Q8_0")
+    folder = repo_folder(h.cache_dir, "cllm-test/tiny-GGUF")
+    left = [os.path.join(d, n) for d, _, names in os.walk(folder) for n in names]
+    assert not [p for p in left if "/blobs/" in p or "/snapshots/" in p], left
+    with pytest.raises(HubError):
+        Hub(cache_dir=h.cache_dir, offline=True).pull("cllm-test/tiny-GGUF:Q8_0")
+    hub.corrupt = False
+    assert open(h.pull("cllm-test/tiny-GGUF:Q8_0").path, "rb").read() == TINY["tiny-Q8_0.gguf"]
+
+
+def test_404_and_401_are_one_sentence_naming_the_repo(hub, tmp_path):
+    with pytest.raises(HubError) as e:
+        client(hub, tmp_path, token=TOKEN).pull("cllm-test/nothing-GGUF")
+    assert str(e.value).startswith("cllm-test/nothing-GGUF was not found on") and "HTTP 404" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(HubError) as e:
+        client(hub, tmp_path).pull("cllm-test/private-GGUF:Q8_0")
+    assert "cllm-test/private-GGUF" in str(e.value) and "HTTP 401" in str(e.value) and "HF_TOKEN" in str(e.value)
+    with pytest.raises(HubError, match="refused the token for cllm-test/private-GGUF.*HF_TOKEN"):
+        client(hub, tmp_path, token="hf_wrong").pull("cllm-test/private-GGUF:Q8_0")
+    assert client(hub, tmp_path, token=TOKEN).pull("cllm-test/private-GGUF:Q8_0").name == "cllm-test/private-GGUF:Q8_0"
+
+
+def test_offline_serves_the_cache_and_says_what_it_lacks(hub, tmp_path):
+    pulled = client(hub, tmp_path).pull("cllm-test/tiny-GGUF:Q8_0")
+    hub.log.clear()
+    offline = client(hub, tmp_path, offline=True)
+    assert offline.pull("cllm-test/tiny-GGUF:q8_0") == pulled.__class__(**{**pulled.__dict__, "fetched": 0})
+    with pytest.raises(HubError, match=r"Q4_K_M cannot be fetched offline .*holds cllm-test/tiny-GGUF but not cllm-test/tiny-GGUF:Q4_K_M.*cllm pull"):
+        offline.pull("cllm-test/tiny-GGUF:Q4_K_M")
+    with pytest.raises(HubError, match="has no copy of cllm-test/other-GGUF"):
+        offline.pull("cllm-test/other-GGUF")
+    assert hub.log == []
+
+
+def test_an_unreachable_hub_falls_back_to_the_cache(hub, tmp_path):
+    pulled = client(hub, tmp_path).pull("cllm-test/tiny-GGUF:Q8_0")
+    gone = Hub(endpoint="http://127.0.0.1:9", cache_dir=pulled.path.split("/models--")[0])
+    assert gone.pull("cllm-test/tiny-GGUF:Q8_0").path == pulled.path
+    with pytest.raises(HubError, match="cannot reach http://127.0.0.1:9 for cllm-test/tiny-GGUF.*no copy"):
+        gone.pull("cllm-test/tiny-GGUF:Q4_K_M")
+
+
+def test_the_store_lists_pulled_models_by_name_and_removes_one_at_a_time(hub, tmp_path):
+    from cllm.hub.store import listed, remove
+
+    h = client(hub, tmp_path)
+    q4, iq2 = h.pull("cllm-test/tiny-GGUF:Q4_K_M"), h.pull("cllm-test/tiny-GGUF:IQ2_XS")
+    assert {(m.name, m.path, m.size) for m in listed(h.cache_dir)} == {
+        (q4.name, q4.path, len(TINY["tiny-Q4_K_M.gguf"])),
+        (iq2.name, iq2.path, len(TINY["tiny-IQ2_XS-00001-of-00002.gguf"]) + len(TINY["tiny-IQ2_XS-00002-of-00002.gguf"])),
+    }
+    size = iq2.size
+    assert remove(h.cache_dir, "cllm-test/tiny-GGUF:iq2_xs") == size
+    assert not any(os.path.lexists(p) for p in iq2.files) and [m.name for m in listed(h.cache_dir)] == [q4.name]
+    assert open(q4.path, "rb").read() == TINY["tiny-Q4_K_M.gguf"] and os.path.exists(q4.mmproj)
+    remove(h.cache_dir, q4.name)
+    assert listed(h.cache_dir) == [] and not os.path.exists(repo_folder(h.cache_dir, "cllm-test/tiny-GGUF"))
