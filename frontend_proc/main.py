@@ -21,26 +21,24 @@ from cllm.core.launch import Launch, from_argv
 from cllm.core.log import setup_logging
 from cllm.core.protocol import EngineExited
 from cllm.core.registry import is_pool
-from frontend_proc import (
-    anthropic_api,
-    cllm_api,
-    embeddings_api,
-    llama_server_api,
-    llama_server_completion,
-    models_api,
-    ollama_api,
-    ollama_models,
-    openai_api,
-    openai_chat_api,
-    responses_api,
-)
-from frontend_proc.app import build_app
-from frontend_proc.state import AppState
-from frontend_proc.engine_client import EngineClient
-from frontend_proc.metrics import Metrics
-from frontend_proc.model_pool import ModelPool
-from frontend_proc.response_store import ResponseStore
-from frontend_proc.tokenizer import Tokenizer
+from frontend_proc.core.models import ModelPool
+from frontend_proc.core.state import AppState
+from frontend_proc.core.tokenizer import Tokenizer
+from frontend_proc.doors.anthropic import messages as anthropic
+from frontend_proc.doors.cllm import routes as cllm
+from frontend_proc.doors.embeddings import routes as embeddings
+from frontend_proc.doors.llama_server import completion as llama_server_completion
+from frontend_proc.doors.llama_server import models as llama_server_models
+from frontend_proc.doors.llama_server import routes as llama_server
+from frontend_proc.doors.ollama import models as ollama_models
+from frontend_proc.doors.ollama import routes as ollama
+from frontend_proc.doors.openai import chat as openai_chat
+from frontend_proc.doors.openai import completions as openai
+from frontend_proc.doors.responses import responses
+from frontend_proc.doors.responses.store import ResponseStore
+from frontend_proc.engine.client import EngineClient
+from frontend_proc.engine.metrics import Metrics
+from frontend_proc.http.app import build_app
 
 log = logging.getLogger("cllm.frontend")
 
@@ -81,9 +79,9 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template(_read(config.chat_template_file)),
         operations=[
-            *cllm_api.operations, *openai_api.operations, *openai_chat_api.operations, *embeddings_api.operations,
-            *llama_server_api.operations, *llama_server_completion.operations, *models_api.operations, *anthropic_api.operations,
-            *responses_api.operations, *ollama_models.operations, *ollama_api.operations,
+            *cllm.operations, *openai.operations, *openai_chat.operations, *embeddings.operations,
+            *llama_server.operations, *llama_server_completion.operations, *llama_server_models.operations, *anthropic.operations,
+            *responses.operations, *ollama_models.operations, *ollama.operations,
         ],
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,

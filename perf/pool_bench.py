@@ -150,7 +150,7 @@ def routing(args) -> dict:
 def kv(args) -> dict:
     """Sequences of --seq-ctx cells that fit in --kv-mib, f16 against q8_0 (K and V), and their throughput."""
     from cllm.core.model_meta import kv_cache_bytes
-    from frontend_proc.tokenizer import Tokenizer
+    from frontend_proc.core.tokenizer import Tokenizer
 
     vocab = Tokenizer(args.model).model
     result = {}

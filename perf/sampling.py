@@ -22,8 +22,8 @@ from cllm.core.config import ServeConfig
 from cllm.core.model_file import resolve_model
 from cllm.core.protocol import SamplingParams, Submit
 from engine_proc.engine import LLMEngine
-from frontend_proc.tokenizer import Tokenizer
 from cllm.bench.prompts import make_prompts
+from frontend_proc.core.tokenizer import Tokenizer
 
 SETTINGS = {
     "greedy": SamplingParams(temperature=0),

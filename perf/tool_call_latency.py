@@ -18,7 +18,7 @@ import time
 import httpx
 
 from cllm.core.model_file import resolve_model
-from frontend_proc.tools import Tool, generic_system_text
+from frontend_proc.chat.tools import Tool, generic_system_text
 from perf import servers
 
 ADD = {

@@ -206,7 +206,7 @@ def engine():
 def tok():
     """The embedded model's tokenizer."""
     from cllm.core.model_file import resolve_model
-    from frontend_proc.tokenizer import Tokenizer
+    from frontend_proc.core.tokenizer import Tokenizer
 
     return Tokenizer(resolve_model(None))
 

@@ -10,7 +10,7 @@ import yaml
 from cllm.core.config import load_config
 from cllm.core.model_file import resolve_model
 from cllm.core.model_meta import kv_cache_bytes
-from frontend_proc.tokenizer import Tokenizer
+from frontend_proc.core.tokenizer import Tokenizer
 from tests.conftest import ROOT
 
 UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client.parser import text_string_to_metric_families
 
 from cllm.core.protocol import EngineStats, PrefixCacheStats
-from frontend_proc.metrics import Metrics, TokenRate
+from frontend_proc.engine.metrics import Metrics, TokenRate
 from tests.test_api import generate, stream_events
 
 WAIT = 60.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cllm.core.model_file import resolve_model
-from frontend_proc.tokenizer import Tokenizer
+from frontend_proc.core.tokenizer import Tokenizer
 
 TURNS = [
     {"role": "system", "content": "Be brief."},

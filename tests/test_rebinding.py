@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from cllm.core.config import ServeConfig, load_config
-from frontend_proc.guard import host_name, is_loopback
+from frontend_proc.http.guard import host_name, is_loopback
 from tests.conftest import start_server
 
 ROUTES = [

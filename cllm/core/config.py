@@ -113,7 +113,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
     # gets it in its environment, never in argv (which `ps` shows).
     api_key: Annotated[str, Meta(min_length=1)] | None = None
     # Browsers: on a loopback --host, a request whose Host names neither a loopback address, localhost nor
-    # this machine is refused (DNS rebinding, frontend_proc/guard.py); these names are let in too.
+    # this machine is refused (DNS rebinding, frontend_proc/http/guard.py); these names are let in too.
     allowed_hosts: list[Annotated[str, Meta(pattern=r"^[A-Za-z0-9._-]+$")]] = []
     # Web pages and apps (scheme://host[:port], as https://app.example or app://obsidian.md) whose scripts may call the API (CORS).
     allowed_origins: list[Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s]+$")]] = []

@@ -65,7 +65,7 @@ class LlamaServerError(msgspec.Struct):
     error: LlamaServerErrorDetail
 
 
-# The routes of llama-server's own API (frontend_proc.llama_server_api): its clients read its error shape.
+# The routes of llama-server's own API (frontend_proc.doors.llama_server.routes): its clients read its error shape.
 LLAMA_SERVER_PATHS = frozenset(("/completion", "/completions", "/infill", "/props", "/slots", "/apply-template", "/tokenize", "/detokenize"))
 # llama-server's error type per status (its format_error_response).
 LLAMA_SERVER_TYPES = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontend_proc.chat_template import FALLBACK_TEMPLATE, ChatTemplate, ChatTemplateError
+from frontend_proc.core.template import FALLBACK_TEMPLATE, ChatTemplate, ChatTemplateError
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"

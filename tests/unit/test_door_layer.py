@@ -9,11 +9,11 @@ import pytest
 
 from cllm.core.errors import ApiError
 from cllm.core.protocol import SamplingParams
-from frontend_proc import respond
-from frontend_proc.chat_request import ChatRequest, template_call
-from frontend_proc.reply import CALL, CONTENT, REASONING, Blocks, Reply
-from frontend_proc.tool_parser import ToolCallDelta
-from frontend_proc.tools import HERMES, ToolPlan
+from frontend_proc.chat.reply import CALL, CONTENT, REASONING, Blocks, Reply
+from frontend_proc.chat.request import ChatRequest, template_call
+from frontend_proc.chat.tool_parser import ToolCallDelta
+from frontend_proc.chat.tools import HERMES, ToolPlan
+from frontend_proc.http import lifecycle
 
 
 def test_template_context_and_calls():
@@ -82,7 +82,7 @@ class Gen:
         self.closed = True
 
 
-class Door(respond.Stream):
+class Door(lifecycle.Stream):
     def start(self):
         return b"<"
 
@@ -97,7 +97,7 @@ class Door(respond.Stream):
 
 
 async def _run(gen, door=None):
-    return [chunk async for chunk in respond._events(gen, door or Door())]
+    return [chunk async for chunk in lifecycle._events(gen, door or Door())]
 
 
 def test_stream_lifecycle():
@@ -113,7 +113,7 @@ def test_stream_lifecycle():
 
 
 def test_pings_while_the_first_piece_is_awaited(monkeypatch):
-    monkeypatch.setattr(respond, "PING_SECONDS", 0.01)
+    monkeypatch.setattr(lifecycle, "PING_SECONDS", 0.01)
 
     class Pinging(Door):
         ping = b"."

@@ -12,14 +12,14 @@ import msgspec
 import pytest
 
 from cllm.core.config import ServeConfig
+from cllm.core.errors import ApiError
 from cllm.core.launch import EngineRings
 from cllm.core.protocol import (
     Embed, Embeddings, EngineReady, Hello, ModelInfo, SamplingParams, SeqOutput, StepOutputs, Submit, ToEngine,
 )
 from cllm.core.ring import Ring
-from frontend_proc.engine_client import EngineClient
-from cllm.core.errors import ApiError
-from frontend_proc.metrics import Metrics
+from frontend_proc.engine.client import EngineClient
+from frontend_proc.engine.metrics import Metrics
 
 INFO = ModelInfo(
     model_path="m.gguf", model_name="m", model_family="llama", quantization="Q4_1", vocab_size=100, num_layers=2, n_params=135_000_000, model_bytes=90 << 20, n_ctx_train=2048,

@@ -21,7 +21,7 @@ MODEL_LOADERS = {
     "engine_proc.model_runner": None,
     "engine_proc.embedder": None,
     "cllm.core.model_file": {"resolve_model"},
-    "frontend_proc.tokenizer": None,
+    "frontend_proc.core.tokenizer": None,
     "tests.conftest": {"start_server"},
     "conftest": {"start_server"},
 }

@@ -7,7 +7,7 @@ import logging
 import msgspec
 import pytest
 
-from frontend_proc.lenient import decode
+from frontend_proc.http.lenient import decode
 
 
 class Inner(msgspec.Struct, forbid_unknown_fields=True):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cllm.core.config import ServeConfig
-from cllm.core.protocol import ModelInfo, SamplingParams
 from cllm.core.errors import ApiError
-from frontend_proc.limits import Limits
+from cllm.core.protocol import ModelInfo, SamplingParams
+from frontend_proc.engine.limits import Limits
 
 INFO = ModelInfo(
     model_path="m.gguf", model_name="m", model_family="llama", quantization="Q4_1", vocab_size=100, num_layers=2, n_params=135_000_000, model_bytes=90 << 20, n_ctx_train=2048,

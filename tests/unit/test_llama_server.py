@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from frontend_proc.infill import CHUNK_SEPARATOR, FimTokens, infill_prompt, missing_fim
-from frontend_proc.llama_server_schemas import IGNORED, CompletionBody, InfillBody
+from frontend_proc.doors.llama_server.infill import CHUNK_SEPARATOR, FimTokens, infill_prompt, missing_fim
+from frontend_proc.doors.llama_server.schemas import IGNORED, CompletionBody, InfillBody
 
 FIM = FimTokens(pre=1, suf=2, mid=3, rep=4, sep=5)
 BOS = 9

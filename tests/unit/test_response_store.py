@@ -6,7 +6,7 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from frontend_proc.response_store import ResponseStore, Stored
+from frontend_proc.doors.responses.store import ResponseStore, Stored
 
 
 def stored(i: int) -> Stored:

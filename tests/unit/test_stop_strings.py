@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontend_proc.generation import StopMatcher
+from frontend_proc.core.generation import StopMatcher
 
 
 def run(stops, pieces):

@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from frontend_proc.reply import CALL, CONTENT, Reply
-from frontend_proc.reasoning import REASONING, HarmonySplitter
-from frontend_proc.tool_parser import ToolCallDelta, ToolCallParser, call_parser
-from frontend_proc.tools import GENERIC, HARMONY, HERMES, LLAMA3, MISTRAL, ToolPlan
+from frontend_proc.chat.reasoning import REASONING, HarmonySplitter
+from frontend_proc.chat.reply import CALL, CONTENT, Reply
+from frontend_proc.chat.tool_parser import ToolCallDelta, ToolCallParser, call_parser
+from frontend_proc.chat.tools import GENERIC, HARMONY, HERMES, LLAMA3, MISTRAL, ToolPlan
 
 QWEN_TWO_CALLS = (
     "I'll check both cities.\n"

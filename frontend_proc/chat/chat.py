@@ -1,0 +1,132 @@
+"""The chat layer below every chat door: a ChatRequest to prompt tokens, a grammar and a Generation.
+
+A door reads its body into a frontend_proc.chat.request.ChatRequest; here its
+tools are planned (frontend_proc.chat.tools), its messages rendered with the
+model's chat template, its JSON output or tool calls made a grammar
+(frontend_proc.chat.grammar), its sampling parameters completed, and the request
+sent down the one generation path (frontend_proc.core.generation). The reply is
+read back with a frontend_proc.chat.reply.Reply, which ChatPrompt makes, and
+answered whole or streamed with frontend_proc.http.lifecycle.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from cllm.core.protocol import SamplingParams
+from frontend_proc.chat.grammar import GrammarError, json_grammar, user_grammar
+from frontend_proc.chat.reasoning import HARMONY_TOKENS, is_harmony, splitter_factory
+from frontend_proc.chat.reply import Reply
+from frontend_proc.chat.request import ChatRequest, Fields, GrammarOutput, JsonOutput, invalid
+from frontend_proc.chat.tools import ToolError, ToolFormat, ToolPlan, generic_messages, plan
+from frontend_proc.core import generation
+from frontend_proc.core.generation import Generation
+from frontend_proc.core.state import AppState
+from frontend_proc.core.template import ChatTemplate, ChatTemplateError
+from frontend_proc.core.tokenizer import Tokenizer
+
+
+def tool_plan(req: ChatRequest, template: ChatTemplate, vocab) -> ToolPlan:
+    """The plan for the request's tools (with none, or tool_choice none, a plan that adds nothing)."""
+    if not req.tools and req.tool_choice not in ("auto", "none"):
+        raise invalid("tool_choice asks for a tool call, but the request has no tools", "tool_choice")
+    fmt = ToolFormat.detect(template.source, template.renders_tools)
+    try:
+        return plan(req.tools, req.tool_choice, req.parallel_tool_calls, fmt, vocab)
+    except ToolError as e:
+        raise invalid(str(e), e.param if e.index is None else req.fields.tool_schema.format(e.index)) from None
+
+
+def render(template: ChatTemplate, req: ChatRequest, tool_plan: ToolPlan) -> str:
+    """The prompt text: the messages with the template, the tools as the plan says."""
+    messages = req.messages
+    if not tool_plan.format.native:
+        messages = generic_messages(messages, tool_plan.system_text, template.renders_tool_role)
+    try:
+        return template.render(messages, tools=tool_plan.template_tools, context=req.template_context())
+    except ChatTemplateError as e:
+        raise invalid(str(e), req.fields.messages) from None
+
+
+class ChatPrompt:
+    """A rendered conversation: its tokens, and how to read the reply."""
+
+    def __init__(self, st: AppState, text: str, tool_plan: ToolPlan):
+        self.tokens = st.tokenizer.encode(text)
+        self.tool_plan = tool_plan
+        harmony = is_harmony(st.chat_template.source)
+        self._new_splitter = splitter_factory(text, harmony, tool_plan.parse) if st.config.reasoning_format == "auto" else None
+        # The reply's text must show the control tokens it is read by: a tool-call opener, harmony's markers.
+        shown = shown_tokens(tool_plan, st.tokenizer)
+        self.shown = (shown | st.tokenizer.control_tokens(HARMONY_TOKENS)) if harmony else shown
+
+    def reply(self) -> Reply:
+        """A reader for one reply (one per choice); thinking stays in the text with --reasoning-format none."""
+        return Reply(self._new_splitter() if self._new_splitter is not None else None, self.tool_plan)
+
+
+def prompt(st: AppState, req: ChatRequest) -> ChatPrompt:
+    tools = tool_plan(req, st.chat_template, st.tokenizer.vocab)
+    return ChatPrompt(st, render(st.chat_template, req, tools), tools)
+
+
+async def start(st: AppState, req: ChatRequest, chat: ChatPrompt) -> Generation:
+    """Generate the replies down the one path."""
+    info = generation.engine_info(st)
+    check_sampling(st, req.sampling)
+    grammar, triggers = constraint(st, req.output, chat.tool_plan, req.sampling.ignore_eos, req.fields)
+    sampling = msgspec.structs.replace(
+        req.sampling,
+        max_tokens=req.sampling.max_tokens or info.seq_ctx,
+        grammar=grammar,
+        grammar_triggers=triggers,
+    )
+    return await generation.start(
+        st, [chat.tokens], sampling, n=req.n, stops=req.stops, stream=req.stream, prompt_param=req.fields.messages, shown=chat.shown
+    )
+
+
+def check_sampling(st: AppState, sampling: SamplingParams) -> None:
+    n_vocab = st.tokenizer.n_vocab
+    for token in sampling.logit_bias or ():
+        if not 0 <= token < n_vocab:
+            raise invalid(f"logit_bias names token {token}, outside the vocabulary (0..{n_vocab - 1})", "logit_bias")
+
+
+def constraint(
+    st: AppState, output: JsonOutput | GrammarOutput | None, plan: ToolPlan | None, ignore_eos: bool, fields: Fields
+) -> tuple[str | None, list[str] | None]:
+    """The grammar and its triggers: the JSON output's, the client's own, or the tools' (one grammar per sequence)."""
+    grammar, triggers = None, None
+    if type(output) is GrammarOutput:
+        try:
+            grammar = user_grammar(output.gbnf, st.tokenizer.vocab)
+        except GrammarError as e:  # one llama.cpp cannot parse: its reason
+            raise invalid(str(e), "grammar") from None
+    elif output is not None:
+        try:
+            grammar = json_grammar(output.schema, st.tokenizer.vocab)
+        except GrammarError as e:  # a schema llama.cpp cannot enforce
+            raise invalid(str(e), fields.output) from None
+    if plan is not None and plan.grammar is not None:
+        if grammar is not None:
+            param = "grammar" if type(output) is GrammarOutput else fields.output
+            raise invalid(f"{param} cannot be combined with tools unless tool_choice is none", param)
+        grammar, triggers = plan.grammar, plan.triggers
+    if grammar is not None and ignore_eos:  # the grammar's end can only be followed by an end-of-generation token
+        raise invalid("ignore_eos cannot be combined with a grammar, a JSON output format or tool calls", "ignore_eos")
+    return grammar, triggers
+
+
+def shown_tokens(tool_plan: ToolPlan, tokenizer: Tokenizer) -> frozenset[int]:
+    """The call opener, when it is a control token (Mistral's [TOOL_CALLS]): the text must show it to the parser."""
+    opener = tool_plan.format.opener
+    token = tokenizer.control_token(opener) if tool_plan.parse and opener else None
+    return frozenset(() if token is None else (token,))
+
+
+def reasoning_tokens(st: AppState, gen: Generation, text: str) -> int:
+    """The tokens of a reply's reasoning text, counted once the reply is over (0, at no cost, without reasoning)."""
+    if not text:
+        return 0
+    return min(len(st.tokenizer.encode(text, add_special=False, parse_special=False)), gen.completion_tokens)

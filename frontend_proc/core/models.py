@@ -1,0 +1,270 @@
+"""The models the frontend serves: which is loaded, loading them on demand, unloading idle ones.
+
+Every model of the registry has its engines' rings from the frontend's launch;
+loading one means saying Hello on them and asking the supervisor (a line on the
+control pipe) to start its engines, then waiting (bounded) for each to answer.
+Unloading asks the supervisor to stop them; the model counts as unloaded once
+it reports every process gone, so a later load never races the old engines.
+With one model (today's `cllm serve`), nothing of this runs per request: the
+default model is loaded at start and any model name is taken as it.
+
+Each model has its own AppState (its client, tokenizer and chat template on
+the shared settings), so the routes need one lookup and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+
+import msgspec
+import psutil
+
+from cllm.core.errors import RETRY_AFTER, ApiError
+from cllm.core.launch import ModelSlot
+from cllm.core.model_meta import kv_cache_bytes
+from cllm.core.protocol import EngineExited, LoadModel, UnloadModel
+from frontend_proc.core.state import AppState
+from frontend_proc.core.tokenizer import Tokenizer
+from frontend_proc.engine.client import EngineClient
+from frontend_proc.engine.metrics import Metrics
+from frontend_proc.engine.replicas import ReplicaSet
+
+UNLOAD_WAIT = 15.0  # seconds for the supervisor to report a model's engines gone (it kills them after 5)
+MIB = 1 << 20
+
+log = logging.getLogger("cllm.frontend")
+
+
+class Model:
+    """One registry model as the frontend sees it."""
+
+    def __init__(self, slot: ModelSlot, clients: list[EngineClient]):
+        self.spec = slot.spec
+        self.id = slot.spec.id
+        self.clients = clients
+        self.client: EngineClient | ReplicaSet = clients[0] if len(clients) == 1 else ReplicaSet(clients)
+        self.state: AppState | None = None  # once its tokenizer is loaded
+        self.status = "unloaded"  # loading, loaded, unloading, failed
+        self.error = ""  # why the last load failed
+        self.last_used = time.monotonic()
+        self.unloading_since = 0.0
+        self.kept: float | None = None  # seconds idle before unloading, as the last request asked (Ollama's keep_alive)
+        self.loading: asyncio.Task | None = None
+        self.stopped = asyncio.Event()  # every engine process is gone
+        self.stopped.set()
+
+    @property
+    def keep_alive(self) -> float:
+        """Seconds idle before the model is unloaded; 0: never."""
+        return self.spec.config.keep_alive if self.kept is None else self.kept
+
+    def idle(self) -> bool:
+        return self.client.in_flight == 0
+
+
+class ModelPool:
+    def __init__(self, slots: list[ModelSlot], base: AppState, clients: list[list[EngineClient]], control_fd: int, multi: bool):
+        self.models = [Model(slot, c) for slot, c in zip(slots, clients)]
+        self.default = self.models[0]
+        self.default.state = base
+        self.multi = multi  # a registry: unknown names are 404, models load and unload
+        self.by_name = {name: m for m in self.models for name in (m.id, *m.spec.aliases)}
+        self._expiring: asyncio.Task | None = None  # the keep-alive watch, once a model has one
+        self.metrics: Metrics = base.metrics
+        self._config = base.config
+        self._control = control_fd
+        self._base = base
+        self._slots = slots
+        self._tasks: set[asyncio.Task] = set()
+
+    def start(self) -> None:
+        """Attach to every ring; say Hello to the engines that run; watch keep-alive."""
+        for model, slot in zip(self.models, self._slots):
+            for client in model.clients:
+                client.start(running=slot.loaded)
+            if slot.loaded:
+                model.stopped.clear()
+                model.status = "loading"
+                model.loading = self._spawn(self._await_ready(model, None))  # started by the supervisor: no duration to measure
+        if self.multi and any(m.keep_alive for m in self.models):
+            self._expiring = self._spawn(self._expire())
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for model in self.models:
+            for client in model.clients:
+                client.stop()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ---- the routes' lookup --------------------------------------------------
+
+    def find(self, name: str | None) -> Model:
+        if name is None or not self.multi:
+            return self.default  # one model: any name is answered by it, as llama-server does
+        model = self.by_name.get(name)
+        if model is None:
+            raise ApiError(404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found")
+        return model
+
+    async def state_for(self, name: str | None) -> AppState:
+        """The AppState of the model a request names (absent: the default), loading it if need be."""
+        model = self.find(name)
+        model.last_used = time.monotonic()
+        if model.status != "loaded" and self.multi:
+            await self.load(model)
+        return model.state
+
+    # ---- loading -------------------------------------------------------------
+
+    async def load(self, model: Model) -> None:
+        """Load the model (or join its load in progress); 503 with Retry-After if it does not serve in time."""
+        if model.status == "loaded":
+            return
+        if model.loading is None:
+            model.loading = self._spawn(self._load(model))
+        try:
+            await asyncio.wait_for(asyncio.shield(model.loading), self._config.load_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(503, "model loading", f"the model `{model.id}` is still loading; retry shortly", RETRY_AFTER) from None
+
+    async def _load(self, model: Model) -> None:
+        t0 = time.monotonic()
+        try:
+            if model.status == "unloading":
+                await self._stopped(model)
+            if model.state is None:
+                tokenizer = await asyncio.to_thread(Tokenizer, model.spec.path)
+                model.state = dataclasses.replace(
+                    self._base, client=model.client, tokenizer=tokenizer, chat_template=tokenizer.chat_template(), model_id=model.id
+                )
+            self._check_memory(model)
+            await self._make_room(model)
+            model.status, model.error = "loading", ""
+            model.stopped.clear()
+            for client in model.clients:
+                client.hello()
+            self._send(LoadModel(model.id))
+            log.info("loading model %s", model.id, extra={"fields": {"model": model.id, "replicas": len(model.clients)}})
+        except BaseException:
+            model.loading = None
+            raise
+        await self._await_ready(model, t0)
+
+    async def _await_ready(self, model: Model, t0: float | None) -> None:
+        try:
+            await asyncio.wait_for(asyncio.gather(*(c.ready for c in model.clients)), self._config.load_timeout)
+        except (ApiError, asyncio.TimeoutError) as e:
+            error = e if isinstance(e, ApiError) else ApiError(
+                503, "model unavailable", f"the model `{model.id}` did not start within {self._config.load_timeout:g} s", RETRY_AFTER
+            )
+            model.error = error.message
+            model.loading = None
+            self.metrics.loads.labels(model.id, "failed").inc()
+            log.error("model %s failed to load: %s", model.id, error.message)
+            if model.status == "loading":
+                self._request_unload(model, "failed")
+            raise error from None
+        model.loading = None
+        model.status = "loaded"
+        self.metrics.loads.labels(model.id, "ok").inc()
+        if t0 is None:
+            return
+        seconds = time.monotonic() - t0
+        self.metrics.load_seconds.labels(model.id).observe(seconds)
+        log.info("model %s loaded in %.2f s", model.id, seconds, extra={"fields": {"model": model.id, "seconds": round(seconds, 3)}})
+
+    def _check_memory(self, model: Model) -> None:
+        """Refuse a load that would not fit the memory left: the file plus every replica's KV cache."""
+        config = model.spec.config
+        kv = kv_cache_bytes(model.state.tokenizer.model, config.kv_cells, config.cache_type_k, config.cache_type_v)
+        need = os.path.getsize(model.spec.path) + kv * len(model.clients)
+        available = psutil.virtual_memory().available
+        if need > available:
+            raise ApiError(
+                503, "insufficient memory",
+                f"the model `{model.id}` needs {need / MIB:.0f} MiB (file and KV cache of {config.kv_cells} cells"
+                f" x {len(model.clients)} replicas) but {available / MIB:.0f} MiB are available",
+            )
+
+    async def _make_room(self, model: Model) -> None:
+        """Under --models-max, unload the least recently used idle model first."""
+        most = self._config.models_max
+        loaded = [m for m in self.models if m is not model and m.status in ("loaded", "loading")]
+        if not most or len(loaded) < most:
+            return
+        idle = sorted((m for m in loaded if m.status == "loaded" and m.idle()), key=lambda m: m.last_used)
+        if not idle:
+            raise ApiError(503, "too many models", f"{most} models are loaded and busy (--models-max); retry shortly", RETRY_AFTER)
+        await self.unload(idle[0], "evicted")
+
+    # ---- unloading -----------------------------------------------------------
+
+    async def unload(self, model: Model, reason: str) -> None:
+        """Stop the model's engines (what runs on them fails with 503) and wait until they are gone."""
+        if model.status in ("loaded", "loading"):
+            self._request_unload(model, reason)
+        await self._stopped(model)
+
+    def _request_unload(self, model: Model, reason: str) -> None:
+        model.status = "unloading"
+        model.unloading_since = time.monotonic()
+        self._send(UnloadModel(model.id))
+        self.metrics.unloads.labels(model.id, reason).inc()
+        log.info("unloading model %s (%s)", model.id, reason, extra={"fields": {"model": model.id, "reason": reason}})
+
+    async def _stopped(self, model: Model) -> None:
+        try:
+            await asyncio.wait_for(model.stopped.wait(), UNLOAD_WAIT)
+        except asyncio.TimeoutError:
+            raise ApiError(503, "model unloading", f"the model `{model.id}` is still stopping; retry shortly", RETRY_AFTER) from None
+
+    def engine_exited(self, notice: EngineExited) -> None:
+        """The supervisor's word on an engine: restarted (its requests failed), or gone for good."""
+        model = self.by_name[notice.model] if notice.model else self.default
+        model.clients[notice.replica].engine_exited(notice.generation, notice.restarting, notice.reason)
+        if isinstance(model.client, ReplicaSet):
+            model.client.forget(notice.replica)
+        if not notice.restarting and notice.reason != "unloaded" and model.status != "unloading":
+            model.error = notice.reason  # it gave up on its own: it could not load, or kept crashing
+            self.metrics.unloads.labels(model.id, "failed").inc()
+        if notice.restarting or any(c.running for c in model.clients):
+            return
+        model.status = "failed" if model.error else "unloaded"
+        model.stopped.set()
+        for client in model.clients:
+            self.metrics.engine_gone(model.id, client.replica)
+        seconds = round(time.monotonic() - model.unloading_since, 3) if model.unloading_since else None
+        log.info("model %s stopped", model.id, extra={"fields": {"model": model.id, "reason": notice.reason, "seconds": seconds}})
+        model.unloading_since = 0.0
+
+    async def _expire(self) -> None:
+        """Unload models idle past their keep-alive; a model serving a request is never idle."""
+        while True:
+            await asyncio.sleep(max(0.2, min((m.keep_alive for m in self.models if m.keep_alive), default=1.0) / 4))
+            now = time.monotonic()
+            for model in self.models:
+                if model.status != "loaded" or not model.keep_alive:
+                    continue
+                if not model.idle():
+                    model.last_used = now
+                elif now - model.last_used > model.keep_alive:
+                    self._request_unload(model, "keep-alive")
+
+    def keep(self, model: Model, seconds: float) -> None:
+        """Keep the model loaded this long once idle (negative: for good), in place of its registry's keep-alive."""
+        model.kept = max(seconds, 0.0)
+        if self.multi and seconds > 0 and self._expiring is None:
+            self._expiring = self._spawn(self._expire())
+
+    def _send(self, msg: LoadModel | UnloadModel) -> None:
+        os.write(self._control, msgspec.json.encode(msg) + b"\n")

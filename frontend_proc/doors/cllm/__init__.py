@@ -1,0 +1,1 @@
+"""cLLM's own API, and the chat page."""

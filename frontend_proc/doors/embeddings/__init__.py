@@ -1,0 +1,1 @@
+"""Embeddings, in OpenAI's and llama-server's shapes."""

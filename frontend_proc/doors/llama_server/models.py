@@ -1,0 +1,73 @@
+"""The registry's routes, in llama-server's router shapes: GET /models, POST /models/load and /models/unload.
+
+They take ids (or aliases) of the registry only, never a path: any other name
+is a 404. Like every route but /health, they need the API key when one is set.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from cllm.core.errors import ApiError, json_response
+from frontend_proc.core.models import Model
+from frontend_proc.core.state import AppState
+from frontend_proc.http.app import decode_body, state
+from frontend_proc.http.openapi import Operation
+
+
+class ModelRequest(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+
+
+def card(model: Model, status: bool) -> dict:
+    """A model as OpenAI lists it; with its status (and aliases) as llama-server's router does."""
+    data = {"id": model.id, "object": "model", "created": int(os.path.getmtime(model.spec.path)), "owned_by": "cllm"}
+    if status:
+        value = {"value": model.status}
+        if model.status == "failed":
+            value.update(failed=True, error=model.error)
+        data.update(aliases=model.spec.aliases, status=value)
+    return data
+
+
+def _model(st: AppState, name: str) -> Model:
+    if not st.pool.multi:
+        raise ApiError(400, "invalid request", "this server serves one model; --models-dir or a models: list lets it load and unload")
+    return st.pool.find(name)
+
+
+async def list_models(request: Request) -> Response:
+    return json_response({"object": "list", "data": [card(m, True) for m in state(request).pool.models]})
+
+
+async def load(request: Request) -> Response:
+    st = state(request)
+    model = _model(st, (await decode_body(request, ModelRequest)).model)
+    await st.pool.load(model)
+    return json_response({"success": True})
+
+
+async def unload(request: Request) -> Response:
+    st = state(request)
+    model = _model(st, (await decode_body(request, ModelRequest)).model)
+    if model.status not in ("loaded", "loading"):
+        raise ApiError(400, "model is not running", f"the model `{model.id}` is {model.status}", param="model")
+    await st.pool.unload(model, "request")
+    return json_response({"success": True})
+
+
+operations = [
+    Operation("GET", "/models", list_models, "every model of the registry, with its status", response=dict),
+    Operation(
+        "POST", "/models/load", load, "load a model of the registry (by id); answers once it serves",
+        body=ModelRequest, response=dict, errors=(404, 503),
+    ),
+    Operation(
+        "POST", "/models/unload", unload, "unload a model (its requests in flight fail with 503)",
+        body=ModelRequest, response=dict, errors=(404, 503),
+    ),
+]

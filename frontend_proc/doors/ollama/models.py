@@ -1,0 +1,230 @@
+"""Ollama's model routes: GET /api/version, /api/tags, /api/ps and POST /api/show, and its model names.
+
+Ollama names a model `name:tag`; cllm's models are the registry's ids and
+aliases (or the one --model), each listed as `id:latest`. What Ollama's
+clients read of a model (its family, size, quantization, context length)
+comes from the GGUF file's own metadata, read once per file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import hashlib
+import os
+import time
+from datetime import datetime, timezone
+
+import llama_cpp as L
+from starlette.requests import Request
+from starlette.responses import Response
+
+from cllm.core.errors import ApiError, json_response
+from cllm.core.llama_log import silence_llama_logs
+from cllm.core.protocol import SamplingParams
+from frontend_proc.core.models import Model
+from frontend_proc.doors.ollama.schemas import ShowBody
+from frontend_proc.http.app import decode_body, state
+from frontend_proc.http.openapi import Operation
+
+# The version of Ollama's API whose shapes these routes answer: clients gate features on it.
+API_VERSION = "0.12.0"
+FOREVER = "9999-12-31T23:59:59Z"  # the expiry of a model no keep-alive unloads
+_SKIPPED = ("tokenizer.ggml.",)  # the vocabulary's arrays: Ollama leaves them out of model_info too
+_VALUE_BYTES = 1 << 16  # a chat template fits
+
+
+def now() -> str:
+    """Ollama's created_at: RFC 3339 in UTC."""
+    return rfc3339(time.time())
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def not_found(name: str) -> ApiError:
+    return ApiError(404, "model not found", f"model '{name}' not found", code="model_not_found")
+
+
+def find(request: Request, name: str) -> Model:
+    """The model an Ollama name means: a registry id or alias, with or without `:latest`; else a 404."""
+    by_name = state(request).pool.by_name
+    model = by_name.get(name)
+    if model is None and name.endswith(":latest"):
+        model = by_name.get(name[: -len(":latest")])
+    if model is None:
+        raise not_found(name)
+    return model
+
+
+@functools.lru_cache(maxsize=64)
+def _metadata(path: str, size: int, mtime_ns: int) -> dict:
+    """The file's GGUF key-values (numbers as numbers), from a vocabulary-only load."""
+    silence_llama_logs()
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    model = L.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        raise ApiError(500, "model unreadable", f"llama.cpp could not read the metadata of {path}")
+    try:
+        out: dict = {}
+        key, value = ctypes.create_string_buffer(256), ctypes.create_string_buffer(_VALUE_BYTES)
+        for i in range(L.llama_model_meta_count(model)):
+            L.llama_model_meta_key_by_index(model, i, key, len(key))
+            name = key.value.decode(errors="replace")
+            if name.startswith(_SKIPPED) or L.llama_model_meta_val_str_by_index(model, i, value, len(value)) >= len(value):
+                continue
+            out[name] = _typed(value.value.decode(errors="replace"))
+        fim = [L.llama_vocab_fim_pre(L.llama_model_get_vocab(model)), L.llama_vocab_fim_suf(L.llama_model_get_vocab(model))]
+        out["cllm.fim"] = all(t >= 0 for t in fim)
+        return out
+    finally:
+        L.llama_model_free(model)
+
+
+def _typed(value: str):
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(value, value)
+
+
+async def metadata(model: Model) -> dict:
+    path = model.spec.path
+    stat = os.stat(path)
+    return await asyncio.to_thread(_metadata, path, stat.st_size, stat.st_mtime_ns)
+
+
+def digest(model: Model) -> str:
+    """Ollama's digest names a model's content; cllm hashes what names it instead: the file's path, size and mtime."""
+    stat = os.stat(model.spec.path)
+    return hashlib.sha256(f"{model.spec.path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
+
+
+def _parameter_size(meta: dict, model: Model) -> str:
+    if label := meta.get("general.size_label"):
+        return str(label)
+    info = model.client.info if model.status == "loaded" else None
+    n = info.n_params if info is not None else 0
+    for unit, scale in (("B", 1e9), ("M", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return ""
+
+
+def _quantization(meta: dict, model: Model) -> str:
+    info = model.client.info if model.status == "loaded" else None
+    if info is not None and info.quantization:
+        return info.quantization
+    # "SmolLM2-135M-Instruct.Q4_1.gguf": the usual name carries it; else the file type's number.
+    stem = os.path.basename(model.spec.path).rsplit(".", 1)[0]
+    tail = stem.rsplit(".", 1)[-1].rsplit("-", 1)[-1]
+    return tail.upper() if tail[:1] in "QqFfBbIi" and any(c.isdigit() for c in tail) else str(meta.get("general.file_type", ""))
+
+
+def details(meta: dict, model: Model) -> dict:
+    family = str(meta.get("general.architecture", ""))
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": family,
+        "families": [family] if family else None,
+        "parameter_size": _parameter_size(meta, model),
+        "quantization_level": _quantization(meta, model),
+    }
+
+
+def context_length(model: Model) -> int:
+    """The tokens one sequence holds: the engine's figure once loaded, else what the launch gives each slot."""
+    info = model.client.info if model.status == "loaded" else None
+    if info is not None:
+        return info.seq_ctx
+    config = model.spec.config
+    return config.ctx_size // config.parallel
+
+
+async def _entry(model: Model) -> dict:
+    meta = await metadata(model)
+    name = f"{model.id}:latest"
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": rfc3339(os.path.getmtime(model.spec.path)),
+        "size": os.path.getsize(model.spec.path),
+        "digest": digest(model),
+        "details": details(meta, model),
+    }
+
+
+async def version(request: Request) -> Response:
+    return json_response({"version": API_VERSION})
+
+
+async def tags(request: Request) -> Response:
+    return json_response({"models": [await _entry(m) for m in state(request).pool.models]})
+
+
+async def ps(request: Request) -> Response:
+    models = []
+    for model in state(request).pool.models:
+        info = model.client.info
+        if model.status != "loaded" or info is None:
+            continue
+        entry = await _entry(model)
+        size = info.model_bytes + info.kv_bytes
+        keep = model.keep_alive if state(request).pool.multi else 0
+        entry.update(
+            expires_at=rfc3339(time.time() + keep - (time.monotonic() - model.last_used)) if keep else FOREVER,
+            size=size,
+            size_vram=size if info.gpu_layers else 0,
+            context_length=info.seq_ctx,
+        )
+        models.append(entry)
+    return json_response({"models": models})
+
+
+def _parameters() -> str:
+    """cllm's sampling defaults, in a Modelfile's PARAMETER lines."""
+    d = SamplingParams()
+    return "\n".join(f"{k:<15}{v}" for k, v in (("temperature", d.temperature), ("top_k", d.top_k), ("top_p", d.top_p)))
+
+
+async def show(request: Request) -> Response:
+    body = await decode_body(request, ShowBody)
+    name = body.model or body.name
+    if not name:
+        raise ApiError(400, "invalid request", "model is required", param="model")
+    model = find(request, name)
+    meta = await metadata(model)
+    arch = str(meta.get("general.architecture", ""))
+    info = {k: v for k, v in meta.items() if not k.startswith(("cllm.", "tokenizer.chat_template"))}
+    info[f"{arch}.context_length"] = context_length(model)  # what a request can use, not what the model was trained on
+    if model.status == "loaded" and model.client.info is not None:
+        info["general.parameter_count"] = model.client.info.n_params
+    template = str(meta.get("tokenizer.chat_template", ""))
+    capabilities = ["completion", "tools"]  # cllm offers tools through any chat template
+    if "<think>" in template or "reasoning" in template:
+        capabilities.append("thinking")
+    if meta.get("cllm.fim"):
+        capabilities.append("insert")
+    return json_response({
+        "modelfile": f"# cllm serves this GGUF file as it is\nFROM {model.spec.path}\n",
+        "parameters": _parameters(),
+        "template": template,  # Jinja, as the GGUF carries it (Ollama's own are Go templates)
+        "details": details(meta, model),
+        "model_info": info,
+        "capabilities": capabilities,
+        "modified_at": rfc3339(os.path.getmtime(model.spec.path)),
+    })
+
+
+operations = [
+    Operation("GET", "/api/version", version, "Ollama: the API version answered", response=dict),
+    Operation("GET", "/api/tags", tags, "Ollama: the models served", response=dict),
+    Operation("GET", "/api/ps", ps, "Ollama: the models loaded", response=dict),
+    Operation("POST", "/api/show", show, "Ollama: a model's details, metadata and template", body=ShowBody, response=dict, errors=(404,)),
+]

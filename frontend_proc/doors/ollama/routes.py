@@ -1,0 +1,329 @@
+"""Ollama's API: POST /api/chat, /api/generate, /api/embed and /api/embeddings (its model routes: ollama_models).
+
+Open WebUI's Ollama connection, the `ollama` clients and LangChain's
+ChatOllama speak it. A door: the body is read into a ChatRequest for the chat
+layer (frontend_proc.chat.chat), and the reply's parts (frontend_proc.chat.reply) are
+written as Ollama's message (content, thinking, tool_calls with object
+arguments), whole or as its stream of JSON lines, the last one done with the
+timings in nanoseconds. Errors take Ollama's shape, {"error": "..."}
+(errors.py). Routes that would fetch or take model files are refused: cllm
+serves the GGUF files it was started with.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import llama_cpp as L
+import msgspec
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response
+
+from cllm.core.errors import ApiError, json_response
+from cllm.core.protocol import SamplingParams
+from frontend_proc.chat import chat
+from frontend_proc.chat.reply import CONTENT, REASONING, Reply, join
+from frontend_proc.chat.request import ChatRequest, Fields, JsonOutput, invalid, not_text, template_call, tool
+from frontend_proc.core import generation
+from frontend_proc.core.generation import Generation
+from frontend_proc.core.models import Model
+from frontend_proc.core.state import AppState
+from frontend_proc.doors.embeddings import routes as embeddings_api
+from frontend_proc.doors.ollama.models import find, now
+from frontend_proc.doors.ollama.schemas import NO_OPTIONS, ChatBody, EmbedBody, EmbeddingsBody, GenerateBody, Message, Options, seconds
+from frontend_proc.http import lifecycle
+from frontend_proc.http.app import decode_body, state
+from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
+
+NDJSON = "application/x-ndjson"
+_FIELDS = Fields(output="format", tool_schema="tools[{}].function.parameters")
+_GENERATE_FIELDS = Fields(messages="prompt", output="format")
+_json = msgspec.json.Encoder()
+_NO_FILES = (
+    "cllm does not pull, push, create, copy or delete models, nor take model files over HTTP: it serves the GGUF files"
+    " it was started with (--model, a --models-dir directory, or the models: list of a --config YAML registry)"
+)
+
+log = logging.getLogger("cllm.frontend")
+
+
+def _line(obj) -> bytes:
+    return _json.encode(obj) + b"\n"
+
+
+# ---- the model a request names, kept or let go as keep_alive says ------------
+
+
+def _keep_alive(value) -> float | None:
+    try:
+        return seconds(value)
+    except ValueError as e:
+        raise invalid(str(e), "keep_alive") from None
+
+
+async def _state(request: Request, model: Model, keep: float | None) -> tuple[AppState, int]:
+    """The model's state, loaded (and kept as long as keep_alive says), and the nanoseconds its load took."""
+    t0 = time.perf_counter_ns()
+    pool = state(request).pool
+    if keep:
+        pool.keep(model, keep)
+    st = await pool.state_for(model.id)
+    return st, time.perf_counter_ns() - t0
+
+
+def _unloads(request: Request, model: Model, keep: float | None) -> bool:
+    """keep_alive 0 lets the model go once the request is answered (only a registry's models load and unload)."""
+    return keep == 0 and state(request).pool.multi
+
+
+async def _load_only(request: Request, model: Model, keep: float | None, name: str, chat_route: bool) -> Response:
+    """A request with nothing to generate: load the model, or with keep_alive 0 unload it (`ollama stop`)."""
+    pool = state(request).pool
+    if _unloads(request, model, keep):
+        if model.status in ("loaded", "loading"):
+            await pool.unload(model, "keep-alive")
+        reason = "unload"
+    else:
+        await _state(request, model, keep)
+        reason = "load"
+    out = {"model": name, "created_at": now(), "done": True, "done_reason": reason}
+    out.update({"message": {"role": "assistant", "content": ""}} if chat_route else {"response": ""})
+    return json_response(out)
+
+
+# ---- a request in cllm's terms ------------------------------------------------
+
+
+def _output(fmt) -> JsonOutput | None:
+    if not fmt:
+        return None
+    return JsonOutput(None if fmt == "json" else fmt)
+
+
+def _sampling(st: AppState, options: Options) -> SamplingParams:
+    seq_ctx = generation.engine_info(st).seq_ctx
+    if options.num_ctx is not None and options.num_ctx > seq_ctx:
+        # The slot's size is set at launch; a longer prompt still gets the usual 400, never a silent cut.
+        log.info("num_ctx %d is clamped to the %d tokens a sequence of this model holds", options.num_ctx, seq_ctx)
+    return options.sampling()
+
+
+def _messages(messages: list[Message]) -> list[dict]:
+    out, calls = [], 0
+    names: dict[str, str] = {}  # a tool's name -> the id of its latest call, for the tool message that answers it
+    for i, m in enumerate(messages):
+        if m.images:
+            raise not_text("image", f"messages[{i}].images")
+        entry: dict = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            entry["tool_calls"] = []
+            for call in m.tool_calls:
+                call_id = call.id or f"call_{calls}"
+                calls += 1
+                names[call.function.name] = call_id
+                entry["tool_calls"].append(template_call(call_id, call.function.name, call.function.arguments))
+        if m.role == "tool":
+            entry["tool_call_id"] = m.tool_call_id or names.get(m.tool_name or "", "")
+            if m.tool_name:
+                entry["name"] = m.tool_name
+        out.append(entry)
+    return out
+
+
+def _thinking(think) -> tuple[bool | None, str | None]:
+    """think: true/false turns thinking on or off; a level is a reasoning effort."""
+    return (True, think) if isinstance(think, str) else (think, None)
+
+
+def _request(body: ChatBody | GenerateBody, messages: list[dict], st: AppState, tools=()) -> ChatRequest:
+    options = body.options or NO_OPTIONS
+    thinking, effort = _thinking(body.think)
+    return ChatRequest(
+        messages=messages, sampling=_sampling(st, options), tools=list(tools), output=_output(body.format),
+        thinking=thinking, effort=effort, stops=options.stop or (), stream=body.stream, fields=_FIELDS if isinstance(body, ChatBody) else _GENERATE_FIELDS,
+    )
+
+
+def _generate_prompt(body: GenerateBody, st: AppState, req: ChatRequest) -> chat.ChatPrompt:
+    """The prompt of /api/generate: the chat template around it, or (raw, suffix) its text as it is."""
+    if body.template:
+        raise invalid(
+            "cllm renders the model's own chat template and cannot run an Ollama (Go) template;"
+            " send raw: true with the prompt already formatted", "template",
+        )
+    if body.suffix is None and not body.raw:
+        return chat.prompt(st, req)
+    if body.system:
+        raise invalid("system cannot be combined with raw or suffix: the prompt is sent as it is", "system")
+    text = body.prompt
+    if body.suffix is not None:
+        vocab = st.tokenizer.vocab
+        fim = (L.llama_vocab_fim_pre(vocab), L.llama_vocab_fim_suf(vocab), L.llama_vocab_fim_mid(vocab))
+        if min(fim) < 0:
+            raise invalid("this model has no fill-in-the-middle tokens, so it cannot complete between prompt and suffix", "suffix")
+        pre, suf, mid = (L.llama_vocab_get_text(vocab, t).decode() for t in fim)  # encoded back as the control tokens
+        text = f"{pre}{body.prompt}{suf}{body.suffix}{mid}"
+    return chat.ChatPrompt(st, text, chat.tool_plan(req, st.chat_template, st.tokenizer.vocab))
+
+
+# ---- the reply ----------------------------------------------------------------
+
+
+def _calls(reply: Reply) -> list[dict]:
+    out = []
+    for c in reply.calls:
+        try:
+            arguments = json.loads(c.arguments)
+        except ValueError:
+            arguments = {}
+        out.append({"id": c.id, "function": {"index": len(out), "name": c.name, "arguments": arguments if isinstance(arguments, dict) else {}}})
+    return out
+
+
+def _done(gen: Generation, reply: Reply, t0: int, load_ns: int) -> dict:
+    """The last object's fields: why it ended, and its counts and timings in nanoseconds."""
+    rs = gen.choices[0].stream
+    first = rs.t_first or rs.t_done or time.perf_counter()
+    last = rs.t_done or time.perf_counter()
+    finish = reply.finish(gen.choices[0].finish)
+    return {
+        "done": True,
+        "done_reason": "length" if finish == "length" else "stop",
+        "total_duration": time.perf_counter_ns() - t0,
+        "load_duration": load_ns,
+        "prompt_eval_count": gen.prompt_tokens,
+        "prompt_eval_duration": int((first - rs.t_submit) * 1e9),
+        "eval_count": gen.completion_tokens,
+        "eval_duration": int((last - first) * 1e9),
+    }
+
+
+class _Writer:
+    """One route's objects: a chat message, or a generate response."""
+
+    def __init__(self, name: str, chat_route: bool):
+        self.name, self.chat_route = name, chat_route
+
+    def obj(self, content: str, thinking: str, calls: list[dict] | None = None) -> dict:
+        out: dict = {"model": self.name, "created_at": now()}
+        if self.chat_route:
+            message: dict = {"role": "assistant", "content": content}
+            if thinking:
+                message["thinking"] = thinking
+            if calls:
+                message["tool_calls"] = calls
+            out["message"] = message
+        else:
+            out["response"] = content
+            if thinking:
+                out["thinking"] = thinking
+        return out
+
+
+class _Stream(lifecycle.Stream):
+    """A JSON object a line: each piece of the answer and thinking, the calls once read, then the done object."""
+
+    media_type = NDJSON
+
+    def __init__(self, gen: Generation, reply: Reply, writer: _Writer, t0: int, load_ns: int):
+        self.gen, self.reply, self.writer, self.t0, self.load_ns = gen, reply, writer, t0, load_ns
+
+    def piece(self, choice, text: str | None) -> bytes:
+        parts = self.reply.feed(text)
+        content, thinking = join(parts, CONTENT), join(parts, REASONING)
+        out = _line({**self.writer.obj(content, thinking), "done": False}) if content or thinking else b""
+        if text is None and self.reply.calls:
+            out += _line({**self.writer.obj("", "", _calls(self.reply)), "done": False})
+        return out
+
+    def end(self) -> bytes:
+        return _line({**self.writer.obj("", ""), **_done(self.gen, self.reply, self.t0, self.load_ns)})
+
+    def error(self, e: ApiError) -> bytes:
+        return _line({"error": e.message or e.error})
+
+
+async def _respond(request: Request, body, st: AppState, req: ChatRequest, prompt: chat.ChatPrompt, model: Model, keep, t0: int, load_ns: int):
+    gen = await chat.start(st, req, prompt)
+    writer, reply = _Writer(body.model, isinstance(body, ChatBody)), prompt.reply()
+    after = BackgroundTask(state(request).pool.unload, model, "keep-alive") if _unloads(request, model, keep) else None
+    if body.stream:
+        response = lifecycle.stream(gen, _Stream(gen, reply, writer, t0, load_ns))
+    else:
+        (text,) = await lifecycle.whole(request, gen)
+        parts = reply.whole(text)
+        content = join(parts, CONTENT)
+        calls = _calls(reply)
+        response = json_response({**writer.obj(content if not calls or content.strip() else "", join(parts, REASONING), calls), **_done(gen, reply, t0, load_ns)})
+    response.background = after
+    return response
+
+
+async def chat_route(request: Request) -> Response:
+    t0 = time.perf_counter_ns()
+    body = await decode_body(request, ChatBody)
+    model, keep = find(request, body.model), _keep_alive(body.keep_alive)
+    if not body.messages:
+        return await _load_only(request, model, keep, body.model, True)
+    st, load_ns = await _state(request, model, keep)
+    tools = [tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()]
+    req = _request(body, _messages(body.messages), st, tools)
+    return await _respond(request, body, st, req, chat.prompt(st, req), model, keep, t0, load_ns)
+
+
+async def generate(request: Request) -> Response:
+    t0 = time.perf_counter_ns()
+    body = await decode_body(request, GenerateBody)
+    if body.images:
+        raise not_text("image", "images")
+    model, keep = find(request, body.model), _keep_alive(body.keep_alive)
+    if not body.prompt and body.suffix is None:
+        return await _load_only(request, model, keep, body.model, False)
+    st, load_ns = await _state(request, model, keep)
+    messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
+    req = _request(body, messages, st)
+    return await _respond(request, body, st, req, _generate_prompt(body, st, req), model, keep, t0, load_ns)
+
+
+async def embed(request: Request) -> Response:
+    t0 = time.perf_counter_ns()
+    body = await decode_body(request, EmbedBody)
+    model = find(request, body.model)
+    st, load_ns = await _state(request, model, _keep_alive(body.keep_alive))
+    vectors, n_tokens = await embeddings_api.embed(st, request, body.input)
+    return json_response({
+        "model": body.model, "embeddings": vectors.tolist(),
+        "total_duration": time.perf_counter_ns() - t0, "load_duration": load_ns, "prompt_eval_count": n_tokens,
+    })
+
+
+async def embeddings(request: Request) -> Response:
+    body = await decode_body(request, EmbeddingsBody)
+    model = find(request, body.model)
+    st, _ = await _state(request, model, _keep_alive(body.keep_alive))
+    vectors, _ = await embeddings_api.embed(st, request, body.prompt)
+    return json_response({"embedding": vectors[0].tolist()})
+
+
+async def no_files(request: Request) -> Response:
+    """Nothing is fetched, and no body read: the request is refused as it arrives."""
+    raise ApiError(400, "not supported", _NO_FILES)
+
+
+operations = [
+    Operation("POST", "/api/chat", chat_route, "Ollama: chat", body=ChatBody, response=dict, text=NDJSON, errors=(404, *GENERATE_ERRORS)),
+    Operation("POST", "/api/generate", generate, "Ollama: generate", body=GenerateBody, response=dict, text=NDJSON, errors=(404, *GENERATE_ERRORS)),
+    Operation("POST", "/api/embed", embed, "Ollama: embeddings", body=EmbedBody, response=dict, errors=(404, *GENERATE_ERRORS)),
+    Operation("POST", "/api/embeddings", embeddings, "Ollama: one embedding (older route)", body=EmbeddingsBody, response=dict, errors=(404, *GENERATE_ERRORS)),
+    *(
+        Operation(method, path, no_files, f"Ollama: {what} (refused: cllm serves the files it was started with)", errors=(400,))
+        for method, path, what in (
+            ("POST", "/api/pull", "pull a model"), ("POST", "/api/push", "push a model"), ("POST", "/api/create", "create a model"),
+            ("POST", "/api/copy", "copy a model"), ("DELETE", "/api/delete", "delete a model"),
+            ("POST", "/api/blobs/{digest}", "upload a blob"), ("HEAD", "/api/blobs/{digest}", "check a blob"),
+        )
+    ),
+]

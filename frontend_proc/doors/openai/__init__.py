@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API: models, completions, chat completions."""

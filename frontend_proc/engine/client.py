@@ -1,0 +1,413 @@
+"""The frontend's end of the rings: submit, abort, and fan step outputs out.
+
+The output ring's wake-up pipe is watched by the event loop, so the frontend
+sleeps until the engine publishes a step, then demultiplexes that one record
+to the requests it concerns. A non-streaming request is woken once, when it
+finishes; a streaming one once per step.
+
+The client talks to the engine in sessions. It says Hello(session) and serves
+once the engine answers EngineReady(session); anything read before that answer
+was meant for a frontend that died. When the supervisor reports the engine
+died, the client fails every request in flight with 503, writes nothing more
+for that session, and says Hello again, to the engine the supervisor starts.
+
+An engine may also be stopped for good (its model unloaded, or given up):
+then its requests fail with 503 and the client stays silent until it is
+loaded again (``hello``). The supervisor tells the client once the process is
+gone, so the next engine never reads a Hello meant for the last one.
+
+Requests are bounded here, where the engine's size is known: at most
+``parallel + --max-waiting`` in flight (else 429), each cancelled with 408
+past ``--request-timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import Iterator
+
+import msgspec
+
+from cllm.core.config import ServeConfig
+from cllm.core.errors import RETRY_AFTER, ApiError
+from cllm.core.launch import EngineRings
+from cllm.core.protocol import (
+    Abort,
+    Embed,
+    Embeddings,
+    EngineReady,
+    EngineStats,
+    FromEngine,
+    Hello,
+    ModelInfo,
+    SamplingParams,
+    SeqOutput,
+    SlotAction,
+    SlotDone,
+    StepOutputs,
+    Submit,
+    TokenLogprobs,
+)
+from cllm.core.ring import Ring
+from frontend_proc.engine.limits import Limits
+from frontend_proc.engine.metrics import Metrics
+
+
+
+def not_ready() -> ApiError:
+    return ApiError(503, "not ready", "the engine is starting; retry shortly", RETRY_AFTER)
+
+
+class RequestStream:
+    """Tokens of one request as they arrive from the engine."""
+
+    __slots__ = (
+        "id", "owner", "prompt_tokens", "sampling", "tokens", "logprobs", "prompt_logprobs", "cached_tokens", "finish", "error", "t_submit",
+        "t_first", "t_done", "timer",
+        "_tail", "_event", "_per_step",
+    )
+
+    def __init__(self, rid: int, owner: "EngineClient", prompt_tokens: int, per_step: bool, sampling: SamplingParams | None = None):
+        self.id = rid
+        self.owner = owner  # the engine client that runs it (of one replica)
+        self.prompt_tokens = prompt_tokens
+        self.sampling = sampling  # as submitted (GET /slots shows it)
+        self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []  # one per token, when the request asked for them
+        self.prompt_logprobs: list[TokenLogprobs] = []  # one per prompt token after the first, when asked
+        self.cached_tokens = 0  # of the prompt, served by the engine's prefix cache
+        self.finish: str | None = None
+        self.error: ApiError | None = None  # why it ended early: timeout, hang-up, engine death
+        self.t_submit = time.perf_counter()
+        self.t_first: float | None = None
+        self.t_done: float | None = None  # when it finished, or was aborted
+        self.timer: asyncio.TimerHandle | None = None
+        self._tail = 0  # 1 when the engine's last output carried no token (it sampled EOS)
+        self._event = asyncio.Event()
+        self._per_step = per_step
+
+    def time_per_output(self) -> float | None:
+        """Mean time between the engine's outputs after the first token, once done."""
+        outputs = len(self.tokens) + self._tail
+        if self.t_first is None or self.t_done is None or outputs < 2:
+            return None
+        return (self.t_done - self.t_first) / (outputs - 1)
+
+    def _push(self, out: SeqOutput) -> None:
+        token, finish = out.token, out.finish
+        if token is not None:
+            if self.t_first is None:
+                self.t_first = time.perf_counter()
+                self.cached_tokens = out.cached_tokens  # the first output says it
+            self.tokens.append(token)
+            if out.logprobs is not None:
+                self.logprobs.append(out.logprobs)
+        if finish is not None:
+            if self.t_first is None:  # ended at its first output, without a token
+                self.cached_tokens = out.cached_tokens
+            self.finish = finish
+            self.t_done = time.perf_counter()
+            self._tail = token is None
+            self._event.set()
+        elif self._per_step:
+            self._event.set()
+
+    def _fail(self, error: ApiError) -> None:
+        if self.finish is None and self.error is None:
+            self.error = error
+            self._event.set()
+
+    async def updates(self):
+        """Yield lists of new token ids until the request finishes; raise its error if it fails."""
+        sent = 0
+        while True:
+            await self._event.wait()
+            self._event.clear()
+            if len(self.tokens) > sent:
+                new = self.tokens[sent:]
+                sent = len(self.tokens)
+                yield new
+            if self.finish is not None:
+                return
+            if self.error is not None:
+                raise self.error
+
+    async def result(self) -> list[int]:
+        async for _ in self.updates():
+            pass
+        return self.tokens
+
+
+class EmbeddingJob:
+    """The vectors of one embeddings request as they arrive, a step's worth at a time."""
+
+    __slots__ = ("n", "parts", "received", "done")
+
+    def __init__(self, n: int, done: asyncio.Future):
+        self.n = n  # inputs
+        self.parts: list[bytes] = []
+        self.received = 0
+        self.done = done  # set to all the vectors' bytes, or to the error that ended the request
+
+    def _push(self, msg: Embeddings, dim: int) -> bool:
+        if msg.error:
+            if not self.done.done():
+                self.done.set_exception(ApiError(503, "embeddings unavailable", msg.error, RETRY_AFTER))
+            return True
+        self.parts.append(msg.vectors)
+        self.received += len(msg.vectors) // (4 * dim)
+        if self.received < self.n:
+            return False
+        if not self.done.done():
+            self.done.set_result(b"".join(self.parts))
+        return True
+
+
+class EngineClient:
+    def __init__(
+        self, config: ServeConfig, rings: EngineRings, metrics: Metrics, model: str = "", replica: int = 0, ids: Iterator[int] | None = None
+    ):
+        self.metrics = metrics
+        self._ids = ids or itertools.count(1)  # request ids: shared by the clients of one frontend, unique in all
+        self.model, self.replica = model, replica
+        self._config = config
+        self._requests = Ring(rings.requests)
+        self._outputs = Ring(rings.outputs)
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._decode = msgspec.msgpack.Decoder(FromEngine).decode
+        self._streams: dict[int, RequestStream] = {}
+        self._embeddings: dict[int, EmbeddingJob] = {}
+        self._slot_actions: dict[int, asyncio.Future[SlotDone]] = {}
+        self._submit_lock = asyncio.Lock()
+        self._room: asyncio.Future | None = None  # set while a record waits for ring space
+        self._aborts: list[int] = []
+        self._session = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.ready: asyncio.Future[ModelInfo] | None = None  # the first answer to the last hello()
+        self.info: ModelInfo | None = None  # None while no engine has answered our Hello
+        self.limits: Limits | None = None
+        self.generation = 0  # of the engine that answered: how often it was restarted
+        self.stats: EngineStats | None = None
+        self.ready_at: float | None = None  # when the current engine answered
+        self._max_in_flight = 0
+        self.running = False  # an engine runs (or starts) for us: False once the supervisor says it stopped for good
+
+    def start(self, running: bool = True) -> None:
+        """Attach to the rings; ``running``: an engine runs or starts on them, so say Hello."""
+        self._loop = asyncio.get_running_loop()
+        self._requests.end_space_wait()  # a frontend that died before us may have left it up
+        self._loop.add_reader(self._outputs.data_fd, self._on_outputs)
+        if running:
+            self.hello()
+        self._on_outputs()
+
+    def hello(self) -> asyncio.Future[ModelInfo]:
+        """Start a session with the engine about to run; the future is its answer."""
+        self.running = True
+        self.ready = self._loop.create_future()
+        self.ready.add_done_callback(_retrieved)
+        self._hello()
+        return self.ready
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self._outputs.data_fd)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams) + len(self._embeddings)
+
+    @property
+    def streams(self) -> list[RequestStream]:
+        """The requests in flight, oldest first."""
+        return list(self._streams.values())
+
+    def _check_room(self) -> None:
+        if self.info is None:
+            raise not_ready()
+        if self.in_flight >= self._max_in_flight:
+            raise ApiError(
+                429,
+                "too many requests",
+                f"{self._config.max_waiting} requests are already waiting for one of {self.info.parallel} slots",
+                RETRY_AFTER,
+            )
+
+    async def embed(self, inputs: list[list[int]]) -> bytes:
+        """The inputs' vectors: len(inputs) x dim float32s. Cancelled (a hang-up, the
+        deadline), the engine drops the rest of the request."""
+        self._check_room()
+        rid = next(self._ids)
+        job = self._embeddings[rid] = EmbeddingJob(len(inputs), self._loop.create_future())
+        timeout = self._config.request_timeout or None
+        try:
+            if not await self._put(self._encode(Embed(rid, inputs))):
+                raise not_ready()
+            return await asyncio.wait_for(job.done, timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(408, "request timeout", f"the request took longer than {self._config.request_timeout:g} s") from None
+        finally:
+            if self._embeddings.pop(rid, None) is not None and not job.done.done():
+                self._abort_id(rid)
+
+    async def slot_action(self, slot: int, action: str, path: str = "") -> SlotDone:
+        """llama-server's slot action on the engine's KV stream ``slot``, answered once no sequence runs in it."""
+        if self.info is None:
+            raise not_ready()
+        rid = next(self._ids)
+        done = self._slot_actions[rid] = self._loop.create_future()
+        try:
+            if not await self._put(self._encode(SlotAction(rid, slot, action, path))):
+                raise not_ready()
+            return await asyncio.wait_for(done, self._config.request_timeout or None)
+        except asyncio.TimeoutError:
+            raise ApiError(408, "request timeout", f"the slot stayed busy longer than {self._config.request_timeout:g} s") from None
+        finally:
+            self._slot_actions.pop(rid, None)
+
+    async def submit(self, prompt: list[int], sampling: SamplingParams, per_step: bool) -> RequestStream:
+        self._check_room()
+        stream = RequestStream(next(self._ids), self, len(prompt), per_step, sampling)
+        self._streams[stream.id] = stream
+        if self._config.request_timeout:
+            stream.timer = self._loop.call_later(self._config.request_timeout, self._time_out, stream)
+        try:
+            if not await self._put(self._encode(Submit(stream.id, prompt, sampling, per_step)), stream):
+                raise stream.error or not_ready()
+        except BaseException:
+            self.abort(stream)
+            raise
+        return stream
+
+    def cancel(self, stream: RequestStream, error: ApiError) -> None:
+        """End a request early: its reader gets ``error``, the engine drops it next step."""
+        stream._fail(error)
+        self.abort(stream)
+
+    def abort(self, stream: RequestStream) -> None:
+        """The caller is done with the request: if the engine still runs it, stop it there."""
+        if stream.timer is not None:
+            stream.timer.cancel()
+        if self._streams.pop(stream.id, None) is None:
+            return  # finished, or its engine died
+        stream.t_done = time.perf_counter()
+        self._abort_id(stream.id)
+
+    def _abort_id(self, rid: int) -> None:
+        if not self._aborts:
+            self._loop.call_soon(self._flush_aborts)
+        self._aborts.append(rid)
+
+    def _time_out(self, stream: RequestStream) -> None:
+        self.cancel(stream, ApiError(408, "request timeout", f"the request took longer than {self._config.request_timeout:g} s"))
+
+    def _flush_aborts(self) -> None:
+        ids, self._aborts = self._aborts, []
+        if ids:
+            payload = self._encode(Abort(ids))
+            if not self._requests.try_put(payload):
+                self._loop.create_task(self._put(payload))
+
+    async def _put(self, payload: bytes, stream: RequestStream | None = None) -> bool:
+        """Append a record, waiting for room; False if its session (or its stream) ended first."""
+        session = self._session
+        async with self._submit_lock:
+            while self._session == session and (stream is None or stream.error is None):
+                if self._requests.try_put(payload):
+                    return True
+                if self._requests.arm_space_wait(len(payload)):
+                    self._room = room = self._loop.create_future()
+                    self._loop.add_reader(self._requests.space_fd, lambda: room.done() or room.set_result(None))
+                    try:
+                        await room
+                    finally:
+                        self._room = None
+                        self._loop.remove_reader(self._requests.space_fd)
+                        self._requests.end_space_wait()
+        return False
+
+    def _hello(self) -> None:
+        # Random: an engine's answer to another frontend's Hello is never taken for ours.
+        self._session = int.from_bytes(os.urandom(8), "little") >> 1
+        self._loop.create_task(self._put(self._encode(Hello(self._session))))
+
+    def engine_exited(self, generation: int, restarting: bool = True, reason: str = "") -> None:
+        """The supervisor reports the engine of ``generation`` died (and starts the next, if restarting)."""
+        self._on_outputs()  # first, whatever it published before it died
+        if restarting and self.info is not None and self.generation > generation:
+            return  # a later engine already answered our Hello: nothing of ours was lost
+        why = "it is restarting" if restarting else f"the model was stopped: {reason}"
+        self._fail_all(ApiError(503, "engine failed", f"the engine stopped while serving this request; {why}", RETRY_AFTER))
+        if restarting:
+            self._hello()
+            return
+        self.running = False
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_exception(ApiError(503, "model unavailable", f"the model could not start: {reason}", RETRY_AFTER))
+
+    def _fail_all(self, error: ApiError) -> None:
+        self.info = self.stats = None
+        self._aborts.clear()
+        streams, self._streams = self._streams, {}
+        jobs, self._embeddings = self._embeddings, {}
+        for stream in streams.values():
+            stream._fail(error)
+        for job in jobs.values():
+            if not job.done.done():
+                job.done.set_exception(error)
+        for done in self._slot_actions.values():
+            if not done.done():
+                done.set_exception(error)
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)  # a record waiting for room: it is stale now
+        self._session += 1  # what still waits to be written belongs to no session now
+
+    def _on_outputs(self) -> None:
+        ring = self._outputs
+        ring.end_wait()
+        while True:
+            for record in ring.drain():
+                msg = self._decode(record)
+                if type(msg) is StepOutputs:
+                    streams = self._streams
+                    for out in msg.outputs:
+                        stream = streams.get(out.id)
+                        if stream is not None:
+                            if out.prompt_logprobs is not None:
+                                stream.prompt_logprobs = out.prompt_logprobs
+                            stream._push(out)
+                            if out.finish is not None:
+                                del streams[out.id]
+                elif type(msg) is Embeddings:
+                    job = self._embeddings.get(msg.id)
+                    if job is not None and job._push(msg, self.info.embedding_dim):
+                        del self._embeddings[msg.id]
+                elif type(msg) is SlotDone:
+                    done = self._slot_actions.get(msg.id)
+                    if done is not None and not done.done():
+                        done.set_result(msg)
+                elif type(msg) is EngineStats and self.info is not None:  # else left for a frontend that died
+                    self.stats = msg
+                    self.metrics.engine_stats(msg, self.info.ctx_size, time.monotonic(), self.model, self.replica)
+                elif type(msg) is EngineReady and msg.session == self._session:
+                    self._on_ready(msg)
+            if ring.arm_wait():
+                return
+
+    def _on_ready(self, msg: EngineReady) -> None:
+        self.info, self.generation = msg.info, msg.generation
+        self.limits = Limits.of(self._config, msg.info)
+        self._max_in_flight = msg.info.parallel + self._config.max_waiting
+        self.ready_at = time.monotonic()
+        self.metrics.engine_ready(self.ready_at, msg.generation, self.model, self.replica)
+        if not self.ready.done():
+            self.ready.set_result(msg.info)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """A failed load is answered to whoever waited; no one waiting is no error to log."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,68 @@
+"""What one request may ask of the engine, checked before anything reaches it.
+
+Limits known only at run time live here; fixed ones are part of the request
+schemas (n <= 128 and at most 4 stop strings for the OpenAI routes), checked
+as the body is decoded and published in the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from cllm.core.config import ServeConfig
+from cllm.core.errors import ApiError
+from cllm.core.protocol import ModelInfo, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    prompt_tokens: int  # a sequence needs one cell left for what it generates
+    max_tokens: int  # one sequence's context: no more can ever be generated
+    cap: int  # --max-tokens: the most one request generates, whatever it asks; 0: none
+    sequences: int  # in flight at once (--parallel + --max-waiting): a request asking more could never run
+
+    @classmethod
+    def of(cls, config: ServeConfig, info: ModelInfo) -> "Limits":
+        most = info.seq_ctx - 1
+        return cls(
+            prompt_tokens=min(config.max_prompt_tokens or most, most),
+            max_tokens=info.seq_ctx,
+            cap=config.max_tokens,
+            sequences=info.parallel + config.max_waiting,
+        )
+
+    def maxima(self) -> dict[str, int]:
+        """What the OpenAPI document states, by request field."""
+        return {"max_tokens": self.max_tokens, "max_completion_tokens": self.max_tokens}
+
+    def capped(self, sampling: SamplingParams) -> SamplingParams:
+        """``sampling`` asking at most --max-tokens (0, a prompt scored and nothing generated, stays 0)."""
+        if 0 < self.cap < sampling.max_tokens:
+            return msgspec.structs.replace(sampling, max_tokens=self.cap)
+        return sampling
+
+    def check(self, prompts: list[list[int]], max_tokens: int, n: int, prompt_param: str) -> None:
+        for prompt in prompts:
+            if not prompt:
+                raise ApiError(400, "invalid request", "prompt is empty", param=prompt_param)
+            if len(prompt) > self.prompt_tokens:
+                raise ApiError(
+                    400,
+                    "prompt too long",
+                    f"the prompt is {len(prompt)} tokens; this server takes at most {self.prompt_tokens}",
+                    param=prompt_param,
+                    code="context_length_exceeded",
+                )
+        if max_tokens > self.max_tokens:
+            raise ApiError(
+                400, "invalid request", f"max_tokens {max_tokens} exceeds the context of one sequence ({self.max_tokens})", param="max_tokens"
+            )
+        if n * len(prompts) > self.sequences:
+            raise ApiError(
+                400,
+                "invalid request",
+                f"{n * len(prompts)} sequences (n x prompts) exceed the {self.sequences} this server takes at once",
+                param="n",
+            )
