@@ -79,6 +79,8 @@ class LLMEngine:
         )
         self.timer: StepTimer | None = None  # set, it sums the time of each part of every step
         self.steps = 0
+        self.decode_steps = 0  # llama_decode calls of decoding sequences' tokens
+        self.reused_steps = 0  # of those, the ones whose compute graph llama.cpp reused from the call before
         self.stream_interval = config.stream_interval_ms / 1000
         self._woke = 0.0  # when the last urgent step ended
         self.generated_tokens = 0
@@ -138,6 +140,8 @@ class LLMEngine:
         if step.decode:
             t_decode = time.perf_counter()
             self._run(step.decode, outputs, done, plain=not drafting)
+            self.decode_steps += 1
+            self.reused_steps += self.runner.reused
             if drafting:
                 self.drafter.end_step(len(step.decode), time.perf_counter() - t_decode)
         for chunks in later:
@@ -331,6 +335,8 @@ class LLMEngine:
             waiting=len(self.scheduler.waiting),
             kv_used=sum(s.n_cached for s in running),
             steps=self.steps,
+            decode_steps=self.decode_steps,
+            reused_steps=self.reused_steps,
             generated_tokens=self.generated_tokens,
             step_seconds=self.step_seconds,
             batch_sizes=self.batch_sizes,

@@ -86,6 +86,8 @@ class ModelRunner:
 
         self._b = Batch(self.token_budget)
         self._n = 0  # tokens in the batch
+        # llama.cpp's count of ubatches that reused the previous one's compute graph (PR 14482: same token
+        # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
         self._moving: set[int] = set()  # streams a copy asked since the last llama_decode reads or writes
         # The host buffers at-once copies go through, kept from one to the next: a new
         # one's pages fault in as they are written (a 26 MB save took 9-60 ms so, 1.4 ms into a used one).
@@ -96,6 +98,10 @@ class ModelRunner:
         # restore through host bytes would wait for the device and cross the bus twice.
         self._copy_through_host = mparams.n_gpu_layers == 0
         self.threads.probe(self._probe_decode)
+        # llama.cpp's count of ubatches that reused the previous one's compute graph (PR 14482: same token
+        # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
+        self._n_reused = L.llama_perf_context(self.ctx).n_reused
+        self.reused = False
 
         self.info = ModelInfo(
             model_path=model_path,
@@ -131,6 +137,8 @@ class ModelRunner:
         self._b.decode(self.ctx, self._n)
         self.threads.decoded(time.perf_counter() - wall, time.process_time() - cpu)
         self._moving.clear()
+        n_reused = L.llama_perf_context(self.ctx).n_reused  # counted with no_perf too
+        self.reused, self._n_reused = n_reused > self._n_reused, n_reused
 
     def _probe_decode(self) -> tuple[float, float]:
         """One token decoded into stream 0, which is emptied again: its wall and CPU seconds (Threads.probe)."""

@@ -67,15 +67,17 @@ def table(doc: dict) -> str:
         if m.get("engine"):
             lines += ["", "`cllm bench engine --sweep` (in-process, no HTTP): host µs per step = the step's work outside "
                       "llama_decode, engine thread CPU [wall]; decode = llama_decode's wall time per step (on a GPU it "
-                      "includes waiting for the device).", "",
-                      "| c | sampling | on | tok/s | ms/step | decode ms | host µs | schedule | batch | sampling | retire | other | host share |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                      "includes waiting for the device); reused = decode steps whose compute graph llama.cpp reused "
+                      "(staggered: arrivals spread, generation lengths uniform in [g/2, 3g/2]).", "",
+                      "| arrivals | c | sampling | on | tok/s | ms/step | decode ms | reused | host µs | schedule | batch | sampling | retire | other | host share |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in m["engine"]:
                 cpu, wall = r["host_us_per_step"]["cpu"], r["host_us_per_step"]["wall"]
                 parts = " | ".join(f"{cpu[k]:.0f} [{wall[k]:.0f}]" for k in ("host", "schedule", "batch", "sampling", "retire", "other"))
-                lines.append(f"| {r['concurrency']} | {'0.7 / 0.9' if r['sampled'] else 'greedy'} | "
+                reused = f"{r['reused_steps'] / r['decode_steps']:.0%}" if r.get("decode_steps") else "-"
+                lines.append(f"| {r.get('arrivals', 'lockstep')} | {r['concurrency']} | {'0.7 / 0.9' if r['sampled'] else 'greedy'} | "
                              f"{'device' if r['device_sampling'] else 'host'} | {r['tokens_per_second']:,.0f} | {r['step_ms']:.2f} | "
-                             f"{r['decode_ms']:.2f} | {parts} | {wall['host'] / (1000 * r['step_ms']):.0%} |")
+                             f"{r['decode_ms']:.2f} | {reused} | {parts} | {wall['host'] / (1000 * r['step_ms']):.0%} |")
         errs = [r for r in rows if r.get("errors")]
         for r in errs:
             lines.append(f"\n{r['system']} c={r['concurrency']}: {r['errors']} errors, the first: {r['first_error']}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 2 on the GPU machine (≤ 6 min), after perf/gpu_build.sh: perf/gpu_run.py with the libraries, binaries
+# Run 2 on the GPU machine (≤ 9 min), after perf/gpu_build.sh: perf/gpu_run.py with the libraries, binaries
 # and Python packages that build left in $GPU_WORK. Results (results.md, results.json, plot.png, the
 # servers' logs) land in OUTDIR. GPU_RUN_DRY=1: tiny shapes and short counts, for a CPU build.
 #   perf/gpu_run.sh OUTDIR [perf/gpu_run.py options, e.g. --models 8b --budget 200]
@@ -23,5 +23,5 @@ if [ -f "$PART2/part" ] && [ -f "$WORK/real-model.part1" ]; then
 fi
 # A bound beyond the run's own budget: SIGTERM makes it stop its servers and write what it has.
 LIMIT=()
-command -v timeout >/dev/null && LIMIT=(timeout -k 15 "${GPU_RUN_TIMEOUT:-350}")
+command -v timeout >/dev/null && LIMIT=(timeout -k 15 "${GPU_RUN_TIMEOUT:-520}")
 "${LIMIT[@]}" "$PY" -m perf.gpu_run "$OUTDIR" "$@"

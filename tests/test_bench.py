@@ -43,6 +43,19 @@ def test_bench_engine_reports_the_hosts_time_per_step_sampled():
     assert host["wall"]["host"] < 1000 * r["step_ms"]
 
 
+def test_bench_engine_staggers_arrivals_and_counts_reused_graphs():
+    from cllm.bench.engine_bench import gen_lengths
+
+    lengths = gen_lengths(6, 8, True)
+    assert len(set(lengths)) > 1 and all(4 <= n <= 12 for n in lengths)
+    r = bench("engine", "-n", "6", "-c", "3", "-p", "12", "-g", "8", "--arrivals", "staggered")
+    assert r["staggered"] and r["generated_tokens"] == sum(lengths)
+    assert 0 < r["reused_steps"] <= r["decode_steps"] <= r["steps"]
+    lockstep = bench("engine", "-n", "2", "-c", "2", "-p", "12", "-g", "6")
+    # Two sequences join together, decode 5 steps of one shape, leave together: every decode step but the first reuses.
+    assert (lockstep["decode_steps"], lockstep["reused_steps"]) == (5, 4)
+
+
 def test_bench_engine_speculates_on_copy_tasks():
     r = bench("engine", "-n", "1", "-c", "1", "-g", "48", "--prompts", "copy", "--spec-type", "ngram")
     assert r["generated_tokens"] == 48 and r["copy"]

@@ -37,6 +37,8 @@ FAMILIES = {
     "cllm_prefix_cache_disk_entries": "gauge",
     "cllm_prefix_cache_disk_bytes": "gauge",
     "cllm_prefix_cache_disk_load_seconds": "counter",
+    "cllm_decode_steps": "counter",
+    "cllm_decode_steps_graph_reused": "counter",
     "cllm_spec_drafted_tokens": "counter",
     "cllm_spec_accepted_tokens": "counter",
     "cllm_spec_step_drafted_tokens": "histogram",
@@ -140,6 +142,11 @@ def test_metrics_move_by_the_right_amounts(server, http):
     assert value(after, "cllm_engine_step_seconds_count") == engine_after["steps"]
     assert delta("cllm_batch_size_count") == steps
     assert delta("cllm_batch_size_sum") >= 6 * max_tokens  # a sequence is in every step that gives it a token
+    # Decode steps: those after a sequence's first token; the stream alone decodes 7 steps of the same shape,
+    # and llama.cpp reuses the graph of the step before in all of them but the first.
+    decoded, reused = delta("cllm_decode_steps_total"), delta("cllm_decode_steps_graph_reused_total")
+    assert max_tokens - 1 <= decoded <= steps
+    assert max_tokens - 2 <= reused <= decoded
     for name in ("cllm_engine_step_seconds", "cllm_batch_size", *PER_REQUEST_HISTOGRAMS):
         buckets = sorted((float(dict(k)["le"]), v) for k, v in after[f"{name}_bucket"].items())
         counts = [v for _, v in buckets]

@@ -4,7 +4,11 @@ N synthetic requests of exactly P prompt tokens and G generated tokens each
 (greedy, ignore_eos; with --prompts copy, input-grounded tasks of their own
 length that speculative decoding can draft from) go through LLMEngine at most C at a time: a finished
 request is replaced by the next one right after its step, as closed-loop
-clients would. Each loop iteration does what the engine process does: admit
+clients would. With --arrivals staggered, as real traffic does, the first C
+requests arrive spread over one mean generation length and each request
+generates its own length, uniform in [G/2, 3G/2] (seeded: the same each
+run), so that sequences join and leave the decode batch every few steps
+rather than all at once. Each loop iteration does what the engine process does: admit
 the new requests (msgpack-decode the Submit, build its sampler), one
 engine.step(), publish the StepOutputs (msgpack-encode, ring write, waking a
 reader that sleeps as the frontend does).
@@ -13,7 +17,9 @@ Where a step's time goes comes from the engine's own timing hooks (a
 StepTimer set on it for the timed run: the step marks where each part
 ends, and with no timer set makes no such call): wall clock and the engine
 thread's CPU time of schedule, batch fill, llama_decode, sampling, retire
-and the rest of the step. The host's work per step is all of it but
+and the rest of the step. It also counts the decode steps whose compute
+graph llama.cpp reused from the step before (llama_perf_context's
+n_reused), which a GPU's CUDA graphs need too. The host's work per step is all of it but
 llama_decode; the thread's CPU time is the steadier figure on a busy
 machine. A GPU's llama_decode returns before the device is done: with the
 timer set, the engine waits for it there, so its time is llama_decode's
@@ -28,6 +34,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import random
 import sys
 import time
 from collections import defaultdict, deque
@@ -56,19 +63,29 @@ PARTS = [
 ]
 
 
+def gen_lengths(n: int, gen_tokens: int, staggered: bool) -> list[int]:
+    """Tokens each request generates: all gen_tokens, or staggered, uniform in [gen_tokens/2, 3 gen_tokens/2] (seeded)."""
+    if not staggered:
+        return [gen_tokens] * n
+    rng = random.Random(n)
+    return [rng.randint(max(1, gen_tokens // 2), gen_tokens * 3 // 2) for _ in range(n)]
+
+
 def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1, copy: bool = False,
-                       sampled: bool = False) -> list[bytes]:
+                       sampled: bool = False, staggered: bool = False) -> list[bytes]:
     """Encoded Submit records, as the frontend would write them: fresh prompts of exactly prompt_tokens, or copy tasks.
 
-    Greedy, or with ``sampled`` temperature 0.7, top-p 0.9 and a seed of its own per request.
+    Greedy, or with ``sampled`` temperature 0.7, top-p 0.9 and a seed of its own per request; each generates
+    gen_tokens, or with ``staggered`` a length of its own (gen_lengths).
     """
     encode = msgspec.msgpack.Encoder().encode
     records = []
+    lengths = gen_lengths(n, gen_tokens, staggered)
 
     def params(i: int) -> SamplingParams:
         if sampled:
-            return SamplingParams(max_tokens=gen_tokens, temperature=0.7, top_p=0.9, seed=first_id + i, ignore_eos=True)
-        return SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+            return SamplingParams(max_tokens=lengths[i], temperature=0.7, top_p=0.9, seed=first_id + i, ignore_eos=True)
+        return SamplingParams(max_tokens=lengths[i], temperature=0.0, ignore_eos=True)
     if copy:
         tasks = list(copy_prompts().values())
         for i in range(n):
@@ -82,23 +99,29 @@ def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, fi
     return records
 
 
-def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = None) -> tuple[int, int, float]:
-    """Run the records through the engine, at most `concurrency` at a time: (steps, tokens, seconds)."""
+def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = None,
+          arrivals: list[int] | None = None) -> tuple[int, int, float]:
+    """Run the records through the engine, at most `concurrency` at a time: (steps, tokens, seconds).
+
+    ``arrivals``: the loop iteration each of the first records arrives at (the rest as others finish).
+    """
     decode = msgspec.msgpack.Decoder(ToEngine).decode
     encode = msgspec.msgpack.Encoder().encode
     ring = Ring.create(OUTPUT_RING_BYTES)
     totals = totals if totals is not None else defaultdict(float)
     perf = time.perf_counter
     pending = deque(records)
-    in_flight = steps = tokens = 0
+    in_flight = steps = tokens = added = 0
+    arrivals = arrivals or []
     ring.arm_wait()
     t0 = perf()
     try:
         while pending or engine.has_work():
             t = perf()
-            while pending and in_flight < concurrency:
+            while pending and in_flight < concurrency and (added >= len(arrivals) or arrivals[added] <= steps):
                 engine.add(decode(pending.popleft()))
                 in_flight += 1
+                added += 1
             t1 = perf()
             published = 0.0
             for result in engine.step():  # first tokens, then the step's own outputs, each published as main.py does
@@ -151,10 +174,11 @@ def host_per_step(timer: StepTimer | None, steps: int) -> dict[str, dict[str, fl
 
 def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_tokens: int, threads: int,
           batch_size: int, profile: str | None = None, spec_type: str = "none", copy: bool = False,
-          sampled: bool = False, device_sampling: str = ServeConfig().device_sampling) -> dict:
+          sampled: bool = False, device_sampling: str = ServeConfig().device_sampling, staggered: bool = False) -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
-    seq_ctx = 256 * ((max(prompt_tokens, 1024 if copy else 0) + gen_tokens) // 256 + 1)
+    longest = max(gen_lengths(requests, gen_tokens, staggered))
+    seq_ctx = 256 * ((max(prompt_tokens, 1024 if copy else 0) + longest) // 256 + 1)
     config = ServeConfig(parallel=concurrency, ctx_size=seq_ctx * concurrency, threads=threads, batch_size=batch_size,
                          spec_type=spec_type, device_sampling=device_sampling)
     engine = LLMEngine(model, config)
@@ -162,19 +186,24 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         tokenize = _tokenizer(engine)
         # The first decodes allocate llama.cpp's compute graphs: warm up untimed.
         drive(engine, synthetic_requests(tokenize, concurrency, prompt_tokens, 4, first_id=10**9), concurrency)
-        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens, copy=copy, sampled=sampled)
+        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens, copy=copy, sampled=sampled,
+                                     staggered=staggered)
+        # Staggered: the first requests arrive spread over one mean generation length.
+        arrivals = [k * gen_tokens // concurrency for k in range(concurrency)] if staggered else None
         totals: dict = defaultdict(float)
         timer = None
+        decode_steps, reused_steps = engine.decode_steps, engine.reused_steps
         if profile:
             profiler = cProfile.Profile()
             profiler.enable()
-            steps, tokens, seconds = drive(engine, records, concurrency, totals)
+            steps, tokens, seconds = drive(engine, records, concurrency, totals, arrivals)
             profiler.disable()
             profiler.dump_stats(profile)
         else:
             timer = engine.timer = StepTimer()
-            steps, tokens, seconds = drive(engine, records, concurrency, totals)
+            steps, tokens, seconds = drive(engine, records, concurrency, totals, arrivals)
             engine.timer = None
+        decode_steps, reused_steps = engine.decode_steps - decode_steps, engine.reused_steps - reused_steps
         drafter = engine.drafter
         drafted, accepted = (drafter.drafted, drafter.accepted) if drafter else (0, 0)
     finally:
@@ -192,6 +221,9 @@ def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_t
         "step_ms": 1000 * seconds / steps,
         "parts_seconds": breakdown(totals, seconds, timer),
         "host_us_per_step": host_per_step(timer, steps),
+        "staggered": staggered,
+        "decode_steps": decode_steps,
+        "reused_steps": reused_steps,
         "sampled": sampled,
         "device_sampling": engine.sampler.device,
         "copy": copy,
@@ -217,7 +249,7 @@ def _tokenizer(engine):
 
 def report(r: dict) -> str:
     lines = [
-        f"engine: {r['requests']} requests x {r['gen_tokens']} tokens "
+        f"engine: {r['requests']} requests x {r['gen_tokens']} tokens{' (mean; staggered arrivals)' if r['staggered'] else ''} "
         f"({'copy tasks' if r['copy'] else 'prompts of %d' % r['prompt_tokens']}), "
         f"concurrency {r['concurrency']}, {r['threads']} threads",
         f"  {r['tokens_per_second']:.1f} tok/s: {r['generated_tokens']} tokens in {r['seconds']:.2f} s, "
@@ -225,6 +257,7 @@ def report(r: dict) -> str:
         f"  {'sampled (temperature 0.7, top-p 0.9, seeded)' if r['sampled'] else 'greedy'}"
         f" on the {'device' if r['device_sampling'] else 'host'};"
         f" speculative: {r['spec_type']}, {r['accepted_tokens']} of {r['drafted_tokens']} drafted tokens accepted",
+        f"  graph reused: {r['reused_steps']} of {r['decode_steps']} decode steps ({_share(r)})",
         f"  {'part':<13}{'ms/step':>9}{'share':>8}",
     ]
     for name, what in PARTS:
@@ -239,18 +272,22 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _share(r: dict) -> str:
+    return f"{100 * r['reused_steps'] / r['decode_steps']:.0f}%" if r["decode_steps"] else "-"
+
+
 SWEEP = (1, 8, 32, 64)
 
 
 def sweep_table(results: list[dict]) -> str:
     """Host us per step, engine thread CPU (wall in brackets), by concurrency, greedy and sampled."""
-    head = f"{'c':>3} {'mode':<8}{'host':>13}" + "".join(f"{k:>13}" for k in HOST_PARTS) + f"{'decode ms':>11}"
+    head = f"{'c':>3} {'mode':<8}{'host':>13}" + "".join(f"{k:>13}" for k in HOST_PARTS) + f"{'decode ms':>11}{'reused':>8}"
     lines = ["host us/step: engine thread CPU [wall]", head]
     for r in results:
         h = r["host_us_per_step"]
         cells = "".join(f"{h['cpu'][k]:>6.0f} [{h['wall'][k]:>4.0f}]" for k in ("host", *HOST_PARTS))
         decode_ms = 1000 * r["parts_seconds"]["llama_decode"] / r["steps"]
-        lines.append(f"{r['concurrency']:>3} {'sampled' if r['sampled'] else 'greedy':<8}{cells}{decode_ms:>11.1f}")
+        lines.append(f"{r['concurrency']:>3} {'sampled' if r['sampled'] else 'greedy':<8}{cells}{decode_ms:>11.1f}{_share(r):>8}")
     return "\n".join(lines)
 
 
@@ -266,6 +303,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--spec-type", choices=["none", "ngram"], default="none", help="speculative decoding (default none)")
     ap.add_argument("--prompts", choices=["fresh", "copy"], default="fresh",
                     help="fresh: synthetic prompts of -p tokens; copy: tasks that copy or quote a ~600-token text")
+    ap.add_argument("--arrivals", choices=["lockstep", "staggered"], default="lockstep",
+                    help="lockstep: every request generates -g tokens, the first C arrive at once; staggered: lengths "
+                         "uniform in [g/2, 3g/2], the first C arriving over g steps (default lockstep)")
     ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)")
     ap.add_argument("--device-sampling", choices=["auto", "on", "off"], default=ServeConfig().device_sampling,
                     help=f"sample inside llama_decode where a request allows (auto: with GPU layers; default {ServeConfig().device_sampling})")
@@ -283,7 +323,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         ap.error(str(e))
     run = lambda n, c, sampled, profile=None: bench(  # noqa: E731
         model, n, c, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count(), args.batch_size, profile,
-        args.spec_type, args.prompts == "copy", sampled, args.device_sampling)
+        args.spec_type, args.prompts == "copy", sampled, args.device_sampling, args.arrivals == "staggered")
     if args.sweep:
         results = [run(2 * c, c, sampled) for c in SWEEP for sampled in (False, True)]
         print(msgspec.json.encode(results).decode() if args.json else sweep_table(results))

@@ -176,6 +176,10 @@ class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
     step_drafted: list[int] = []
     step_accepted: list[int] = []
     threads: int = 0  # llama.cpp threads decoding now: fewer than set while other programs take the CPUs
+    # Since the engine started: llama_decode calls of decoding sequences' tokens, and those of them that reused
+    # the call before's compute graph (llama.cpp does when the batch keeps its shape; docs/internals.md).
+    decode_steps: int = 0
+    reused_steps: int = 0
 
 
 class Embeddings(msgspec.Struct, tag=4, array_like=True, gc=False):

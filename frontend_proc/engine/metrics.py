@@ -99,6 +99,13 @@ class Metrics:
             "cllm_spec_step_accepted_tokens", "Drafted tokens accepted in one engine step, of steps that drafted", ENGINE,
             buckets=(0, *DRAFT_BUCKETS), registry=r,
         )
+        self.decode_steps = Counter(
+            "cllm_decode_steps_total", "llama_decode calls of decoding sequences' tokens", ENGINE, registry=r
+        )
+        self.reused_steps = Counter(
+            "cllm_decode_steps_graph_reused_total", "Decode steps that reused the step before's compute graph (llama.cpp)",
+            ENGINE, registry=r,
+        )
         self.restarts = Counter("cllm_engine_restarts_total", "Engines started after the first", ENGINE, registry=r)
         self.loads = Counter("cllm_model_loads_total", "Models loaded, by result (ok, failed)", ["model", "result"], registry=r)
         self.load_seconds = Histogram(
@@ -118,13 +125,15 @@ class Metrics:
                 self.cache_lookups.labels(*key, result)  # both series exist from the start, at 0
             self.drafted.labels(*key)
             self.accepted.labels(*key)
+            self.decode_steps.labels(*key)
+            self.reused_steps.labels(*key)
             self.restarts.labels(*key)
         if generation > seen.restarts:
             self.restarts.labels(*key).inc(generation - seen.restarts)
             seen.restarts = generation
         self.token_rates.setdefault(key, TokenRate(TOKEN_RATE_WINDOW)).restart(now)
         seen.cache = PrefixCacheStats()  # a new engine counts from zero
-        seen.drafted = seen.accepted = 0
+        seen.drafted = seen.accepted = seen.decode_steps = seen.reused_steps = 0
 
     def engine_stats(self, stats: EngineStats, kv_total: int, now: float, model: str = "", replica: int = 0) -> None:
         key = (model, str(replica))
@@ -154,6 +163,9 @@ class Metrics:
         self.drafted.labels(*key).inc(stats.drafted_tokens - seen.drafted)
         self.accepted.labels(*key).inc(stats.accepted_tokens - seen.accepted)
         seen.drafted, seen.accepted = stats.drafted_tokens, stats.accepted_tokens
+        self.decode_steps.labels(*key).inc(stats.decode_steps - seen.decode_steps)
+        self.reused_steps.labels(*key).inc(stats.reused_steps - seen.reused_steps)
+        seen.decode_steps, seen.reused_steps = stats.decode_steps, stats.reused_steps
         drafted, accepted = self.step_drafted.labels(*key), self.step_accepted.labels(*key)
         for n in stats.step_drafted:
             drafted.observe(n)
@@ -196,12 +208,12 @@ class Metrics:
 class _EngineSeen:
     """An engine slot's running counts as last reported: the counters move by their differences."""
 
-    __slots__ = ("restarts", "cache", "drafted", "accepted")
+    __slots__ = ("restarts", "cache", "drafted", "accepted", "decode_steps", "reused_steps")
 
     def __init__(self):
         self.restarts = 0
         self.cache = PrefixCacheStats()
-        self.drafted = self.accepted = 0
+        self.drafted = self.accepted = self.decode_steps = self.reused_steps = 0
 
 
 class TokenRate:
