@@ -30,6 +30,13 @@ def silence_llama_logs() -> None:
     L.llama_log_set(_log_errors, None)
 
 
+def silence_mtmd_logs() -> None:
+    """The same for libmtmd (loading a projector, encoding images), which logs through a callback of its own."""
+    from llama_cpp import mtmd_cpp  # loads libmtmd: only where a projector is used
+
+    mtmd_cpp.mtmd_helper_log_set(_log_errors, None)
+
+
 @contextlib.contextmanager
 def capture():
     """The lines llama.cpp writes during the block, kept instead of shown: its logged errors and what it prints

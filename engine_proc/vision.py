@@ -1,0 +1,221 @@
+"""A vision projector beside the loaded text model, through llama.cpp's multimodal library (mtmd).
+
+The projector GGUF (`--mmproj`) is loaded against the engine's llama_model, which it must match in embedding
+width. An image's bytes are checked (cllm.core.images: format, header, size; mtmd's own decoder, stb_image,
+only ever sees bytes that passed) and decoded into an mtmd bitmap, whose id is the SHA-256 of its size and RGB
+pixels: the same picture sent again, even re-encoded losslessly, gets the same id, so a prefix cache keyed by it
+reuses its encoding and never serves one image's cells for another. (llama-server, through
+mtmd_helper_bitmap_init_from_buf, hashes the file's bytes instead.)
+
+A prompt is given as parts, text and images in order; mtmd tokenizes it into chunks: text chunks of token ids
+and one chunk per image, which takes ``n_tokens`` embeddings and ``n_pos`` positions (the same here: M-RoPE
+models, where they differ, are refused for now). Encoding an image chunk runs the projector and gives its
+embeddings, one row of the text model's width per position, which EmbdBatch decodes into a sequence as
+llama_decode decodes tokens: a llama_batch carries tokens or embeddings, never both, so an image is a decode
+of its own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp as L
+import llama_cpp.mtmd_cpp as M
+import numpy as np
+
+from cllm.core import images
+from cllm.core.images import MalformedImage
+from cllm.core.llama_log import capture, silence_mtmd_logs
+
+# The helper falls back to decoding as video with ffmpeg (a subprocess, on the client's bytes) when stb_image
+# cannot read them: pointing it at a folder with no ffmpeg in it makes that fallback fail at once.
+_NO_FFMPEG = b"/nonexistent/cllm-no-ffmpeg"
+
+
+class ProjectorError(RuntimeError):
+    """The projector file cannot serve with this model; the message says why."""
+
+
+class Image:
+    """One decoded image: its mtmd bitmap (freed by close), its id (SHA-256 of size and pixels), its size."""
+
+    __slots__ = ("bitmap", "id", "width", "height", "format")
+
+    def __init__(self, bitmap: int, id: str, width: int, height: int, format: str):
+        self.bitmap, self.id, self.width, self.height, self.format = bitmap, id, width, height, format
+
+    def close(self) -> None:
+        if self.bitmap:
+            M.mtmd_bitmap_free(self.bitmap)
+            self.bitmap = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A text chunk (``tokens``) or an image chunk (``image_id``; its tokens are embeddings made by encoding)."""
+
+    ptr: int  # the mtmd_input_chunk, owned by its Chunks
+    tokens: np.ndarray | None  # int32 token ids; None for an image
+    image_id: str | None
+    n_tokens: int
+    n_pos: int
+
+    @property
+    def is_image(self) -> bool:
+        return self.tokens is None
+
+
+class Chunks(Sequence[Chunk]):
+    """A tokenized prompt: its chunks in order, alive until close()."""
+
+    def __init__(self, ptr: int):
+        self._ptr = ptr
+        self._chunks = [_chunk(M.mtmd_input_chunks_get(ptr, i)) for i in range(M.mtmd_input_chunks_size(ptr))]
+
+    def __getitem__(self, i):
+        return self._chunks[i]
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    @property
+    def n_pos(self) -> int:
+        """Positions (KV cells) the whole prompt takes."""
+        return sum(c.n_pos for c in self._chunks)
+
+    def close(self) -> None:
+        if self._ptr:
+            M.mtmd_input_chunks_free(self._ptr)
+            self._ptr, self._chunks = None, []
+
+    def __enter__(self) -> Chunks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _chunk(ptr: int) -> Chunk:
+    n_pos = M.mtmd_input_chunk_get_n_pos(ptr)
+    if M.mtmd_input_chunk_get_type(ptr) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+        n = ctypes.c_size_t()
+        data = M.mtmd_input_chunk_get_tokens_text(ptr, ctypes.byref(n))
+        tokens = np.ctypeslib.as_array(data, (n.value,)).astype(np.int32) if n.value else np.zeros(0, np.int32)
+        return Chunk(ptr, tokens, None, n.value, n_pos)
+    return Chunk(ptr, None, M.mtmd_input_chunk_get_id(ptr).decode(), M.mtmd_input_chunk_get_n_tokens(ptr), n_pos)
+
+
+def pixel_id(width: int, height: int, rgb: bytes) -> str:
+    """An image's id: the SHA-256 of its size and RGB pixels (SHA-256 so that no one can make two collide)."""
+    h = hashlib.sha256(width.to_bytes(4, "little") + height.to_bytes(4, "little"))
+    h.update(rgb)
+    return h.hexdigest()
+
+
+class Vision:
+    def __init__(self, model, mmproj_path: str, n_threads: int, use_gpu: bool = False,
+                 max_bytes: int = images.MAX_BYTES, max_pixels: int = images.MAX_PIXELS):
+        silence_mtmd_logs()
+        params = M.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.n_threads = n_threads
+        params.print_timings = False
+        with capture() as said:
+            self.ctx = M.mtmd_init_from_file(mmproj_path.encode(), model, params)
+        if not self.ctx:
+            why = "; ".join(line.strip() for line in said) or "not a projector GGUF?"
+            raise ProjectorError(f"llama.cpp could not load the projector {mmproj_path}: {why}")
+        try:
+            if not M.mtmd_support_vision(self.ctx):
+                raise ProjectorError(f"{mmproj_path} has no vision encoder (an audio-only projector?)")
+            if M.mtmd_decode_use_mrope(self.ctx) or M.mtmd_decode_use_non_causal(self.ctx, None):
+                raise ProjectorError(f"{mmproj_path} needs M-RoPE positions or non-causal attention: not supported yet")
+        except ProjectorError:
+            self.close()
+            raise
+        self.n_embd = L.llama_model_n_embd_inp(model)
+        self.max_bytes, self.max_pixels = max_bytes, max_pixels
+        self._opt = M.mtmd_helper_init_opt_default()
+        self._opt.video_params.ffmpeg_bin_dir = _NO_FFMPEG
+
+    def image(self, data: bytes) -> Image:
+        """The image decoded, or an ImageError naming what is wrong with the bytes."""
+        info = images.check(data, self.max_bytes, self.max_pixels)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        bitmap = M.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(data), False, self._opt)
+        if not bitmap:
+            raise MalformedImage(f"the {info.format.upper()} image could not be decoded (corrupted?)")
+        width, height = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
+        rgb = ctypes.string_at(M.mtmd_bitmap_get_data(bitmap), M.mtmd_bitmap_get_n_bytes(bitmap))
+        image_id = pixel_id(width, height, rgb)
+        M.mtmd_bitmap_set_id(bitmap, image_id.encode())
+        return Image(bitmap, image_id, width, height, info.format)
+
+    def tokenize(self, parts: Sequence[str | Image], add_special: bool = True, parse_special: bool = True) -> Chunks:
+        """The prompt's chunks: each str part tokenized as text, each Image as its chunk."""
+        texts, refs = [], []
+        for p in parts:
+            if isinstance(p, Image):
+                refs.append(M.mtmd_input_part(None, p.bitmap))
+            else:
+                b = p.encode()
+                texts.append(M.mtmd_input_text(b, len(b), add_special, parse_special))
+                refs.append(M.mtmd_input_part(ctypes.pointer(texts[-1]), None))
+        array = (ctypes.POINTER(M.mtmd_input_part) * len(refs))(*(ctypes.pointer(r) for r in refs))
+        out = M.mtmd_input_chunks_init()
+        rc = M.mtmd_tokenize_from_parts(self.ctx, out, array, len(refs), add_special)
+        if rc != 0:
+            M.mtmd_input_chunks_free(out)
+            raise RuntimeError(f"mtmd could not tokenize the prompt (code {rc})")
+        return Chunks(out)
+
+    def encode(self, chunk: Chunk) -> np.ndarray:
+        """An image chunk's embeddings: float32, one row of the text model's width per token (a copy)."""
+        if not chunk.is_image:
+            raise ValueError("only an image chunk is encoded")
+        rc = M.mtmd_encode_chunk(self.ctx, chunk.ptr)
+        if rc != 0:
+            raise RuntimeError(f"mtmd could not encode the image (code {rc})")
+        out = M.mtmd_get_output_embd(self.ctx)
+        return np.ctypeslib.as_array(out, (chunk.n_tokens, self.n_embd)).copy()
+
+    def close(self) -> None:
+        if self.ctx:
+            M.mtmd_free(self.ctx)
+            self.ctx = None
+
+
+class EmbdBatch:
+    """A llama_batch of embeddings (an encoded image's rows) for one sequence, backed by numpy arrays."""
+
+    def __init__(self, n: int, n_embd: int):
+        self.embd = np.zeros((n, n_embd), np.float32)
+        self.pos = np.zeros(n, np.int32)
+        self.n_seq_id = np.ones(n, np.int32)
+        self.seq_id = np.zeros(1, np.int32)
+        self.logits = np.zeros(n, np.int8)
+        row = ctypes.cast(self.seq_id.ctypes.data, ctypes.POINTER(L.llama_seq_id))
+        self._seq_id_rows = (ctypes.POINTER(L.llama_seq_id) * n)(*([row] * n))
+        self.batch = L.llama_batch()
+        self.batch.token = None
+        self.batch.embd = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        self.batch.pos = self.pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
+        self.batch.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.batch.seq_id = self._seq_id_rows
+        self.batch.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def decode(self, ctx, rows: np.ndarray, pos0: int, seq_id: int, logits_last: bool = False) -> None:
+        """llama_decode of ``rows`` (at most the batch's size) at positions pos0.., into sequence ``seq_id``."""
+        n = len(rows)
+        self.embd[:n] = rows
+        self.pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
+        self.seq_id[0] = seq_id
+        self.logits[:n] = 0
+        self.logits[n - 1] = logits_last
+        self.batch.n_tokens = n
+        rc = L.llama_decode(ctx, self.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode of image embeddings failed with code {rc}")

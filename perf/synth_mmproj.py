@@ -1,0 +1,136 @@
+"""A made vision projector (mmproj GGUF) with random weights, for testing the image path where no vision model can travel.
+
+    python -m perf.synth_mmproj OUT.gguf [--text-model MODEL.gguf] [--image-size 64] [--patch-size 8] [--seed 0]
+
+It is a LLaVA-style projector (`clip.projector_type` "mlp", the simplest that llama.cpp's `clip` loader takes): a
+tiny CLIP vision tower (patch embedding, learned positions, 2 pre-norm transformer blocks of which llama.cpp runs
+the first, as LLaVA takes the second-to-last layer) and the two-layer MLP (mm.0, GELU, mm.2) whose output width is
+the text model's embedding width (576 for the embedded SmolLM2, read from its GGUF). Every image becomes
+(image_size / patch_size)^2 embeddings (64 by default), whatever its size: llama.cpp resizes it to image_size
+square first. Metadata keys and tensor names are the ones the vendored llama.cpp's tools/mtmd/clip.cpp reads
+(clip-impl.h); the file is under 1 MB.
+
+The weights are random (a fixed seed: the same file every time), so a model given this projector sees noise
+where the image was: the file tests the path (loading, token and position counts, encoding, decoding, caching),
+never the quality of an answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import numpy as np
+
+from perf import gguf_io
+
+PROJECTOR_TYPE = "mlp"
+
+
+@dataclass(frozen=True)
+class Tower:
+    image_size: int = 64
+    patch_size: int = 8
+    n_embd: int = 64  # the vision tower's width
+    n_head: int = 4
+    n_ff: int = 128
+    n_layer: int = 2  # llama.cpp runs n_layer - 1 of them for an "mlp" projector
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+def text_embedding_width(model_path: str) -> int:
+    """A text GGUF's embedding width (`<arch>.embedding_length`): what the projector's output must match."""
+    meta = gguf_io.read_metadata(model_path)
+    arch = meta["general.architecture"][1]
+    return int(meta[f"{arch}.embedding_length"][1])
+
+
+def _tensors(tower: Tower, n_embd_text: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """name -> array in numpy order (outermost dimension first: a ggml tensor's ne reversed)."""
+    d, ff = tower.n_embd, tower.n_ff
+
+    def w(*shape: int, scale: float = 0.0) -> np.ndarray:
+        # 1/sqrt(fan-in) keeps the activations near unit size through every layer
+        return (rng.standard_normal(shape) * (scale or shape[-1] ** -0.5)).astype(np.float16)
+
+    def vec(n: int, value: float | None = None) -> np.ndarray:
+        if value is not None:
+            return np.full(n, value, np.float32)
+        return (rng.standard_normal(n) * 0.02).astype(np.float32)
+
+    t = {
+        "v.patch_embd.weight": w(d, 3, tower.patch_size, tower.patch_size, scale=(3 * tower.patch_size**2) ** -0.5),
+        "v.patch_embd.bias": vec(d),
+        "v.position_embd.weight": (rng.standard_normal((tower.n_patches, d)) * 0.02).astype(np.float32),
+        "v.pre_ln.weight": vec(d, 1.0),
+        "v.pre_ln.bias": vec(d, 0.0),
+    }
+    for i in range(tower.n_layer):
+        p = f"v.blk.{i}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            t[p + name + ".weight"] = w(d, d)
+            t[p + name + ".bias"] = vec(d)
+        t[p + "ln1.weight"], t[p + "ln1.bias"] = vec(d, 1.0), vec(d, 0.0)
+        t[p + "ln2.weight"], t[p + "ln2.bias"] = vec(d, 1.0), vec(d, 0.0)
+        t[p + "ffn_up.weight"], t[p + "ffn_up.bias"] = w(ff, d), vec(ff)
+        t[p + "ffn_down.weight"], t[p + "ffn_down.bias"] = w(d, ff), vec(d)
+    t["mm.0.weight"], t["mm.0.bias"] = w(n_embd_text, d), vec(n_embd_text)
+    t["mm.2.weight"], t["mm.2.bias"] = w(n_embd_text, n_embd_text), vec(n_embd_text)
+    return t
+
+
+def write(path: str, n_embd_text: int, tower: Tower = Tower(), seed: int = 0) -> str:
+    """Write the projector to ``path``; returns ``path``."""
+    import gguf  # the test extra's; imported here so that `text_embedding_width` needs only numpy
+
+    if tower.image_size % tower.patch_size or tower.n_embd % tower.n_head:
+        raise ValueError("image_size must be a multiple of patch_size, n_embd of n_head")
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_string("general.type", "mmproj")
+    writer.add_string("general.name", "cllm synthetic projector (random weights)")
+    writer.add_string("general.description", "tests the image path, not the quality: its weights are random")
+    writer.add_uint32("general.file_type", 1)  # mostly F16
+    writer.add_string("clip.projector_type", PROJECTOR_TYPE)
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", tower.image_size)
+    writer.add_uint32("clip.vision.patch_size", tower.patch_size)
+    writer.add_uint32("clip.vision.embedding_length", tower.n_embd)
+    writer.add_uint32("clip.vision.feed_forward_length", tower.n_ff)
+    writer.add_uint32("clip.vision.block_count", tower.n_layer)
+    writer.add_uint32("clip.vision.attention.head_count", tower.n_head)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
+    writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])  # CLIP's
+    writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
+    for name, array in _tensors(tower, n_embd_text, np.random.default_rng(seed)).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--text-model", help="the text GGUF whose embedding width the output takes (default: the embedded model)")
+    ap.add_argument("--image-size", type=int, default=Tower.image_size)
+    ap.add_argument("--patch-size", type=int, default=Tower.patch_size)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.text_model is None:
+        from cllm.core.model_file import embedded_model_path
+
+        args.text_model = embedded_model_path()
+    tower = Tower(image_size=args.image_size, patch_size=args.patch_size)
+    write(args.out, text_embedding_width(args.text_model), tower, args.seed)
+    print(f"{args.out}: {tower.n_patches} embeddings an image, width {text_embedding_width(args.text_model)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""cllm.core.images: which bytes may go on to an image decoder, and the error that names what is wrong otherwise."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from cllm.core import images
+from cllm.core.images import ImageTooLarge, MalformedImage, UnsupportedImage, check
+from perf import image_files as F
+
+RGB = F.picture(64, 48)
+
+
+def test_supported_formats_give_their_size():
+    assert check(F.png(RGB)) == images.ImageInfo("png", 64, 48)
+    assert check(F.jpeg(RGB)) == images.ImageInfo("jpeg", 64, 48)
+    assert check(F.bmp(RGB)) == images.ImageInfo("bmp", 64, 48)
+    gif = b"GIF89a" + struct.pack("<HH", 10, 20) + b"\x00\x00\x00" + b";"
+    assert check(gif) == images.ImageInfo("gif", 10, 20)
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        (b"hello, I am text", "not an image"),
+        (b"RIFF\x00\x00\x00\x00WEBPVP8 ", "WebP"),
+        (b"II*\x00" + b"\x00" * 20, "TIFF"),
+        (b"\x00\x00\x00\x18ftypheic" + b"\x00" * 20, "HEIC"),
+        (b"\x00\x00\x00\x18ftypavif" + b"\x00" * 20, "AVIF"),
+        (b'  <svg xmlns="http://www.w3.org/2000/svg"/>', "SVG"),
+        (b"%PDF-1.7", "PDF"),
+    ],
+)
+def test_other_bytes_are_refused_by_name(data, named):
+    with pytest.raises(UnsupportedImage, match=named):
+        check(data)
+
+
+def test_empty_and_oversized():
+    with pytest.raises(UnsupportedImage, match="empty"):
+        check(b"")
+    data = F.png(RGB)
+    with pytest.raises(ImageTooLarge, match=f"{len(data)} bytes"):
+        check(data, max_bytes=len(data) - 1)
+    assert check(data, max_bytes=len(data)).width == 64
+
+
+def test_pixel_bomb_refused_from_the_header():
+    # a few hundred bytes that claim 60,000 x 60,000 pixels (10 GB decoded)
+    bomb = F.png_raw(60_000, 60_000, b"\x78\x9c\x03\x00\x00\x00\x00\x01")
+    with pytest.raises(ImageTooLarge, match="60000x60000"):
+        check(bomb)
+    with pytest.raises(ImageTooLarge, match="64x48"):
+        check(F.jpeg(RGB), max_pixels=64 * 48 - 1)
+
+
+def test_broken_png_refused():
+    good = F.png(RGB)
+    with pytest.raises(MalformedImage, match="truncated"):
+        check(good[: len(good) - 20])
+    corrupt = bytearray(good)
+    corrupt[60] ^= 0xFF  # a byte inside the IDAT data
+    with pytest.raises(MalformedImage, match="checksum"):
+        check(bytes(corrupt))
+    no_ihdr = good[:8] + good[33:]
+    with pytest.raises(MalformedImage, match="IHDR"):
+        check(no_ihdr)
+    with pytest.raises(MalformedImage, match="0x48"):
+        check(F.png_raw(0, 48, b""))
+
+
+def test_broken_jpeg_refused():
+    good = F.jpeg(RGB)
+    sof = good.index(b"\xff\xc0")
+    with pytest.raises(MalformedImage, match="truncated"):
+        check(good[: sof + 6])
+    with pytest.raises(MalformedImage, match="no frame header"):
+        check(good[:sof] + good[good.index(b"\xff\xda") :])
+    arithmetic = good[:sof] + b"\xff\xc9" + good[sof + 2 :]
+    with pytest.raises(UnsupportedImage, match="arithmetic"):
+        check(arithmetic)
+
+
+def test_broken_gif_and_bmp_refused():
+    with pytest.raises(MalformedImage, match="GIF"):
+        check(b"GIF89a\x01")
+    with pytest.raises(MalformedImage, match="BMP"):
+        check(b"BM" + b"\x00" * 10)
+    bad_header = bytearray(F.bmp(RGB))
+    bad_header[14:18] = struct.pack("<I", 7)
+    with pytest.raises(MalformedImage, match="header size 7"):
+        check(bytes(bad_header))
