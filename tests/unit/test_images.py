@@ -17,6 +17,9 @@ def test_supported_formats_give_their_size():
     assert check(F.png(RGB)) == images.ImageInfo("png", 64, 48)
     assert check(F.jpeg(RGB)) == images.ImageInfo("jpeg", 64, 48)
     assert check(F.bmp(RGB)) == images.ImageInfo("bmp", 64, 48)
+    top_down = bytearray(F.bmp(RGB))
+    top_down[22:26] = struct.pack("<i", -48)  # a negative height: rows stored top to bottom
+    assert check(bytes(top_down)) == images.ImageInfo("bmp", 64, 48)
     gif = b"GIF89a" + struct.pack("<HH", 10, 20) + b"\x00\x00\x00" + b";"
     assert check(gif) == images.ImageInfo("gif", 10, 20)
 
