@@ -1,4 +1,4 @@
-"""A made vision projector (mmproj GGUF) with random weights, for testing the image path where no vision model can travel.
+"""A made vision projector (mmproj GGUF) with random weights, to test the image path where no vision model can go.
 
     python -m perf.synth_mmproj OUT.gguf [--text-model MODEL.gguf] [--image-size 64] [--patch-size 8] [--seed 0]
 
@@ -118,7 +118,7 @@ def write(path: str, n_embd_text: int, tower: Tower = Tower(), seed: int = 0) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--text-model", help="the text GGUF whose embedding width the output takes (default: the embedded model)")
+    ap.add_argument("--text-model", help="the text GGUF whose embedding width the output takes (default: embedded)")
     ap.add_argument("--image-size", type=int, default=Tower.image_size)
     ap.add_argument("--patch-size", type=int, default=Tower.patch_size)
     ap.add_argument("--seed", type=int, default=0)
