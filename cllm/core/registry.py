@@ -14,14 +14,8 @@ import os
 
 import msgspec
 
-from cllm.core.config import ConfigError, ModelEntry, ServeConfig, check_engine
+from cllm.core.config import PER_MODEL, ConfigError, ModelEntry, ServeConfig, check_engine
 from cllm.core.model_file import resolve_model
-
-# What a `models:` entry may set for its own engines.
-ENGINE_FIELDS = (
-    "ctx_size", "parallel", "threads", "batch_size", "admit_per_step", "flash_attn", "prefix_cache", "cache_ram",
-    "n_gpu_layers", "cache_type_k", "cache_type_v", "spec_type", "draft_max", "replicas", "keep_alive",
-)
 
 
 class ModelSpec(msgspec.Struct, kw_only=True):
@@ -69,7 +63,7 @@ def build_registry(config: ServeConfig) -> list[ModelSpec]:
 
 
 def _entry(base: ServeConfig, entry: ModelEntry) -> ModelSpec:
-    own = {f: getattr(entry, f) for f in ENGINE_FIELDS if getattr(entry, f) is not None}
+    own = {f: getattr(entry, f) for f in PER_MODEL if getattr(entry, f) is not None}
     config = _split_threads(msgspec.structs.replace(base, **own))
     check_engine(config, f"model {entry.id}: ")
     return ModelSpec(id=entry.id, path=resolve_model(entry.path), config=config, aliases=list(entry.aliases))

@@ -59,9 +59,7 @@ def app_builder(args: dict[str, str]) -> serve.Application:
         raise ConfigError(f"invalid argument: {e}") from None
     # The rest are `cllm serve` settings, as the YAML file would write them (threads=1 is the number 1).
     overrides = {k.replace("-", "_"): _scalar(v) for k, v in args.items() if k.replace("_", "-") not in AppArgs.__struct_encode_fields__}
-    config = load_config(app_args.config, overrides)
-    if os.environ.get("CLLM_API_KEY") and config.api_key is None:
-        config.api_key = os.environ["CLLM_API_KEY"]
+    config = load_config(app_args.config, overrides, os.environ)
     return application(config, app_args.router, app_args.min_replicas, app_args.max_replicas, app_args.num_cpus)
 
 
