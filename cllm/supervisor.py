@@ -40,11 +40,12 @@ from dataclasses import dataclass, field
 import msgspec
 
 from cllm.core.config import ServeConfig
-from cllm.core.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, child_env, close_quietly, spawn_engine
+from cllm.core.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly
 from cllm.core.log import setup_logging
 from cllm.core.protocol import Control, EngineExited, LoadModel
 from cllm.core.registry import ModelSpec
 from cllm.core.ring import Ring
+from cllm.spawn import spawn_engine, spawn_frontend
 
 ENGINE_EXIT_GRACE = 5.0
 MAX_RESTARTS = 5  # of one child within RESTART_WINDOW seconds; more is a crash loop
@@ -158,9 +159,7 @@ class Supervisor:
             generation=self.frontend.starts,
         )
         try:
-            self.frontend.proc = subprocess.Popen(
-                launch.argv("frontend_proc"), pass_fds=launch.fds(), env=child_env(self.config.api_key), start_new_session=True
-            )
+            self.frontend.proc = spawn_frontend(launch, self.config.api_key)
         finally:
             for fd in (lifeline_r, ready_w, control_w):
                 os.close(fd)

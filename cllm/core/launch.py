@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import msgspec
@@ -59,22 +58,6 @@ class Launch(msgspec.Struct, kw_only=True):
 
     def argv(self, module: str) -> list[str]:
         return [sys.executable, "-m", module, msgspec.json.encode(self).decode()]
-
-
-def child_env(api_key: str | None = None) -> dict[str, str]:
-    """A child process's environment: never the API key, but for the frontend that checks it (``api_key``)."""
-    env = {k: v for k, v in os.environ.items() if k != "CLLM_API_KEY"}
-    if api_key is not None:
-        env["CLLM_API_KEY"] = api_key
-    return env
-
-
-def spawn_engine(spec: ModelSpec, rings: EngineRings, replica: int, lifeline: int, generation: int) -> subprocess.Popen:
-    """Start one engine process on its rings, in its own session (a terminal's Ctrl-C is for its parent)."""
-    launch = Launch(
-        config=spec.config, model_path=spec.path, rings=rings, model_id=spec.id, replica=replica, lifeline=lifeline, generation=generation
-    )
-    return subprocess.Popen(launch.argv("engine_proc"), pass_fds=launch.fds(), env=child_env(), start_new_session=True)
 
 
 def from_argv() -> Launch:

@@ -23,11 +23,12 @@ import threading
 
 from ray import serve
 
-from cllm.core.launch import OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly, spawn_engine
+from cllm.core.launch import OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly
 from cllm.core.protocol import EngineExited
 from cllm.ray_serve.call import HttpCall
 from cllm.core.registry import ModelSpec
 from cllm.core.ring import Ring
+from cllm.spawn import spawn_engine
 from frontend_proc.main import build
 from cllm.core.prefix_router import PrefixMemory
 
