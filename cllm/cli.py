@@ -19,6 +19,7 @@ from cllm.core.settings import Setting, default_words, meaning, names, plain, se
 class ServeCommand(msgspec.Struct, kw_only=True):
     """`cllm serve`'s own options: where its settings come from and where it runs (no variable, no file key)."""
 
+    # fmt: off
     config: Annotated[str | None, setting(
         "YAML file with any of the settings here (`ctx-size: 4096`); the environment's CLLM_ variables and then the "
         "command line win over it", LISTEN, metavar="FILE",
@@ -28,6 +29,7 @@ class ServeCommand(msgspec.Struct, kw_only=True):
         "starts one here and stops it on exit; needs the `ray` extra; `--host`/`--port` are then Serve's HTTP "
         "proxy's; docs/deployment.md: Ray Serve)", PROCESS, metavar="ADDRESS|local",
     )] = None
+    # fmt: on
 
 
 def serve_settings() -> list[Setting]:
@@ -70,9 +72,14 @@ def _bench_parser(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="benchmarks: the engine in-process, or HTTP load on a server",
-        description="Benchmarks (cllm.bench; 'cllm bench engine --help' and 'cllm bench http --help' list their options).",
+        description="Benchmarks (cllm.bench; 'cllm bench engine --help' and 'cllm bench http --help' list their "
+        "options).",
     )
-    p.add_argument("target", choices=["engine", "http"], help="engine: the step loop in-process, no HTTP; http: load on a server's URL")
+    p.add_argument(
+        "target",
+        choices=["engine", "http"],
+        help="engine: the step loop in-process, no HTTP; http: load on a server's URL",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
 
 

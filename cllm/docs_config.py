@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 from cllm.cli import serve_settings
@@ -54,10 +53,10 @@ def generated(text: str) -> str:
     """``text`` with each section between its markers written anew."""
     for name, write in SECTIONS.items():
         begin, end = BEGIN.format(name), END.format(name)
-        pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
-        if not pattern.search(text):
+        start, stop = text.find(begin), text.find(end)
+        if start < 0 or stop < start:
             raise SystemExit(f"{PATH}: no '{begin}' ... '{end}' section")
-        text = pattern.sub(lambda _: f"{begin}\n{write()}\n{end}", text)
+        text = f"{text[:start]}{begin}\n{write()}\n{text[stop:]}"
     return text
 
 

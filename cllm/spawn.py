@@ -21,7 +21,12 @@ def child_env(api_key: str | None = None) -> dict[str, str]:
 def spawn_engine(spec: ModelSpec, rings: EngineRings, replica: int, lifeline: int, generation: int) -> subprocess.Popen:
     """Start one engine process on its rings, in its own session (a terminal's Ctrl-C is for its parent)."""
     launch = Launch(
-        config=spec.config, model_path=spec.path, rings=rings, model_id=spec.id, replica=replica, lifeline=lifeline,
+        config=spec.config,
+        model_path=spec.path,
+        rings=rings,
+        model_id=spec.id,
+        replica=replica,
+        lifeline=lifeline,
         generation=generation,
     )
     return subprocess.Popen(launch.argv("engine_proc"), pass_fds=launch.fds(), env=child_env(), start_new_session=True)
@@ -29,4 +34,5 @@ def spawn_engine(spec: ModelSpec, rings: EngineRings, replica: int, lifeline: in
 
 def spawn_frontend(launch: Launch, api_key: str | None) -> subprocess.Popen:
     """Start the frontend process, the only one that gets the API key (in its environment, never in argv)."""
-    return subprocess.Popen(launch.argv("frontend_proc"), pass_fds=launch.fds(), env=child_env(api_key), start_new_session=True)
+    env = child_env(api_key)
+    return subprocess.Popen(launch.argv("frontend_proc"), pass_fds=launch.fds(), env=env, start_new_session=True)

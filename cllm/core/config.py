@@ -52,6 +52,9 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
 
     env_prefix: ClassVar[str] = "CLLM_"
 
+    # fmt: off
+    # A table, one setting a paragraph: the formatter would give each argument of setting() a line of its own.
+
     host: Annotated[str, setting("address to listen on (`0.0.0.0` for every interface)", LISTEN)] = "127.0.0.1"
     port: Annotated[int, setting("TCP port (0 picks a free one)", LISTEN, ge=0, le=65535)] = 8080
     model: Annotated[str | None, setting(
@@ -67,8 +70,9 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     )] = "auto"
 
     ctx_size: Annotated[int, setting(
-        "KV cells of the running sequences, shared evenly by the `--parallel` sequences (llama.cpp rounds each share up "
-        "to a multiple of 256); each `--cache-slots` stream adds as many again; at least 16 cells a sequence", ENGINE, per_model=True, ge=64,
+        "KV cells of the running sequences, shared evenly by the `--parallel` sequences (llama.cpp rounds each share "
+        "up to a multiple of 256); each `--cache-slots` stream adds as many again; at least 16 cells a sequence",
+        ENGINE, per_model=True, ge=64,
     )] = 8192
     parallel: Annotated[int, setting(
         "most sequences decoded together; further requests wait their turn", ENGINE, per_model=True, ge=1,
@@ -88,8 +92,8 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     )] = 512
     admit_per_step: Annotated[int, setting(
         "new requests one step may start, besides any that waited 4 steps; 0: as many as its token budget holds, in "
-        "arrival order up to and including one that continues a prefix-cache entry (a chat's next turn); N bounds every "
-        "request, at a cost in throughput under bursts (docs/internals.md: Scheduling)", ENGINE, metavar="N",
+        "arrival order up to and including one that continues a prefix-cache entry (a chat's next turn); N bounds "
+        "every request, at a cost in throughput under bursts (docs/internals.md: Scheduling)", ENGINE, metavar="N",
         per_model=True, ge=0,
     )] = 0
     stream_interval_ms: Annotated[float, setting(
@@ -170,7 +174,8 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "serve every `*.gguf` in DIR too, by its file name without `.gguf`", MODELS, metavar="DIR",
     )] = None
     default_model: Annotated[str | None, setting(
-        "the model of requests that name none", MODELS, metavar="ID", default_text="`--model`, else the registry's first",
+        "the model of requests that name none", MODELS, metavar="ID",
+        default_text="`--model`, else the registry's first",
     )] = None
     models_max: Annotated[int, setting(
         "most models loaded at once; the least recently used idle one is unloaded to make room", MODELS,
@@ -235,6 +240,7 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     log_format: Annotated[LogFormat, setting(
         "`text`, or `json` for log shippers: one object a line", PROCESS,
     )] = "text"
+    # fmt: on
 
 
 PER_MODEL = tuple(s.attr for s in settings(_Settings) if s.per_model)
@@ -254,14 +260,23 @@ else:  # and the PER_MODEL settings, optional, each with its top-level type
     ModelEntry = msgspec.defstruct(
         "ModelEntry",
         [(s.attr, s.type | None, None) for s in settings(_Settings) if s.per_model],
-        bases=(_ModelEntry,), kw_only=True, forbid_unknown_fields=True, rename="kebab", module=__name__,
+        bases=(_ModelEntry,),
+        kw_only=True,
+        forbid_unknown_fields=True,
+        rename="kebab",
+        module=__name__,
     )
 
 
 class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
-    models: Annotated[list[ModelEntry], setting(
-        "a list of models with their own settings (below: The `models:` list)", MODELS, file_only=True,
-    )] = []
+    models: Annotated[
+        list[ModelEntry],
+        setting(
+            "a list of models with their own settings (below: The `models:` list)",
+            MODELS,
+            file_only=True,
+        ),
+    ] = []
 
     @property
     def n_threads(self) -> int:
@@ -280,7 +295,9 @@ class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="k
         return self.ctx_size // self.parallel * (self.kv_streams + self.prefix_cache)
 
 
-def load_config(path: str | None, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> ServeConfig:
+def load_config(
+    path: str | None, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> ServeConfig:
     """The defaults, a YAML file (keys as on the command line), the CLLM_ variables of ``environ``, then
     ``overrides`` (the command line's values; None: not given), each over the one before."""
     values: dict = {}
@@ -321,4 +338,6 @@ def check_engine(config: ServeConfig, where: str) -> None:
             f"{config.parallel} sequences"
         )
     if config.cache_type_v not in ("f16", "f32") and config.flash_attn == "off":
-        raise ConfigError(f"{where}cache-type-v {config.cache_type_v} needs flash attention (llama.cpp quantizes V only with it)")
+        raise ConfigError(
+            f"{where}cache-type-v {config.cache_type_v} needs flash attention (llama.cpp quantizes V only with it)"
+        )

@@ -41,12 +41,18 @@ def setting(
     per_model: an entry of the `models:` list may set it too; file_only: no option and no variable (a list of
     structs); constraints: msgspec's (ge=, le=, pattern=...).
     """
-    extra = {"group": group, "metavar": metavar, "flags": flags, "default_text": default_text, "per_model": per_model,
-             "file_only": file_only}
+    extra = {
+        "group": group,
+        "metavar": metavar,
+        "flags": flags,
+        "default_text": default_text,
+        "per_model": per_model,
+        "file_only": file_only,
+    }
     return Meta(description=help, extra=extra, **constraints)
 
 
-Kind = Union[type, tuple[str, ...]]  # bool, int, float, str, list, or a Literal's choices
+Kind = type | tuple[str, ...]  # bool, int, float, str, list, or a Literal's choices
 _UNIONS = (Union, types.UnionType)  # Optional[int] and int | None
 
 
@@ -81,8 +87,8 @@ def _bounds(tp: Any) -> str:
     while True:
         if get_origin(tp) is Annotated:
             tp, *metas = get_args(tp)
-            for m in metas:
-                found.update({k: getattr(m, k) for k in ("ge", "gt", "le") if isinstance(m, Meta) and getattr(m, k) is not None})
+            for m in (m for m in metas if isinstance(m, Meta)):
+                found.update({k: getattr(m, k) for k in ("ge", "gt", "le") if getattr(m, k) is not None})
         elif get_origin(tp) in _UNIONS:
             (tp,) = [a for a in get_args(tp) if a is not type(None)]
         else:
@@ -118,12 +124,24 @@ def settings(struct: type[msgspec.Struct]) -> tuple[Setting, ...]:
         x = meta.extra
         default = field.default if field.default is not msgspec.NODEFAULT else field.default_factory()
         env = None if prefix is None or x["file_only"] else prefix + field.name.upper()
-        found.append(Setting(
-            attr=field.name, name=field.encode_name, type=field.type, kind=_kind(field.type), default=default,
-            help=meta.description, group=x["group"], metavar=x["metavar"], flags=x["flags"],
-            default_text=x["default_text"], per_model=x["per_model"], file_only=x["file_only"], env=env,
-            bounds=_bounds(field.type),
-        ))
+        found.append(
+            Setting(
+                attr=field.name,
+                name=field.encode_name,
+                type=field.type,
+                kind=_kind(field.type),
+                default=default,
+                help=meta.description,
+                group=x["group"],
+                metavar=x["metavar"],
+                flags=x["flags"],
+                default_text=x["default_text"],
+                per_model=x["per_model"],
+                file_only=x["file_only"],
+                env=env,
+                bounds=_bounds(field.type),
+            )
+        )
     return tuple(found)
 
 
@@ -174,6 +192,7 @@ def plain(text: str) -> str:
 
 def markdown(text: str) -> str:
     """A help text for the docs: "docs/internals.md: Threads" as a link, `|` kept out of the table's columns."""
+
     def link(m: re.Match[str]) -> str:
         anchor = re.sub(r"[^\w\- ]", "", m[2].strip().lower()).replace(" ", "-")
         return f"[{m[2]}]({m[1]}#{anchor})"

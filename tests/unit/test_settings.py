@@ -19,8 +19,13 @@ def sample(s: Setting, path: str):
     if isinstance(s.kind, tuple):
         candidates: list = list(s.kind)
     else:
-        candidates = {bool: [True, False], int: [1, 2, 65, 1025], float: [0.5, 1.5], str: [path],
-                      list: [["a.example"], ["https://a.example"]]}[s.kind]
+        candidates = {
+            bool: [True, False],
+            int: [1, 2, 65, 1025],
+            float: [0.5, 1.5],
+            str: [path],
+            list: [["a.example"], ["https://a.example"]],
+        }[s.kind]
     for value in candidates:
         try:
             msgspec.convert(value, s.type)

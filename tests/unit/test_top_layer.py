@@ -23,7 +23,9 @@ def test_importing_the_bottom_loads_no_launcher():
 
 def test_the_processes_import_only_the_bottom_of_cllm():
     edges = graph()
-    upward = sorted((m, t) for m in edges if under(m, PROCESSES) for t in edges[m] if under(t, ("cllm",)) and not under(t, BOTTOM))
+    upward = sorted(
+        (m, t) for m in edges if under(m, PROCESSES) for t in edges[m] if under(t, ("cllm",)) and not under(t, BOTTOM)
+    )
     assert upward == []
 
 
