@@ -13,7 +13,7 @@ GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install install-cuda install-metal serve test test-unit test-model test-ray test-docker test-browser test-agents bench bench-deps
+.PHONY: install install-cuda install-metal serve test test-unit test-model lint docs test-ray test-docker test-browser test-agents bench bench-deps
 
 install: $(STAMP)
 
@@ -54,6 +54,22 @@ test-unit: install
 
 test-model: install
 	$(MODEL_LAYER)
+
+# ruff (lint, then format --check) and mypy, as pyproject.toml configures them; the lint extra is all they add to
+# the installed venv. `make docs` writes docs/configuration.md's tables from the settings' declarations.
+LINT_STAMP := $(VENV)/.lint-installed
+LINTED     := cllm engine_proc frontend_proc perf tests scripts
+$(LINT_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[lint]'
+	touch $(LINT_STAMP)
+
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(PY) -m mypy
+
+docs: install
+	$(PY) -m cllm.docs_config
 
 # Ray Serve (docs/deployment.md: Ray Serve): the ray extra (~500 MB), then the tests that start a local Ray cluster.
 RAY_STAMP := $(VENV)/.ray-installed
