@@ -40,7 +40,15 @@ from dataclasses import dataclass, field
 import msgspec
 
 from cllm.core.config import ServeConfig
-from cllm.core.launch import EXIT_LOAD_FAILED, OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly
+from cllm.core.launch import (
+    EXIT_LOAD_FAILED,
+    OUTPUT_RING_BYTES,
+    REQUEST_RING_BYTES,
+    EngineRings,
+    Launch,
+    ModelSlot,
+    close_quietly,
+)
 from cllm.core.log import setup_logging
 from cllm.core.protocol import Control, EngineExited, LoadModel
 from cllm.core.registry import ModelSpec

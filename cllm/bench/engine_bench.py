@@ -41,12 +41,12 @@ from collections import defaultdict, deque
 
 import msgspec
 
+from cllm.bench.prompts import copy_prompts, make_prompts
 from cllm.core.config import ServeConfig
 from cllm.core.launch import OUTPUT_RING_BYTES
 from cllm.core.model_file import ModelFileError, resolve_model
 from cllm.core.protocol import SamplingParams, StepOutputs, Submit, ToEngine
 from cllm.core.ring import Ring
-from cllm.bench.prompts import copy_prompts, make_prompts
 from engine_proc.step_timer import StepTimer
 
 PARTS = [
@@ -145,7 +145,8 @@ def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = 
 
 
 def breakdown(totals: dict, seconds: float, timer: StepTimer | None) -> dict[str, float]:
-    """Seconds per part: the step's from the engine's timer (without one, the step as one part); the loop's remainder is loop."""
+    """Seconds per part: the step's from the engine's timer (without one, the step as one part); the loop's
+    remainder is loop."""
     parts = {"admit": totals["admit"]}
     if timer is None:
         parts["step"] = totals["step"]
@@ -248,9 +249,10 @@ def _tokenizer(engine):
 
 
 def report(r: dict) -> str:
+    prompts = "copy tasks" if r["copy"] else f"prompts of {r['prompt_tokens']}"
+    staggered = " (mean; staggered arrivals)" if r["staggered"] else ""
     lines = [
-        f"engine: {r['requests']} requests x {r['gen_tokens']} tokens{' (mean; staggered arrivals)' if r['staggered'] else ''} "
-        f"({'copy tasks' if r['copy'] else 'prompts of %d' % r['prompt_tokens']}), "
+        f"engine: {r['requests']} requests x {r['gen_tokens']} tokens{staggered} ({prompts}), "
         f"concurrency {r['concurrency']}, {r['threads']} threads",
         f"  {r['tokens_per_second']:.1f} tok/s: {r['generated_tokens']} tokens in {r['seconds']:.2f} s, "
         f"{r['steps']} steps of {r['step_ms']:.2f} ms",
@@ -308,9 +310,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                          "uniform in [g/2, 3g/2], the first C arriving over g steps (default lockstep)")
     ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)")
     ap.add_argument("--device-sampling", choices=["auto", "on", "off"], default=ServeConfig().device_sampling,
-                    help=f"sample inside llama_decode where a request allows (auto: with GPU layers; default {ServeConfig().device_sampling})")
+                    help="sample inside llama_decode where a request allows "
+                    f"(auto: with GPU layers; default {ServeConfig().device_sampling})")
     ap.add_argument("--sweep", action="store_true",
-                    help=f"host us/step at concurrency {', '.join(map(str, SWEEP))}, greedy and sampled, 2c requests each (-c, -n, --sampled ignored)")
+                    help=f"host us/step at concurrency {', '.join(map(str, SWEEP))}, greedy and sampled, "
+                    "2c requests each (-c, -n, --sampled ignored)")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)

@@ -27,7 +27,8 @@ def make_prompts(n: int, tokens: int = BASE_TOKENS, seed: int | None = None) -> 
     tag = rng.randrange(10**9)
     prompts = []
     for i in range(n):
-        text = f"[{tag}-{i}] {rng.choice(ASKS)} {rng.choice(SUBJECTS)} and {rng.choice(SUBJECTS)}, in a calm and precise voice."
+        ask, one, other = rng.choice(ASKS), rng.choice(SUBJECTS), rng.choice(SUBJECTS)
+        text = f"[{tag}-{i}] {ask} {one} and {other}, in a calm and precise voice."
         if tokens > BASE_TOKENS:
             text += " Mention " + " ".join(rng.choices(WORDS, k=tokens - BASE_TOKENS - 1)) + "."
         prompts.append(text)
@@ -46,6 +47,7 @@ def copy_prompts() -> dict[str, str]:
     return {
         "copy text": f"Repeat the following text exactly:\n\n{doc}",
         "copy code": f"{code}\n\nRepeat the code above exactly, character for character, in a ```python block.",
-        "edit code": f"Rewrite this Python file with the class TextWrapper renamed to LineWrapper; change nothing else:\n\n```python\n{code}\n```",
+        "edit code": "Rewrite this Python file with the class TextWrapper renamed to LineWrapper; change nothing else:"
+        f"\n\n```python\n{code}\n```",
         "fix text": "Fix the typos in this text and return it otherwise unchanged:\n\n" + doc.replace("the", "teh", 3),
     }

@@ -112,7 +112,7 @@ class Ring:
         self._data = buf[_HEADER:]
 
     @classmethod
-    def create(cls, capacity: int) -> "Ring":
+    def create(cls, capacity: int) -> Ring:
         data_r, data_w = _pipe()
         space_r, space_w = _pipe()
         mem_fd = _anonymous_memory(_HEADER + capacity)

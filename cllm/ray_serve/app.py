@@ -27,9 +27,9 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from cllm.core.config import ConfigError, ServeConfig, load_config
+from cllm.core.registry import build_registry
 from cllm.ray_serve.ingress import Ingress
 from cllm.ray_serve.replica import EngineReplica
-from cllm.core.registry import build_registry
 
 Router = Literal["cllm", "power-of-two", "ray-prefix"]
 ROUTER_CLASSES = {

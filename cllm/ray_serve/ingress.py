@@ -18,8 +18,8 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from cllm.ray_serve.call import HttpCall, routing_text, text_blocks
 from cllm.core.errors import RETRY_AFTER, ApiError
+from cllm.ray_serve.call import HttpCall, routing_text, text_blocks
 
 ATTEMPTS = 3  # a replica that died (or whose engine did) before answering: again, on the one the router picks then
 RETRY_DELAY = 0.2

@@ -24,13 +24,13 @@ import threading
 from ray import serve
 
 from cllm.core.launch import OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly
+from cllm.core.prefix_router import PrefixMemory
 from cllm.core.protocol import EngineExited
-from cllm.ray_serve.call import HttpCall
 from cllm.core.registry import ModelSpec
 from cllm.core.ring import Ring
+from cllm.ray_serve.call import HttpCall
 from cllm.spawn import spawn_engine
 from frontend_proc.main import build
-from cllm.core.prefix_router import PrefixMemory
 
 ENGINE_EXIT_GRACE = 5.0
 EXIT_GRACE = 2.0  # most seconds the 503s of a dead engine's requests get to reach their clients

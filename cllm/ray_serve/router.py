@@ -25,8 +25,8 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from cllm.ray_serve.call import HttpCall
 from cllm.core.prefix_router import PrefixMemory, pick
+from cllm.ray_serve.call import HttpCall
 
 
 def call_of(pending: PendingRequest | None) -> HttpCall | None:
