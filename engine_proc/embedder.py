@@ -20,9 +20,8 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
-from cllm.core.config import ServeConfig
-from cllm.core.protocol import Embed, Embeddings
 from cllm.core.model_meta import meta
+from cllm.core.protocol import Embed, Embeddings
 from engine_proc.batch import Batch
 from engine_proc.model_runner import ModelRunner
 

@@ -26,7 +26,6 @@ from engine_proc.sequence import Chunk, Sequence
 from engine_proc.slot_files import SlotFiles
 from engine_proc.step_timer import StepTimer
 
-
 # While sequences decode, embeddings get at most this fraction (1/n) of a step's budget.
 EMBED_SHARE = 4
 # Streamed prompts that end in a step are decoded in groups of at least this

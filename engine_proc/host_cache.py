@@ -24,7 +24,6 @@ import numpy as np
 from engine_proc.disk_cache import DiskCache, OnDisk
 from engine_proc.sequence import common_prefix, starts_with
 
-
 # Entries are filed under their first HEAD tokens, so that a lookup compares a
 # prompt only with entries that start as it does.
 HEAD = 32

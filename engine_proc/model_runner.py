@@ -21,7 +21,8 @@ import numpy as np
 
 from cllm.core.config import ServeConfig
 from cllm.core.llama_log import silence_llama_logs
-from cllm.core.model_meta import gpu_layers, kv_cache_bytes, meta as _meta
+from cllm.core.model_meta import gpu_layers, kv_cache_bytes
+from cllm.core.model_meta import meta as _meta
 from cllm.core.protocol import ModelInfo
 from engine_proc.batch import Batch
 from engine_proc.sequence import Chunk

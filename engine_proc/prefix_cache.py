@@ -38,7 +38,6 @@ from engine_proc.disk_cache import DiskCache
 from engine_proc.host_cache import HostCache, Stored
 from engine_proc.sequence import common_prefix, starts_with
 
-
 # Tokens a host RAM entry must serve beyond what the streams do to be brought
 # back. Copying it back is cheap (~1 ms for 900 tokens of the embedded model,
 # about half a token's prefill), but it pushes a stream's entry out: a few
