@@ -34,9 +34,9 @@ from contextlib import ExitStack
 
 import httpx
 
+from cllm.bench.prompts import make_prompts
 from perf import servers
 from perf.prefix_cache import TOPICS, handbook, stream
-from cllm.bench.prompts import make_prompts
 
 TIMEOUT = 600.0
 SYSTEMS = ("cllm", "llama-server")

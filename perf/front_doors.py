@@ -28,8 +28,8 @@ import time
 import httpx
 import psutil
 
-from cllm.core.model_file import resolve_model
 from cllm.bench import http_load
+from cllm.core.model_file import resolve_model
 from perf import servers
 
 ROUTES = ("chat", "messages", "responses", "ollama")

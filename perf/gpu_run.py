@@ -94,10 +94,8 @@ def memory(pid: int, baseline: int) -> dict:
             out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                                  capture_output=True, text=True, timeout=20).stdout
             used = {int(a): int(b) for a, b in (line.split(",") for line in out.strip().splitlines() if "," in line)}
-            if any(p in used for p in pids):
-                vram = sum(used.get(p, 0) for p in pids)
-            else:  # a VM or container may list no processes: the device's use less what it used before any server
-                vram = gpu_used() - baseline
+            # A VM or container may list no processes: then the device's use less what it used before any server.
+            vram = sum(used.get(p, 0) for p in pids) if any(p in used for p in pids) else gpu_used() - baseline
         except (subprocess.SubprocessError, ValueError):
             pass
     return {"rss_mib": round(rss / 2**20), "vram_mib": vram}
@@ -362,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         doc["seconds_left"] = round(budget.left())
         save()
-    print(open(os.path.join(args.outdir, "results.md")).read())
+    with open(os.path.join(args.outdir, "results.md")) as f:
+        print(f.read())
     return 0
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from cllm.core.model_file import resolve_model
 from cllm.bench import http_load
+from cllm.core.model_file import resolve_model
 from perf import servers
 
 

@@ -25,8 +25,8 @@ import time
 
 import httpx
 
-from perf import servers
 from cllm.bench.http_load import make_dialect, run_cell, warm_up
+from perf import servers
 
 QUESTIONS = ("What is a prime number?", "Give an example.", "Why does it matter?", "Say it in one line.", "And another?")
 SYSTEM = "You are a patient tutor. " + " ".join(f"Guideline {i}: be brief, be exact, show one example." for i in range(30))

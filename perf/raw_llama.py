@@ -22,9 +22,9 @@ import time
 import llama_cpp as L
 import numpy as np
 
+from cllm.bench.prompts import make_prompts, requests_for
 from cllm.core.llama_log import silence_llama_logs
 from cllm.core.model_file import resolve_model
-from cllm.bench.prompts import make_prompts, requests_for
 
 KV_LAYOUTS = {"per-seq": False, "unified": True}
 

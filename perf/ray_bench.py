@@ -31,8 +31,8 @@ import time
 import httpx
 import psutil
 
-from perf import servers
 from cllm.bench.http_load import make_dialect, run_cell, warm_up
+from perf import servers
 from perf.pool_bench import chats
 
 CONCURRENCY = (1, 8, 32)

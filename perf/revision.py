@@ -26,6 +26,7 @@ from cllm.bench import http_load
 from cllm.bench.prompts import BASE_TOKENS, requests_for
 from perf import servers
 
+
 def one_run(tree: str, settings: servers.Settings, label: str, args, extra: tuple[str, ...] = ()) -> dict[int, float]:
     """Start `cllm serve` from the tree (``extra``: more options), load it at each concurrency, stop it: tok/s by concurrency."""
     cmd, ready = servers.command("cllm", settings, port := servers.free_port())

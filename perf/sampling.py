@@ -18,11 +18,11 @@ import time
 import msgspec
 from llama_cpp.llama_grammar import JSON_GBNF
 
+from cllm.bench.prompts import make_prompts
 from cllm.core.config import ServeConfig
 from cllm.core.model_file import resolve_model
 from cllm.core.protocol import SamplingParams, Submit
 from engine_proc.engine import LLMEngine
-from cllm.bench.prompts import make_prompts
 from frontend_proc.core.tokenizer import Tokenizer
 
 SETTINGS = {

@@ -23,10 +23,10 @@ import time
 import httpx
 import psutil
 
-from cllm.core.model_file import resolve_model
 from cllm.bench import http_load
-from perf import servers
 from cllm.bench.prompts import make_prompts
+from cllm.core.model_file import resolve_model
+from perf import servers
 
 HANG_UP = 0.1  # share of clients that hang up mid-way
 STREAM = 0.5  # share of streaming requests

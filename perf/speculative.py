@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from perf import servers
 from cllm.bench.prompts import copy_prompts, make_prompts
+from perf import servers
 
 TIMEOUT = 900.0
 SYSTEMS = {  # label: (system, extra command-line arguments)

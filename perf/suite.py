@@ -22,9 +22,9 @@ import time
 from importlib import metadata
 
 from cllm.bench import http_load
+from cllm.bench.prompts import requests_for
 from perf import report, servers
 from perf.models import MODELS, eog_tokens, model_path
-from cllm.bench.prompts import requests_for
 
 RESULTS = os.path.join(servers.PERF, "results")
 PAGE = os.path.join(servers.ROOT, "docs", "benchmarks.md")
