@@ -83,7 +83,7 @@ class Server:
                 self.proc.wait()
         return self.proc.returncode
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -99,7 +99,7 @@ def test_generation_keeps_streaming_beside_a_big_batch():
         )
         worker = threading.Thread(target=embed)
         during = 0
-        for i, chunk in enumerate(stream):
+        for i, _chunk in enumerate(stream):
             if i == 3:
                 worker.start()
             elif i > 3 and not done.is_set():

@@ -109,7 +109,7 @@ def test_streamed_as_llama_server_streams(http):
     assert "".join(c["content"] for c in parts) == whole["content"]
     assert sum(len(c["tokens"]) for c in parts) == whole["tokens_predicted"] == last["tokens_predicted"]
     assert all(len(c["completion_probabilities"]) == len(c["tokens"]) for c in parts if c["tokens"])
-    assert RESULT_KEYS == last.keys() and last["content"] == "" and last["tokens"] == []
+    assert last.keys() == RESULT_KEYS and last["content"] == "" and last["tokens"] == []
     assert last["timings"].keys() == TIMING_KEYS and last["stop_type"] == whole["stop_type"]
 
 

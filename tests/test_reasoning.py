@@ -15,7 +15,14 @@ import pytest
 
 from cllm.core.model_file import embedded_model_path
 from frontend_proc.chat.reasoning import (
-    CONTENT, HARMONY_TOKENS, REASONING, HarmonySplitter, ReasoningSplitter, opened_in_harmony, opened_in_prompt, split,
+    CONTENT,
+    HARMONY_TOKENS,
+    REASONING,
+    HarmonySplitter,
+    ReasoningSplitter,
+    opened_in_harmony,
+    opened_in_prompt,
+    split,
 )
 from frontend_proc.core.tokenizer import Tokenizer
 from tests.conftest import start_server

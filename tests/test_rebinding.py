@@ -57,9 +57,8 @@ def test_allowed_hosts_adds_names(opened):
 def test_a_server_on_every_interface_answers_any_host():
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("::")
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1") and is_loopback("127.0.1.1")
-    with start_server("--host", "0.0.0.0", "--parallel", "1", "--ctx-size", "256") as srv:
-        with srv.client() as http:
-            assert http.get("/v1/models", headers={"host": "cllm.example.com"}).status_code == 200
+    with start_server("--host", "0.0.0.0", "--parallel", "1", "--ctx-size", "256") as srv, srv.client() as http:
+        assert http.get("/v1/models", headers={"host": "cllm.example.com"}).status_code == 200
 
 
 def test_host_names_are_read_as_browsers_send_them():

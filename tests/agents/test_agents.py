@@ -32,7 +32,6 @@ import time
 
 import pytest
 
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(HERE, "node_modules", ".bin")
 RUN_TIMEOUT = 1800  # one long prefill on a slow CPU

@@ -21,6 +21,11 @@ UNIT = os.path.join(ROOT, "deploy", "systemd", "cllm.service")
 KUBERNETES = "1.30"
 
 
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def manifests() -> dict[str, dict]:
     docs = {}
     for path in sorted(glob.glob(os.path.join(K8S, "*.yaml"))):
@@ -38,7 +43,7 @@ def test_kubernetes_manifests_validate_against_the_schemas():
         if kind in ("ServiceMonitor", "Kustomization"):  # not Kubernetes' own kinds: no schema bundled
             continue
         kv.validate(doc, KUBERNETES, strict=True)  # raises on any unknown or ill-typed field
-    listed = yaml.safe_load(open(os.path.join(K8S, "kustomization.yaml")))["resources"]
+    listed = yaml.safe_load(read(os.path.join(K8S, "kustomization.yaml")))["resources"]
     assert sorted(listed) == sorted(os.path.basename(p) for p in glob.glob(os.path.join(K8S, "*.yaml")) if "kustomization" not in p)
 
 
@@ -62,11 +67,11 @@ def test_the_systemd_unit_verifies(tmp_path):
     # verify wants ExecStart's program to exist: point it at this checkout's cllm.
     unit = tmp_path / "cllm.service"
     cllm = shutil.which("cllm") or os.path.join(os.path.dirname(os.sys.executable), "cllm")
-    unit.write_text(open(UNIT).read().replace("/opt/cllm/bin/cllm", cllm))
+    unit.write_text(read(UNIT).replace("/opt/cllm/bin/cllm", cllm))
     run = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     complaints = [line for line in run.stderr.splitlines() if "cllm.service" in line]
     assert run.returncode == 0 and not complaints, run.stderr
-    text = open(UNIT).read()
+    text = read(UNIT)
     for line in ("Restart=on-failure", "User=cllm", "EnvironmentFile=/etc/cllm/cllm.env"):
         assert line in text
 
@@ -80,7 +85,7 @@ def test_the_installer_writes_the_unit_a_private_key_and_a_config(tmp_path):
     env = tmp_path / "etc" / "cllm" / "cllm.env"
     assert re.fullmatch(r"CLLM_API_KEY=\S{32,}\n", env.read_text())
     assert env.stat().st_mode & 0o777 == 0o640
-    assert (tmp_path / "etc" / "systemd" / "system" / "cllm.service").read_text() == open(UNIT).read()
+    assert (tmp_path / "etc" / "systemd" / "system" / "cllm.service").read_text() == read(UNIT)
     from cllm.core.config import load_config
 
     assert load_config(str(tmp_path / "etc" / "cllm" / "cllm.yaml"), {}).port == 8080
@@ -90,7 +95,7 @@ def test_the_installer_writes_the_unit_a_private_key_and_a_config(tmp_path):
 
 
 def test_the_dockerfile_builds_in_two_stages_and_runs_as_a_user_with_a_health_check():
-    text = open(os.path.join(ROOT, "Dockerfile")).read()
+    text = read(os.path.join(ROOT, "Dockerfile"))
     assert len(re.findall(r"^FROM ", text, re.M)) == 2 and "COPY --from=build" in text
     assert re.search(r"^USER (?!root)\w+", text, re.M)
     assert re.search(r"^HEALTHCHECK .*\n.*CLLM_HEALTH_URL", text, re.M) and "CLLM_HEALTH_URL=http://127.0.0.1:8080/health" in text

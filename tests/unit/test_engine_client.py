@@ -15,7 +15,16 @@ from cllm.core.config import ServeConfig
 from cllm.core.errors import ApiError
 from cllm.core.launch import EngineRings
 from cllm.core.protocol import (
-    Embed, Embeddings, EngineReady, Hello, ModelInfo, SamplingParams, SeqOutput, StepOutputs, Submit, ToEngine,
+    Embed,
+    Embeddings,
+    EngineReady,
+    Hello,
+    ModelInfo,
+    SamplingParams,
+    SeqOutput,
+    StepOutputs,
+    Submit,
+    ToEngine,
 )
 from cllm.core.ring import Ring
 from frontend_proc.engine.client import EngineClient

@@ -7,8 +7,6 @@ from __future__ import annotations
 import ast
 import os
 
-import pytest
-
 from tests.conftest import ROOT
 
 PACKAGES = ("cllm", "engine_proc", "frontend_proc", "perf")

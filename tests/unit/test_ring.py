@@ -5,9 +5,8 @@ import subprocess
 import sys
 import threading
 
-import pytest
-
 import msgspec
+import pytest
 
 from cllm.core.ring import RecordTooLarge, Ring
 
