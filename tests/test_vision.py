@@ -89,6 +89,10 @@ def test_chunks_and_positions(model, vision):
             assert chunks.n_pos == text0.n_pos + N_IMAGE + text1.n_pos
         with vision.tokenize([USER, image, "and", image, ASK]) as two:
             assert sum(c.n_pos for c in two if c.is_image) == 2 * N_IMAGE
+        # a client's text that spells mtmd's media marker stays text: images come only from image parts
+        marker = M.mtmd_default_marker().decode()
+        with vision.tokenize([USER + marker + ASK]) as typed:
+            assert [c.is_image for c in typed] == [False]
     finally:
         image.close()
 
