@@ -3,7 +3,8 @@ embeddings into a sequence, each timed over rounds, beside a prefill of as many 
 projector (perf/synth_mmproj.py) on the embedded model unless given others. Prints a Markdown table of the
 median, min and max per stage, wall time and the calling thread's CPU time (with --threads 1 llama.cpp and mtmd
 compute on that thread, so the CPU time holds still when other programs share the CPUs). Usage:
-    .venv/bin/python -m perf.image_encode [--model PATH] [--mmproj PATH] [--rounds 20] [--threads 2] [--size 640]
+    .venv/bin/python -m perf.image_encode [--model PATH] [--mmproj PATH] [--tower tiny|vit-b16] [--rounds 20]
+        [--threads 2] [--size 640]
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from perf import image_files
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model")
-    ap.add_argument("--mmproj", help="default: a made one (random weights, 64 embeddings an image)")
+    ap.add_argument("--mmproj", help="default: a made one (perf/synth_mmproj.py, random weights) of --tower's shape")
+    ap.add_argument("--tower", choices=synth_mmproj.TOWERS, default="tiny")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", type=int, default=640, help="the PNG's width (height 3/4 of it)")
@@ -35,7 +37,8 @@ def main() -> None:
     model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
     with tempfile.TemporaryDirectory() as tmp:
         mmproj = args.mmproj or synth_mmproj.write(os.path.join(tmp, "mmproj.gguf"),
-                                                   synth_mmproj.text_embedding_width(model_path))
+                                                   synth_mmproj.text_embedding_width(model_path),
+                                                   synth_mmproj.TOWERS[args.tower])
         vision = Vision(model, mmproj, n_threads=args.threads)
     p = L.llama_context_default_params()
     p.n_ctx = p.n_batch = p.n_ubatch = 2048

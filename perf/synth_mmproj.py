@@ -1,6 +1,6 @@
 """A made vision projector (mmproj GGUF) with random weights, to test the image path where no vision model can go.
 
-    python -m perf.synth_mmproj OUT.gguf [--text-model MODEL.gguf] [--image-size 64] [--patch-size 8] [--seed 0]
+    python -m perf.synth_mmproj OUT.gguf [--text-model MODEL.gguf] [--tower tiny|vit-b16] [--seed 0]
 
 It is a LLaVA-style projector (`clip.projector_type` "mlp", the simplest that llama.cpp's `clip` loader takes): a
 tiny CLIP vision tower (patch embedding, learned positions, 2 pre-norm transformer blocks of which llama.cpp runs
@@ -8,7 +8,8 @@ the first, as LLaVA takes the second-to-last layer) and the two-layer MLP (mm.0,
 the text model's embedding width (576 for the embedded SmolLM2, read from its GGUF). Every image becomes
 (image_size / patch_size)^2 embeddings (64 by default), whatever its size: llama.cpp resizes it to image_size
 square first. Metadata keys and tensor names are the ones the vendored llama.cpp's tools/mtmd/clip.cpp reads
-(clip-impl.h); the file is under 1 MB.
+(clip-impl.h); the file is under 1 MB. `--tower vit-b16` makes CLIP ViT-B/16's shape instead (224 px, 12 of
+13 blocks run, 196 embeddings, 0.2 GB): random too, for timing an encode of a real size.
 
 The weights are random (a fixed seed: the same file every time), so a model given this projector sees noise
 where the image was: the file tests the path (loading, token and position counts, encoding, decoding, caching),
@@ -39,6 +40,10 @@ class Tower:
     @property
     def n_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
+
+
+# A ViT-B/16 tower at 224 px (CLIP's base shape, 196 embeddings an image, 0.2 GB): to time a real-sized encode.
+TOWERS = {"tiny": Tower(), "vit-b16": Tower(image_size=224, patch_size=16, n_embd=768, n_head=12, n_ff=3072, n_layer=13)}
 
 
 def text_embedding_width(model_path: str) -> int:
@@ -119,15 +124,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--text-model", help="the text GGUF whose embedding width the output takes (default: embedded)")
-    ap.add_argument("--image-size", type=int, default=Tower.image_size)
-    ap.add_argument("--patch-size", type=int, default=Tower.patch_size)
+    ap.add_argument("--tower", choices=TOWERS, default="tiny", help="the vision tower's shape (default: tiny)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.text_model is None:
         from cllm.core.model_file import embedded_model_path
 
         args.text_model = embedded_model_path()
-    tower = Tower(image_size=args.image_size, patch_size=args.patch_size)
+    tower = TOWERS[args.tower]
     write(args.out, text_embedding_width(args.text_model), tower, args.seed)
     print(f"{args.out}: {tower.n_patches} embeddings an image, width {text_embedding_width(args.text_model)}")
 
