@@ -108,8 +108,9 @@ def _chunk(ptr: int) -> Chunk:
     return Chunk(ptr, None, M.mtmd_input_chunk_get_id(ptr).decode(), M.mtmd_input_chunk_get_n_tokens(ptr), n_pos)
 
 
-def pixel_id(width: int, height: int, rgb: bytes) -> str:
-    """An image's id: the SHA-256 of its size and RGB pixels (SHA-256 so that no one can make two collide)."""
+def pixel_id(width: int, height: int, rgb) -> str:
+    """An image's id: the SHA-256 of its size and RGB pixels (any buffer; SHA-256 so that no one can make two
+    collide)."""
     h = hashlib.sha256(width.to_bytes(4, "little") + height.to_bytes(4, "little"))
     h.update(rgb)
     return h.hexdigest()
@@ -149,7 +150,8 @@ class Vision:
         if not bitmap:
             raise MalformedImage(f"the {info.format.upper()} image could not be decoded (corrupted?)")
         width, height = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
-        rgb = ctypes.string_at(M.mtmd_bitmap_get_data(bitmap), M.mtmd_bitmap_get_n_bytes(bitmap))
+        address = ctypes.cast(M.mtmd_bitmap_get_data(bitmap), ctypes.c_void_p).value
+        rgb = (ctypes.c_uint8 * M.mtmd_bitmap_get_n_bytes(bitmap)).from_address(address)  # hashed in place, no copy
         image_id = pixel_id(width, height, rgb)
         M.mtmd_bitmap_set_id(bitmap, image_id.encode())
         return Image(bitmap, image_id, width, height, info.format)
