@@ -2,7 +2,7 @@
 
 png: any RGB array, lossless. jpeg: a baseline JPEG whose every 8x8 block is one flat colour (only DC
 coefficients, all quantized by 1, so it decodes to within a step or two of the colours given). bmp: 24-bit,
-uncompressed.
+uncompressed. gif: a palette image, its LZW codes all single pixels (lossless, not compressed).
 """
 
 from __future__ import annotations
@@ -81,3 +81,20 @@ def jpeg(rgb: np.ndarray) -> bytes:
             + _segment(0xC4, dc_table + ac_table)
             + _segment(0xDA, bytes([3, 1, 0x00, 2, 0x00, 3, 0x00, 0, 63, 0]))
             + data + b"\xff\xd9")
+
+
+def gif(indices: np.ndarray, palette: np.ndarray) -> bytes:
+    """A GIF of ``indices`` (height x width, uint8) into ``palette`` (256 x 3, uint8)."""
+    height, width = indices.shape
+    clear, end = 256, 257
+    codes: list[int] = []
+    for i, index in enumerate(indices.ravel().tolist()):
+        if i % 250 == 0:  # a clear code before the table grows to 512 entries: every code stays 9 bits wide
+            codes.append(clear)
+        codes.append(index)
+    codes.append(end)
+    value = sum(code << (9 * i) for i, code in enumerate(codes))  # packed least significant bit first
+    lzw = value.to_bytes((9 * len(codes) + 7) // 8, "little")
+    blocks = b"".join(bytes([len(lzw[i : i + 255])]) + lzw[i : i + 255] for i in range(0, len(lzw), 255))
+    return (b"GIF89a" + struct.pack("<HHBBB", width, height, 0xF7, 0, 0) + palette.astype(np.uint8).tobytes()
+            + b"\x2c" + struct.pack("<HHHHB", 0, 0, width, height, 0) + b"\x08" + blocks + b"\x00\x3b")

@@ -113,6 +113,19 @@ def test_image_id_is_the_pixels(vision):
     other.close()
 
 
+def test_gif_decodes_to_the_same_pixels_as_a_png(vision):
+    rng = np.random.default_rng(6)
+    palette = rng.integers(0, 256, (256, 3), dtype=np.uint8)
+    indices = rng.integers(0, 256, (48, 64), dtype=np.uint8)
+    gif, png = vision.image(F.gif(indices, palette)), vision.image(F.png(palette[indices]))
+    try:
+        assert (gif.width, gif.height, gif.format, png.format) == (64, 48, "gif", "png")
+        assert gif.id == png.id
+    finally:
+        gif.close()
+        png.close()
+
+
 def test_jpeg_decodes(vision):
     rgb = F.picture(64, 48, seed=2)
     image = vision.image(F.jpeg(rgb))
