@@ -7,6 +7,7 @@ ids, refusing bad bytes, encoding, decoding to a next token), not what the model
 from __future__ import annotations
 
 import ctypes
+import os
 
 import llama_cpp as L
 import llama_cpp.mtmd_cpp as M
@@ -62,7 +63,7 @@ def ctx(model):
 def test_projector_matches_the_text_model(model, vision, mmproj):
     assert vision.n_embd == L.llama_model_n_embd(model) == 576
     assert M.mtmd_support_vision(vision.ctx)
-    assert 100_000 < __import__("os").path.getsize(mmproj) < 2_000_000
+    assert 100_000 < os.path.getsize(mmproj) < 2_000_000
 
 
 def test_projector_of_another_width_is_refused(model, tmp_path):
@@ -156,6 +157,19 @@ def test_bad_bytes_refused_and_the_next_image_decodes(vision):
     image = vision.image(good)
     assert image.width == 64
     image.close()
+
+
+def test_undecodable_bytes_never_reach_ffmpeg(vision, tmp_path, monkeypatch):
+    """mtmd's helper tries bytes stb_image cannot read as video, with ffmpeg: never with a client's bytes."""
+    ran = tmp_path / "ran"
+    for name in ("ffmpeg", "ffprobe"):
+        tool = tmp_path / name
+        tool.write_text(f"#!/bin/sh\necho {name} >> {ran}\nexit 1\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(MalformedImage, match="could not be decoded"):
+        vision.image(F.png_raw(64, 48, b"\x00garbage, not a zlib stream"))
+    assert not ran.exists()
 
 
 def test_prompt_with_an_image_decodes_to_a_next_token(model, vision, ctx):
