@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import socket
 import sys
@@ -100,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
 
     if args.command == "bench":
-        if args.target == "engine":
-            from cllm.bench import engine_bench as bench
-        else:
-            from cllm.bench import http_load as bench
+        bench = importlib.import_module("cllm.bench." + ("engine_bench" if args.target == "engine" else "http_load"))
         return bench.main(args.args, prog=f"cllm bench {args.target}")
 
     if args.command == "serve":

@@ -78,11 +78,11 @@ class Child:
         return len(self.restarted_at) <= MAX_RESTARTS
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Engine(Child):
-    spec: ModelSpec | None = None
+    spec: ModelSpec
     replica: int = 0
-    rings: tuple[Ring, Ring] | None = None  # requests, outputs
+    rings: tuple[Ring, Ring]  # requests, outputs
 
 
 class Supervisor:
@@ -194,6 +194,7 @@ class Supervisor:
     def _watch(self, wake_r: int) -> int:
         while not self.stopping:
             proc = self.frontend.proc
+            assert proc is not None  # started before the loop, and again at once whenever it ends
             if proc.poll() is not None:
                 if not self._restart(self.frontend, proc.returncode):
                     return 1
@@ -216,8 +217,9 @@ class Supervisor:
                     port = self.listener.getsockname()[1]
                     print(f"cllm: serving {os.path.basename(self.models[0].path)} at http://{self.config.host}:{port}", flush=True)
             for engine in self.engines.values():
-                if engine.stop_by is not None and time.monotonic() >= engine.stop_by and engine.proc.poll() is None:
-                    engine.proc.kill()
+                proc = engine.proc
+                if engine.stop_by is not None and time.monotonic() >= engine.stop_by and proc and proc.poll() is None:
+                    proc.kill()
         return 0
 
     def _restart(self, child: Child, code: int) -> bool:
@@ -234,6 +236,7 @@ class Supervisor:
 
     def _engine_exited(self, engine: Engine) -> bool:
         """Restart an engine that died, or give its model up; False: the server must end."""
+        assert engine.proc is not None  # it has just been seen to end
         code, generation = engine.proc.returncode, engine.starts - 1
         engine.proc = None
         if engine.stop_by is not None:  # unloaded

@@ -42,13 +42,14 @@ from collections import defaultdict, deque
 import msgspec
 
 from cllm.bench.prompts import copy_prompts, make_prompts
-from cllm.core.config import ServeConfig
+from cllm.core.config import DeviceSampling, ServeConfig, SpecType
 from cllm.core.launch import OUTPUT_RING_BYTES
 from cllm.core.model_file import ModelFileError, resolve_model
 from cllm.core.protocol import SamplingParams, StepOutputs, Submit, ToEngine
 from cllm.core.ring import Ring
 from engine_proc.step_timer import StepTimer
 
+DEFAULTS = ServeConfig()
 PARTS = [
     ("admit", "decode Submit records, build sampler chains"),
     ("step", "engine.step(), not split (profiling)"),
@@ -174,8 +175,9 @@ def host_per_step(timer: StepTimer | None, steps: int) -> dict[str, dict[str, fl
 
 
 def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_tokens: int, threads: int,
-          batch_size: int, profile: str | None = None, spec_type: str = "none", copy: bool = False,
-          sampled: bool = False, device_sampling: str = ServeConfig().device_sampling, staggered: bool = False) -> dict:
+          batch_size: int, profile: str | None = None, spec_type: SpecType = "none", copy: bool = False,
+          sampled: bool = False, device_sampling: DeviceSampling = DEFAULTS.device_sampling,
+          staggered: bool = False) -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
     longest = max(gen_lengths(requests, gen_tokens, staggered))
@@ -301,7 +303,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("-p", "--prompt-tokens", type=int, default=26)
     ap.add_argument("-g", "--gen-tokens", type=int, default=50)
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: one per core)")
-    ap.add_argument("--batch-size", type=int, default=ServeConfig().batch_size)
+    ap.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
     ap.add_argument("--spec-type", choices=["none", "ngram"], default="none", help="speculative decoding (default none)")
     ap.add_argument("--prompts", choices=["fresh", "copy"], default="fresh",
                     help="fresh: synthetic prompts of -p tokens; copy: tasks that copy or quote a ~600-token text")
@@ -309,9 +311,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     help="lockstep: every request generates -g tokens, the first C arrive at once; staggered: lengths "
                          "uniform in [g/2, 3g/2], the first C arriving over g steps (default lockstep)")
     ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)")
-    ap.add_argument("--device-sampling", choices=["auto", "on", "off"], default=ServeConfig().device_sampling,
+    ap.add_argument("--device-sampling", choices=["auto", "on", "off"], default=DEFAULTS.device_sampling,
                     help="sample inside llama_decode where a request allows "
-                    f"(auto: with GPU layers; default {ServeConfig().device_sampling})")
+                    f"(auto: with GPU layers; default {DEFAULTS.device_sampling})")
     ap.add_argument("--sweep", action="store_true",
                     help=f"host us/step at concurrency {', '.join(map(str, SWEEP))}, greedy and sampled, "
                     "2c requests each (-c, -n, --sampled ignored)")
@@ -326,7 +328,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except ModelFileError as e:
         ap.error(str(e))
     run = lambda n, c, sampled, profile=None: bench(  # noqa: E731
-        model, n, c, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count(), args.batch_size, profile,
+        model, n, c, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count() or 1, args.batch_size, profile,
         args.spec_type, args.prompts == "copy", sampled, args.device_sampling, args.arrivals == "staggered")
     if args.sweep:
         results = [run(2 * c, c, sampled) for c in SWEEP for sampled in (False, True)]

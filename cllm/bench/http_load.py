@@ -21,6 +21,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -289,7 +290,7 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 
 
 def run_cell(url: str, dialect: Dialect, concurrency: int, requests: int, prompt_tokens: int, gen_tokens: int,
-             stream: bool, pids: list[int] = (), timeout: float = 600.0, progress: bool = True) -> dict:
+             stream: bool, pids: Sequence[int] = (), timeout: float = 600.0, progress: bool = True) -> dict:
     """One measured cell: `requests` fresh prompts at `concurrency`, with the server's CPU time around it."""
     from tqdm import tqdm
 

@@ -20,7 +20,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from ray import serve
@@ -78,7 +78,7 @@ def application(
         if min_replicas is not None and max_replicas is not None
         else {"num_replicas": config.replicas}
     )
-    chosen = {"request_router_class": ROUTER_CLASSES[router]} if router in ROUTER_CLASSES else {}
+    chosen: dict[str, Any] = {"request_router_class": ROUTER_CLASSES[router]} if router in ROUTER_CLASSES else {}
     if router == "cllm":  # the engine pool's settings: half a batch of slack, about what an engine's cells hold
         chosen["request_router_kwargs"] = {"slack": max(2, config.parallel // 2), "max_blocks": 2 * config.ctx_size // 32}
     routing = RequestRouterConfig(request_routing_stats_period_s=1.0, request_routing_stats_timeout_s=5.0, **chosen)

@@ -39,7 +39,7 @@ _SAMPLE = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{)?", re.M)
 
 
 class EngineReplica:
-    async def __init__(self, spec: ModelSpec, api_key: str | None = None):
+    async def __init__(self, spec: ModelSpec, api_key: str | None = None):  # type: ignore[misc]  # Ray awaits it
         self._spec = spec
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._rings = (Ring.create(REQUEST_RING_BYTES), Ring.create(OUTPUT_RING_BYTES))
@@ -111,7 +111,7 @@ class EngineReplica:
     async def _run(self, call: HttpCall):
         if call.blocks:
             self._served.add(call.blocks)
-        sent = asyncio.Queue()
+        sent: asyncio.Queue = asyncio.Queue()
         disconnected = asyncio.Event()
         body = [call.body]
 
