@@ -105,7 +105,7 @@ class LLMEngine:
 
     def drop_all(self) -> None:
         self.slots.pending.clear()
-        self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting, *self.embedder.jobs)])
+        self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting)] + [j.id for j in self.embedder.jobs])
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self.embedder.jobs)

@@ -13,7 +13,17 @@ import msgspec
 
 from cllm.core.launch import EXIT_LOAD_FAILED, from_argv
 from cllm.core.log import setup_logging
-from cllm.core.protocol import Embed, EngineReady, Hello, ModelInfo, SlotAction, StepOutputs, Submit, ToEngine
+from cllm.core.protocol import (
+    Embed,
+    EngineReady,
+    Hello,
+    ModelInfo,
+    SeqOutput,
+    SlotAction,
+    StepOutputs,
+    Submit,
+    ToEngine,
+)
 from cllm.core.ring import Ring
 from engine_proc.engine import LLMEngine
 from engine_proc.model_runner import ModelLoadError
@@ -81,7 +91,7 @@ def main() -> int:
                 if launch.lifeline in requests.wait(watch, engine.persist_wait()):
                     break  # the supervisor is gone
                 continue
-            refused = []
+            refused: list[SeqOutput] = []
             for record in records:
                 msg = decode(record)
                 if type(msg) is Hello:

@@ -191,7 +191,8 @@ class Sampler:
         if matrix is None:
             matrix = self._matrices[k] = ctypes.c_float * (k * self.n_vocab)
         last = _logits_ith(self.ctx, -1)
-        logits = np.frombuffer(matrix.from_address(last - (k - 1) * 4 * self.n_vocab), np.float32).reshape(k, self.n_vocab)
+        rows = matrix.from_address(last - (k - 1) * 4 * self.n_vocab)  # type: ignore[attr-defined]  # a ctypes array
+        logits = np.frombuffer(rows, np.float32).reshape(k, self.n_vocab)
         if len(rows) == k:  # every row of the span
             return logits.argmax(axis=1).tolist()
         return [int(logits[k + r].argmax()) for r in rows]
@@ -229,7 +230,7 @@ class Sampler:
         chain asked again (the next token then goes through the grammar).
         """
         for _ in range(MAX_TRIGGER_RETRIES):
-            text = s.waiting + self._special_piece(token)
+            text = (s.waiting or "") + self._special_piece(token)
             m = next((m for p in s.triggers if (m := p.search(text))), None)
             if m is None:
                 s.waiting = text
