@@ -191,8 +191,8 @@ class Sampler:
         if matrix is None:
             matrix = self._matrices[k] = ctypes.c_float * (k * self.n_vocab)
         last = _logits_ith(self.ctx, -1)
-        rows = matrix.from_address(last - (k - 1) * 4 * self.n_vocab)  # type: ignore[attr-defined]  # a ctypes array
-        logits = np.frombuffer(rows, np.float32).reshape(k, self.n_vocab)
+        span = matrix.from_address(last - (k - 1) * 4 * self.n_vocab)  # type: ignore[attr-defined]  # a ctypes array
+        logits = np.frombuffer(span, np.float32).reshape(k, self.n_vocab)
         if len(rows) == k:  # every row of the span
             return logits.argmax(axis=1).tolist()
         return [int(logits[k + r].argmax()) for r in rows]
