@@ -31,6 +31,7 @@ import random
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from typing import Any
 
 import httpx
 
@@ -92,7 +93,7 @@ def run_chat(clients: dict, args) -> str:
     cllms = [s for s in clients if s != "llama-server"]
     rounds = []
     for c in args.conversations:
-        got = {s: [] for s in clients}
+        got: dict[Any, list[Any]] = {s: [] for s in clients}
         for r, order in enumerate(alternate(args.rounds, tuple(clients))):
             means = {}
             for system in order:  # each round its own customers: turn 1 is new to every server
@@ -115,7 +116,7 @@ def run_rate(clients: dict, args, prompts_of_round, max_tokens: int) -> str:
     cllms = [s for s in clients if s != "llama-server"]
     lines = ["| round | llama-server tok/s | " + " | ".join(f"{s} tok/s | {s} ÷ llama-server" for s in cllms) + " |",
              "|---|---|" + "---|---|" * len(cllms)]
-    ratios = {s: [] for s in cllms}
+    ratios: dict[Any, list[float]] = {s: [] for s in cllms}
     for r, order in enumerate(alternate(args.rounds, tuple(clients))):
         rate = tok_per_s(clients, order, prompts_of_round(r), max_tokens)
         for s in cllms:

@@ -31,7 +31,7 @@ def texts(n: int) -> list[str]:
 async def embed_all(url: str, inputs: list[str], batch: int, concurrency: int) -> float:
     """Inputs per second, the inputs sent in requests of `batch`, `concurrency` at a time."""
     chunks = [inputs[i : i + batch] for i in range(0, len(inputs), batch)]
-    queue = asyncio.Queue()
+    queue: asyncio.Queue = asyncio.Queue()
     for c in chunks:
         queue.put_nowait(c)
     async with httpx.AsyncClient(base_url=url, timeout=1800) as http:

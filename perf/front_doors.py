@@ -44,7 +44,7 @@ def _busy_seconds() -> float:
 def wait_quiet(max_others: float, patience: float) -> None:
     """Wait (at most `patience` seconds) until the machine is busy on fewer than `max_others` cores (this bench is idle then)."""
     deadline = time.monotonic() + patience
-    while psutil.cpu_percent(interval=3) / 100 * psutil.cpu_count() > max_others and time.monotonic() < deadline:
+    while psutil.cpu_percent(interval=3) / 100 * (psutil.cpu_count() or 1) > max_others and time.monotonic() < deadline:
         pass
 
 
@@ -108,7 +108,9 @@ def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, ge
 def _ttft(client: httpx.Client, body: dict) -> tuple[float, str, str | None, tuple[int, int]]:
     """(TTFT, the reply's text, the response id, (cached, input) tokens) of one streamed /v1/responses request."""
     t0 = time.perf_counter()
-    ttft, text, rid, tokens = None, [], None, (0, 0)
+    ttft: float | None = None
+    text: list[str] = []
+    rid, tokens = None, (0, 0)
     with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -121,6 +123,7 @@ def _ttft(client: httpx.Client, body: dict) -> tuple[float, str, str | None, tup
             elif event["type"] in ("response.completed", "response.incomplete"):
                 rid, usage = event["response"]["id"], event["response"]["usage"]
                 tokens = (usage["input_tokens_details"]["cached_tokens"], usage["input_tokens"])
+    assert ttft is not None, "the stream ended without a token"
     return ttft, "".join(text), rid, tokens
 
 

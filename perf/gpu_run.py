@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import psutil
 
@@ -38,7 +39,7 @@ from perf.gpu_report import render
 
 DRY = os.environ.get("GPU_RUN_DRY") == "1"
 # (models, greedy c, sampled c, generated tokens, prompt tokens, seconds for the whole run)
-PLAN = dict(models=["tiny"], greedy=[1, 4], sampled=[4], gen=8, budget=240) if DRY else \
+PLAN: dict[str, Any] = dict(models=["tiny"], greedy=[1, 4], sampled=[4], gen=8, budget=240) if DRY else \
     dict(models=["smollm2", "8b", "1b"], greedy=[1, 32, 64, 8], sampled=[32, 64], gen=256, budget=480)
 PROMPT = 26
 REQUEST_TIMEOUT = 120.0
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     presets = [p for p in args.models.split(",") if p]
     chosen = set(args.parts.split(","))
     contestants = [c for c in CONTESTANTS if c[0] in args.contestants.split(",")]
-    parts = [(p, c) for p in presets if p != "1b" for c in contestants] if "servers" in chosen else []
+    parts: list[tuple[str, Any]] = [(p, c) for p in presets if p != "1b" for c in contestants] if "servers" in chosen else []
     parts += [("speculation", None)] if "speculation" in chosen else []
     parts += [(p, ("engine", ())) for p in presets if p != "1b"] if "engine" in chosen else []
     parts += [(p, c) for p in presets if p == "1b" for c in contestants] if "servers" in chosen else []

@@ -19,8 +19,7 @@ import llama_cpp as L
 
 from cllm.core.model_file import resolve_model
 from engine_proc.vision import EmbdBatch, Vision
-from perf import synth_mmproj
-from perf import image_files
+from perf import image_files, synth_mmproj
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import psutil
@@ -98,7 +99,7 @@ def measure(pid: int) -> list[dict]:
                 words = p.cmdline()
                 name = " ".join(w for w in words[1:3] if not w.startswith("{")) or p.name()  # "-m engine_proc", not its config
                 try:
-                    full = p.memory_full_info()
+                    full: Any = p.memory_full_info()
                     pss, uss = getattr(full, "pss", 0), full.uss
                 except psutil.AccessDenied:
                     full, pss, uss = p.memory_info(), 0, 0

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 import httpx
 
@@ -101,7 +102,7 @@ def cold(args) -> dict:
     port2 = servers.free_port()
     systems["llama-server"] = ([servers.LLAMA_SERVER, "--models-dir", d, "--host", "127.0.0.1", "--port", str(port2),
                                 "--threads", threads, "--parallel", "4", "--ctx-size", "4096", "--no-webui"], port2)
-    result = {}
+    result: dict[str, Any] = {}
     for system, (cmd, p) in systems.items():
         with servers.launch(system, cmd, p, "/models", label=f"pool-cold-{system}") as srv:
             times = []
@@ -128,7 +129,7 @@ def _prefix_counts(url: str) -> tuple[float, float]:
 
 
 def routing(args) -> dict:
-    result = {}
+    result: dict[str, Any] = {}
     for mode in ("prefix", "round-robin"):
         settings = servers.Settings(args.model, args.threads, args.parallel, args.seq_ctx)
         with servers.start("cllm", settings, args=("--replicas", "2", "--replica-routing", mode, "--log-level", "warning"),
@@ -153,7 +154,7 @@ def kv(args) -> dict:
     from frontend_proc.core.tokenizer import Tokenizer
 
     vocab = Tokenizer(args.model).model
-    result = {}
+    result: dict[str, Any] = {}
     for cache in ("f16", "q8_0"):
         per_seq = kv_cache_bytes(vocab, args.seq_ctx, cache, cache)
         fit = int(args.kv_mib * (1 << 20) // per_seq)

@@ -20,7 +20,7 @@ import random
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -66,6 +66,7 @@ def stream(client: httpx.Client, path: str, body: dict) -> Streamed:
                 if ttft is None and (piece or choice.get("finish_reason")):
                     ttft = time.perf_counter() - t0
                 pieces.append(piece or "")
+    assert ttft is not None, "the stream ended without a token"
     return Streamed(ttft, time.perf_counter() - t0, "".join(pieces), usage["prompt_tokens"], usage["completion_tokens"])
 
 
@@ -93,7 +94,7 @@ def shared_prefix(off: httpx.Client, on: httpx.Client, trials: int, sections: in
     for trial in range(trials):
         doc = handbook(1000 + trial, sections)
         first, second = (f"{doc}\n\nQuestion: {q}\nAnswer:" for q in ("What is the fee for returns?", "How fast are repairs answered?"))
-        row = {}
+        row: dict[str, Any] = {}
         for name, client in (("off", off), ("on", on)):
             row[f"cold_{name}"] = stream(client, "/v1/completions", {"prompt": first, "max_tokens": max_tokens}).ttft
             before = idle(client)
@@ -113,7 +114,7 @@ def chat(off: httpx.Client, on: httpx.Client, conversations: int, turns: int, se
         for turn in range(1, turns + 1):
             for history in histories:
                 history.append({"role": "user", "content": f"Customer {rng.randrange(1000)} asks about {rng.choice(TOPICS)}: what applies?"})
-            row = {"turn": turn}
+            row: dict[str, Any] = {"turn": turn}
             for name, client in (("off", off), ("on", on)):
                 before = idle(client)
                 ask = lambda history: stream(client, "/v1/chat/completions", {"messages": history, "max_tokens": max_tokens})  # noqa: E731

@@ -26,6 +26,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import httpx
 
@@ -38,7 +39,7 @@ TOKENS_PER_SECTION = 31  # of handbook()'s rules, measured on the embedded model
 
 
 def turn(system: str, question: str, reply: str | None = None, next_question: str | None = None) -> list[dict]:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     if reply is not None:
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": next_question}]
     return messages

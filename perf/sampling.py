@@ -60,7 +60,7 @@ def measure(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
     while any(s.prefilling for s in engine.scheduler.running) or engine.scheduler.waiting:
         list(engine.step())
     sample, logprobs = Timed(engine.sampler.sample), Timed(engine.sampler.logprobs)
-    engine.sampler.sample, engine.sampler.logprobs = sample, logprobs
+    engine.sampler.sample, engine.sampler.logprobs = sample, logprobs  # type: ignore[method-assign]
     sampling, whole, fewest = [], [], len(prompts)
     try:
         for _ in range(steps):

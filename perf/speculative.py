@@ -24,6 +24,7 @@ import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 
@@ -92,7 +93,7 @@ def run_copy(clients: dict, labels: list[str], args) -> str:
     lines = [f"| c | {' | '.join(labels)} | cllm ÷ cllm-nospec | cllm ÷ best llama-server |", "|---" * (len(labels) + 3) + "|"]
     accept = {label: {"drafted": 0, "accepted": 0} for label in labels}
     for c in args.concurrency:
-        got = {label: [] for label in labels}
+        got: dict[str, list[Any]] = {label: [] for label in labels}
         for r in range(args.rounds):
             prompts = variants(base, max(c, len(base)), f"round {r} c {c}")
             order = labels[r % len(labels):] + labels[: r % len(labels)]
@@ -119,7 +120,7 @@ def run_copy(clients: dict, labels: list[str], args) -> str:
 def run_fresh(clients: dict, args) -> str:
     lines = ["| c | cllm tok/s | cllm-nospec tok/s | cllm ÷ cllm-nospec |", "|---|---|---|---|"]
     for c in args.fresh_concurrency:
-        got = {"cllm": [], "cllm-nospec": []}
+        got: dict[str, list[Any]] = {"cllm": [], "cllm-nospec": []}
         for r in range(args.rounds):
             prompts = make_prompts(max(2 * c, 4), 32, seed=1000 * c + r)
             for label in (("cllm", "cllm-nospec") if r % 2 == 0 else ("cllm-nospec", "cllm")):

@@ -21,6 +21,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 import httpx
 import psutil
@@ -72,7 +73,7 @@ def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int, context
         decode(self, *args)
         spent[0] += time.perf_counter() - t
 
-    batch.Batch.decode = timed
+    batch.Batch.decode = timed  # type: ignore[method-assign]
     engine = LLMEngine(model, ServeConfig(parallel=8, ctx_size=8 * 4096, threads=threads))
     theirs, ours = [], []
     try:
@@ -91,7 +92,7 @@ def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int, context
                 n += sum(len(r.outputs) for r in engine.step())
             ours.append(spent[0] / n * 1e3)
     finally:
-        batch.Batch.decode = decode
+        batch.Batch.decode = decode  # type: ignore[method-assign]
         engine.close()
     return statistics.median(theirs), statistics.median(ours)
 
@@ -103,7 +104,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=12, help="requests a round")
     args = ap.parse_args()
     settings = servers.settings_of(args)
-    got = {s: {"ttft": [], "rate": [], "e2e": [], "serving": 0.0, "tokens": 0} for s in SYSTEMS}
+    got: dict[str, dict[str, Any]] = {s: {"ttft": [], "rate": [], "e2e": [], "serving": 0.0, "tokens": 0} for s in SYSTEMS}
     with (servers.start("cllm", settings) as cllm, servers.start("llama-server", settings) as peer,
           httpx.Client(base_url=cllm.url, timeout=300) as a, httpx.Client(base_url=peer.url, timeout=300) as b):
         clients = {"cllm": (a, cllm.proc.pid), "llama-server": (b, peer.proc.pid)}

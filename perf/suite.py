@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from importlib import metadata
+from typing import Any
 
 from cllm.bench import http_load
 from cllm.bench.prompts import requests_for
@@ -36,7 +37,7 @@ def _csv(kind):
     return lambda s: [kind(x) for x in s.split(",") if x]
 
 
-def _subprocess_json(args: list[str]) -> list | dict:
+def _subprocess_json(args: list[str]) -> Any:  # a list or a dict, as the benchmark prints it
     out = subprocess.run([sys.executable, "-m", *args, "--json"], check=True, stdout=subprocess.PIPE, text=True,
                          cwd=os.path.dirname(servers.PERF)).stdout
     return json.loads(out.strip().splitlines()[-1])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ TOWERS = {"tiny": Tower(), "vit-b16": Tower(image_size=224, patch_size=16, n_emb
 
 def text_embedding_width(model_path: str) -> int:
     """A text GGUF's embedding width (`<arch>.embedding_length`): what the projector's output must match."""
-    meta = gguf_io.read_metadata(model_path)
+    meta: dict[str, Any] = gguf_io.read_metadata(model_path)
     arch = meta["general.architecture"][1]
     return int(meta[f"{arch}.embedding_length"][1])
 

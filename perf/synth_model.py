@@ -144,7 +144,7 @@ def random_tensor(dims: tuple[int, ...], ggml_type: int, rng: np.random.Generato
 def _write_one(job: tuple[str, str, tuple[int, ...], int, int, int]) -> int:
     path, name, dims, ggml_type, offset, seed = job
     rng = np.random.default_rng([seed, *name.encode()])
-    data = memoryview(random_tensor(dims, ggml_type, rng)).cast("B")
+    data = random_tensor(dims, ggml_type, rng).data.cast("B")
     fd = os.open(path, os.O_WRONLY)
     try:
         done = 0

@@ -14,6 +14,7 @@ import json
 import os
 import statistics
 import time
+from typing import Any
 
 import httpx
 
@@ -21,7 +22,7 @@ from cllm.core.model_file import resolve_model
 from frontend_proc.chat.tools import Tool, generic_system_text
 from perf import servers
 
-ADD = {
+ADD: dict[str, Any] = {
     "name": "add",
     "description": "Add two integers",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},

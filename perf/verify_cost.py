@@ -31,9 +31,10 @@ def prefill(runner: ModelRunner, n: int, pos: int) -> list[Sequence]:
     rng = np.random.default_rng(0)
     seqs = []
     for s in range(n):
-        seq = Sequence(s, rng.integers(100, 10000, pos).astype(np.int32), SamplingParams(), None, slot=s)
+        seq = Sequence(s, rng.integers(100, 10000, pos).astype(np.int32), SamplingParams(), None, slot=s)  # type: ignore[arg-type]  # no sampler: never sampled
         for a in range(0, pos, 256):
-            runner.decode([Chunk(seq, a, min(a + 256, pos))])
+            runner.fill([Chunk(seq, a, min(a + 256, pos))])
+            runner.decode()
         seq.n_cached = pos
         seq.output.append(int(rng.integers(100, 10000)))
         seqs.append(seq)
@@ -43,7 +44,8 @@ def prefill(runner: ModelRunner, n: int, pos: int) -> list[Sequence]:
 def step_seconds(runner: ModelRunner, seqs: list[Sequence], pos: int, k: int, drafts: np.ndarray) -> float:
     chunks = [Chunk(s, pos, pos + 1 + k, drafts[:k] if k else None) for s in seqs]
     t = time.perf_counter()
-    runner.decode(chunks)
+    runner.fill(chunks)
+    runner.decode()
     seconds = time.perf_counter() - t
     for s in seqs:
         runner.trim(s.slot, pos)
