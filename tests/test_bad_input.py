@@ -5,6 +5,7 @@ from __future__ import annotations
 import select
 import socket
 import time
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import pytest
@@ -12,11 +13,11 @@ import pytest
 MAX_BODY = 1 << 20  # the default --max-body-bytes
 
 
-def raw_exchange(url: str, head: bytes, chunks: list[bytes] = (), timeout: float = 20.0) -> tuple[int, dict, bytes, float]:
+def raw_exchange(url: str, head: bytes, chunks: Sequence[bytes] = (), timeout: float = 20.0) -> tuple[int, dict, bytes, float]:
     """Send a request by hand, stop sending once the server answers; (status, headers, body, seconds)."""
     parts = urlsplit(url)
     t0 = time.monotonic()
-    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as s:
+    with socket.create_connection((parts.hostname, parts.port or 80), timeout=timeout) as s:
         s.sendall(head)
         for chunk in chunks:
             if select.select([s], [], [], 0)[0]:

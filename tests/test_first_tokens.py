@@ -15,7 +15,7 @@ def prompt(tok, rid: int, n: int) -> list[int]:
 
 
 def finish_all(engine) -> list[SeqOutput]:
-    outs = []
+    outs: list[SeqOutput] = []
     for _ in range(200):
         if not engine.has_work():
             return outs

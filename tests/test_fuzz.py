@@ -69,7 +69,7 @@ CASES = [(*op, GenerationMode.POSITIVE) for op in OPERATIONS + WITH_INPUT] + [(*
 LENIENT = [positive_data_acceptance]
 
 
-@pytest.mark.parametrize("method,path,mode", CASES, ids=[f"{m} {p} {g.value}" for m, p, g in CASES])
+@pytest.mark.parametrize("method,path,mode", CASES, ids=[f"{m} {p} {g.value}" for m, p, g in CASES])  # type: ignore[attr-defined]
 def test_fuzz(api_schema, server, method, path, mode):
     cases = api_schema[path][method].as_strategy(generation_mode=mode)
     if mode is GenerationMode.POSITIVE:

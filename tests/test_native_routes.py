@@ -281,7 +281,7 @@ ONLY_LLAMA_SERVER = {
 }
 
 
-def same_shape(ours, theirs, where: str, skip: set[str] = frozenset()) -> None:
+def same_shape(ours, theirs, where: str, skip: frozenset[str] | set[str] = frozenset()) -> None:
     """The same keys (less those skipped) and the same JSON types, all the way down (ints count as numbers)."""
     number = (int, float)
     if isinstance(theirs, dict):

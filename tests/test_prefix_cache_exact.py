@@ -24,6 +24,7 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -55,7 +56,7 @@ class Side:
     tokens: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def post(self, path: str, body: dict, stream: bool = False) -> dict | list[dict]:
+    def post(self, path: str, body: dict, stream: bool = False) -> Any:  # the JSON: a dict, or a stream's events
         """The JSON response; stream: the events of an SSE stream instead."""
         r = self.http.post(path, json={**body, "temperature": 0, "ignore_eos": True})
         assert r.status_code == 200, r.text

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-from cllm.core.config import ServeConfig
+from cllm.core.config import DeviceSampling, ServeConfig
 from cllm.core.protocol import SamplingParams, Submit
 
 
-def run(engine, submits) -> dict[int, tuple[list[int], str]]:
+def run(engine, submits) -> dict[int, tuple[list[int], str | None]]:
     """Step until every submitted sequence ends: id -> (tokens, finish)."""
-    results = {s.id: ([], None) for s in submits}
+    results: dict[int, tuple[list[int], str | None]] = {s.id: ([], None) for s in submits}
     for s in submits:
         out = engine.add(s)
         if out is not None:
@@ -117,7 +119,7 @@ def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, t
         engine.stream_interval = ServeConfig().stream_interval_ms / 1000
 
 
-def _device_or_host(tok, device: str) -> dict:
+def _device_or_host(tok, device: DeviceSampling) -> dict:
     """Greedy, logprobs and seeded outputs of an engine that samples on the device or on the host."""
     from cllm.core.model_file import resolve_model
     from engine_proc.engine import LLMEngine
@@ -127,7 +129,7 @@ def _device_or_host(tok, device: str) -> dict:
         prompts = [tok.encode(t) for t in ("Write a story about a dragon.", "List the planets:", "Hello, my name is")]
         greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
         seeded = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, ignore_eos=True)
-        out = {"greedy": run(engine, [Submit(i, p, greedy) for i, p in enumerate(prompts)])}
+        out: dict[str, Any] = {"greedy": run(engine, [Submit(i, p, greedy) for i, p in enumerate(prompts)])}
         out["logprobs"] = run(engine, [Submit(10 + i, p, msgspec.structs.replace(greedy, logprobs=1)) for i, p in enumerate(prompts)])
         for name, first in (("seeded", 20), ("again", 30)):
             submits = [Submit(first + i, p, msgspec.structs.replace(seeded, seed=i)) for i, p in enumerate(prompts)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import anthropic
 import msgspec
@@ -30,7 +31,7 @@ from frontend_proc.doors.openai.schemas import ChatCompletionRequest
 from tests.conftest import start_server, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",

@@ -17,8 +17,8 @@ import pytest
 from cllm.core.images import ImageTooLarge, MalformedImage, UnsupportedImage
 from cllm.core.model_file import resolve_model
 from engine_proc.vision import EmbdBatch, ProjectorError, Vision
-from perf import synth_mmproj
 from perf import image_files as F
+from perf import synth_mmproj
 
 USER = "<|im_start|>user\n"
 ASK = "\nWhat is in this picture?<|im_end|>\n<|im_start|>assistant\n"

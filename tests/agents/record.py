@@ -22,6 +22,7 @@ import platform
 import re
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 TOOL_PROMPT = "List the files"  # the tool-offering turn's prompt starts so
 KEPT_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta", "user-agent", "originator")
@@ -49,7 +50,7 @@ def _asked_for_tool(body: dict) -> bool:
     return TOOL_PROMPT in text and "tool_result" not in text and "function_call_output" not in text
 
 
-def _tool_name(tools: list, *names: str) -> tuple[str, str] | None:
+def _tool_name(tools: list | None, *names: str) -> tuple[str, str] | None:
     """(type, name) of the first offered tool called one of ``names``."""
     for tool in tools or []:
         name = tool.get("name") or tool.get("function", {}).get("name")
@@ -89,7 +90,7 @@ def responses(body: dict) -> list[bytes]:
     tool = _asked_for_tool(body) and _tool_name(body.get("tools"), "shell", "exec_command", "shell_command")
     if tool:
         args = {"command": ["ls"]} if tool[1] == "shell" else {"cmd": "ls"}
-        item = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": tool[1], "arguments": json.dumps(args), "status": "completed"}
+        item: dict[str, Any] = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": tool[1], "arguments": json.dumps(args), "status": "completed"}
     else:
         item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
                 "content": [{"type": "output_text", "text": "Hello.", "annotations": []}]}

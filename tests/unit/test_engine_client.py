@@ -7,6 +7,7 @@ while the frontend waits for room, and what the next engine gets to read.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 import pytest
@@ -42,13 +43,13 @@ class FakeEngine:
 
     def __init__(self, requests: Ring, outputs: Ring, generation: int):
         self.requests, self.outputs, self.generation = requests, outputs, generation
-        self.session = None
+        self.session: int | None = None
         self.decode = msgspec.msgpack.Decoder(ToEngine).decode
         self.encode = msgspec.msgpack.Encoder().encode
 
     def serve_records(self) -> list:
         """Drain the request ring; answer Hellos; return what counts (after the first Hello)."""
-        counted = []
+        counted: list[Any] = []
         for record in self.requests.drain():
             msg = self.decode(record)
             if type(msg) is Hello:
@@ -122,7 +123,7 @@ def test_engine_death_while_the_frontend_waits_for_room(rings):
         assert client.generation == 1
 
         stream = await client.submit(PROMPT, sampling, per_step=False)
-        counted = []
+        counted: list[Any] = []
         await until(lambda: counted.extend(second.serve_records()) or counted)
         assert [type(m) for m in counted] == [Submit] and counted[0].id == stream.id  # nothing stale, nothing lost
         second.finish(stream.id, [7, 8, 9, 10, 11])
@@ -167,7 +168,7 @@ def test_an_embeddings_error_fails_that_request_with_a_503(rings):
         await until(lambda: engine.serve_records() == [] and engine.session is not None)
         await asyncio.wait_for(client.ready, 5)
         job = asyncio.ensure_future(client.embed([[1, 2, 3]]))
-        counted = []
+        counted: list[Any] = []
         await until(lambda: counted.extend(engine.serve_records()) or counted)
         assert [type(m) for m in counted] == [Embed]
         assert engine.outputs.try_put(engine.encode(Embeddings(counted[0].id, 0, b"", "no room for it")))

@@ -46,7 +46,7 @@ def imports(module: str, path: str) -> set[tuple[str, str | None]]:
     with open(path) as f:
         tree = ast.parse(f.read(), path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
-    found = set()
+    found: set[tuple[str, str | None]] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {(alias.name, None) for alias in node.names}

@@ -87,7 +87,12 @@ def recorded(kv: FakeStreams, *names: str) -> list[str]:
     moves: list[str] = []
     for name in names:
         method = getattr(kv, name)
-        setattr(kv, name, lambda *a, _m=method, _n=name: moves.append(_n) or _m(*a))
+
+        def record(*a, _m=method, _n=name):
+            moves.append(_n)
+            return _m(*a)
+
+        setattr(kv, name, record)
     return moves
 
 
@@ -112,11 +117,12 @@ def run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], rng: random.Ran
         sched.remove(done)
         for seq in sched.running:
             assert kv.held(seq.slot)[: seq.n_cached] == seq.known(seq.n_cached).tolist()
+        assert sched.cache is not None
         for slot, entry in sched.cache.entries.items():
             assert kv.held(slot) == entry.tokens.tolist(), slot
         if sched.cache.host is not None:
             for stored in sched.cache.host.entries.values():
-                assert stored.data.tolist() == stored.tokens.tolist()
+                assert stored.data is not None and stored.data.tolist() == stored.tokens.tolist()
 
 
 def prefilled_by_step(sched: Scheduler, kv: FakeStreams, steps: int) -> list[list[int]]:

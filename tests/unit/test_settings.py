@@ -3,6 +3,8 @@ the same ServeConfig, and docs/configuration.md's tables are the ones its declar
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -19,13 +21,14 @@ def sample(s: Setting, path: str):
     if isinstance(s.kind, tuple):
         candidates: list = list(s.kind)
     else:
-        candidates = {
+        by_kind: dict[Any, list] = {
             bool: [True, False],
             int: [1, 2, 65, 1025],
             float: [0.5, 1.5],
             str: [path],
             list: [["a.example"], ["https://a.example"]],
-        }[s.kind]
+        }
+        candidates = by_kind[s.kind]
     for value in candidates:
         try:
             msgspec.convert(value, s.type)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from engine_proc import threads
 
@@ -104,7 +105,7 @@ def test_fixed_threads_never_change():
 def probing(m: Machine, shares: list[float], seconds: float = 0.03, first: float = 0.3):
     """A probe's decodes: the first ``shares`` given, then the last one's share on; the first, setting up,
     takes ``first`` seconds, the others ``seconds``."""
-    done = []
+    done: list[Any] = []
 
     def decode() -> tuple[float, float]:
         share = shares[min(len(done), len(shares) - 1)]
