@@ -45,7 +45,8 @@ class Image:
     __slots__ = ("bitmap", "id", "width", "height", "format")
 
     def __init__(self, bitmap: int, id: str, width: int, height: int, format: str):
-        self.bitmap, self.id, self.width, self.height, self.format = bitmap, id, width, height, format
+        self.bitmap: int | None = bitmap
+        self.id, self.width, self.height, self.format = id, width, height, format
 
     def close(self) -> None:
         if self.bitmap:
@@ -72,7 +73,7 @@ class Chunks(Sequence[Chunk]):
     """A tokenized prompt: its chunks in order, alive until close()."""
 
     def __init__(self, ptr: int):
-        self._ptr = ptr
+        self._ptr: int | None = ptr
         self._chunks = [_chunk(M.mtmd_input_chunks_get(ptr, i)) for i in range(M.mtmd_input_chunks_size(ptr))]
 
     def __getitem__(self, i):
@@ -117,8 +118,15 @@ def pixel_id(width: int, height: int, rgb) -> str:
 
 
 class Vision:
-    def __init__(self, model, mmproj_path: str, n_threads: int, use_gpu: bool = False,
-                 max_bytes: int = images.MAX_BYTES, max_pixels: int = images.MAX_PIXELS):
+    def __init__(
+        self,
+        model,
+        mmproj_path: str,
+        n_threads: int,
+        use_gpu: bool = False,
+        max_bytes: int = images.MAX_BYTES,
+        max_pixels: int = images.MAX_PIXELS,
+    ):
         silence_mtmd_logs()
         params = M.mtmd_context_params_default()
         params.use_gpu = use_gpu
@@ -201,13 +209,15 @@ class EmbdBatch:
         self.logits = np.zeros(n, np.int8)
         row = ctypes.cast(self.seq_id.ctypes.data, ctypes.POINTER(L.llama_seq_id))
         self._seq_id_rows = (ctypes.POINTER(L.llama_seq_id) * n)(*([row] * n))
-        self.batch = L.llama_batch()
-        self.batch.token = None
-        self.batch.embd = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        self.batch.pos = self.pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
-        self.batch.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self.batch.seq_id = self._seq_id_rows
-        self.batch.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.batch = L.llama_batch(
+            n_tokens=0,
+            token=None,  # embeddings instead
+            embd=self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            pos=self.pos.ctypes.data_as(ctypes.POINTER(L.llama_pos)),
+            n_seq_id=self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+            seq_id=self._seq_id_rows,
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
 
     def decode(self, ctx, rows: np.ndarray, pos0: int, seq_id: int, logits_last: bool = False) -> None:
         """llama_decode of ``rows`` (at most the batch's size) at positions pos0.., into sequence ``seq_id``."""

@@ -35,8 +35,11 @@ def main() -> None:
     L.llama_backend_init()
     model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
     with tempfile.TemporaryDirectory() as tmp:
-        mmproj = synth_mmproj.write(os.path.join(tmp, "mmproj.gguf"), synth_mmproj.text_embedding_width(model_path),
-                                    synth_mmproj.TOWERS[args.tower])
+        mmproj = synth_mmproj.write(
+            os.path.join(tmp, "mmproj.gguf"),
+            synth_mmproj.text_embedding_width(model_path),
+            synth_mmproj.TOWERS[args.tower],
+        )
         vision = Vision(model, mmproj, n_threads=args.threads)
     p = L.llama_context_default_params()
     p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = 256 * args.seqs, 512, 512, args.seqs
@@ -84,10 +87,19 @@ def main() -> None:
         if pos > 200:  # keep within each sequence's cells
             L.llama_memory_clear(L.llama_get_memory(ctx), True)
             pos = 0
-        rows.append((beside, len(times), statistics.median(t[0] for t in times) * 1000,
-                     statistics.median(t[1] for t in times) * 1000, encode_wall[0] * 1000 if beside else None))
-    print(f"{args.tower} tower ({chunk.n_tokens} embeddings), {args.seqs} sequences decoding, "
-          f"{args.threads} thread(s) each")
+        rows.append(
+            (
+                beside,
+                len(times),
+                statistics.median(t[0] for t in times) * 1000,
+                statistics.median(t[1] for t in times) * 1000,
+                encode_wall[0] * 1000 if beside else None,
+            )
+        )
+    print(
+        f"{args.tower} tower ({chunk.n_tokens} embeddings), {args.seqs} sequences decoding, "
+        f"{args.threads} thread(s) each"
+    )
     print("\n| round | encode beside | steps | step wall ms (median) | step CPU ms (median) | encode wall ms |")
     print("|---|---|---|---|---|---|")
     for i, (beside, n, wall, cpu, enc) in enumerate(rows):

@@ -35,9 +35,11 @@ def main() -> None:
     L.llama_backend_init()
     model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
     with tempfile.TemporaryDirectory() as tmp:
-        mmproj = args.mmproj or synth_mmproj.write(os.path.join(tmp, "mmproj.gguf"),
-                                                   synth_mmproj.text_embedding_width(model_path),
-                                                   synth_mmproj.TOWERS[args.tower])
+        mmproj = args.mmproj or synth_mmproj.write(
+            os.path.join(tmp, "mmproj.gguf"),
+            synth_mmproj.text_embedding_width(model_path),
+            synth_mmproj.TOWERS[args.tower],
+        )
         vision = Vision(model, mmproj, n_threads=args.threads)
     p = L.llama_context_default_params()
     p.n_ctx = p.n_batch = p.n_ubatch = 2048
@@ -79,13 +81,17 @@ def main() -> None:
                 wall[stage].append((b[0] - a[0]) * 1000)
                 cpu[stage].append((b[1] - a[1]) * 1000)
     L.llama_batch_free(tokens)
-    print(f"{len(data)}-byte PNG, {args.size}x{args.size * 3 // 4 // 8 * 8}, {n_tokens} embeddings, "
-          f"{args.threads} threads, {args.rounds} rounds")
+    print(
+        f"{len(data)}-byte PNG, {args.size}x{args.size * 3 // 4 // 8 * 8}, {n_tokens} embeddings, "
+        f"{args.threads} threads, {args.rounds} rounds"
+    )
     print("\n| stage | wall ms: median | min | max | CPU ms: median | min | max |\n|---|---|---|---|---|---|---|")
     for stage in stages:
         w, c = wall[stage], cpu[stage]
-        print(f"| {stage} | {statistics.median(w):.2f} | {min(w):.2f} | {max(w):.2f} "
-              f"| {statistics.median(c):.2f} | {min(c):.2f} | {max(c):.2f} |")
+        print(
+            f"| {stage} | {statistics.median(w):.2f} | {min(w):.2f} | {max(w):.2f} "
+            f"| {statistics.median(c):.2f} | {min(c):.2f} | {max(c):.2f} |"
+        )
     vision.close()
     L.llama_free(ctx)
     L.llama_model_free(model)

@@ -26,14 +26,22 @@ def _png_chunk(kind: bytes, body: bytes) -> bytes:
 def png(rgb: np.ndarray, level: int = 6) -> bytes:
     height, width, _ = rgb.shape
     raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(height))  # filter type 0 on every row
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + _png_chunk(b"IDAT", zlib.compress(raw, level)) + _png_chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + _png_chunk(b"IDAT", zlib.compress(raw, level))
+        + _png_chunk(b"IEND", b"")
+    )
 
 
 def png_raw(width: int, height: int, idat: bytes) -> bytes:
     """A PNG whose chunks are all well-formed (checksums right) around any IDAT content."""
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + _png_chunk(b"IDAT", idat) + _png_chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + _png_chunk(b"IDAT", idat)
+        + _png_chunk(b"IEND", b"")
+    )
 
 
 def bmp(rgb: np.ndarray) -> bytes:
@@ -53,9 +61,11 @@ def jpeg(rgb: np.ndarray) -> bytes:
     height, width, _ = rgb.shape
     assert width % 8 == 0 and height % 8 == 0
     r, g, b = (rgb[..., i].astype(np.float64) for i in range(3))
-    ycc = [0.299 * r + 0.587 * g + 0.114 * b,
-           128 - 0.168736 * r - 0.331264 * g + 0.5 * b,
-           128 + 0.5 * r - 0.418688 * g - 0.081312 * b]
+    ycc = [
+        0.299 * r + 0.587 * g + 0.114 * b,
+        128 - 0.168736 * r - 0.331264 * g + 0.5 * b,
+        128 + 0.5 * r - 0.418688 * g - 0.081312 * b,
+    ]
     # DC of an 8x8 DCT with quantizer 1: 8 x (block mean - 128)
     dc = [np.rint(8 * (c.reshape(height // 8, 8, width // 8, 8).mean(axis=(1, 3)) - 128)).astype(int) for c in ycc]
     bits: list[str] = []
@@ -75,12 +85,15 @@ def jpeg(rgb: np.ndarray) -> bytes:
     data = bytes(int(stream[i : i + 8], 2) for i in range(0, len(stream), 8)).replace(b"\xff", b"\xff\x00")
     dc_table = bytes([0x00]) + bytes([0, 0, 0, 12] + [0] * 12) + bytes(range(12))
     ac_table = bytes([0x10]) + bytes([1] + [0] * 15) + bytes([0x00])
-    return (b"\xff\xd8"
-            + _segment(0xDB, bytes([0]) + bytes([1] * 64))
-            + _segment(0xC0, struct.pack(">BHHB", 8, height, width, 3) + bytes([1, 0x11, 0, 2, 0x11, 0, 3, 0x11, 0]))
-            + _segment(0xC4, dc_table + ac_table)
-            + _segment(0xDA, bytes([3, 1, 0x00, 2, 0x00, 3, 0x00, 0, 63, 0]))
-            + data + b"\xff\xd9")
+    return (
+        b"\xff\xd8"
+        + _segment(0xDB, bytes([0]) + bytes([1] * 64))
+        + _segment(0xC0, struct.pack(">BHHB", 8, height, width, 3) + bytes([1, 0x11, 0, 2, 0x11, 0, 3, 0x11, 0]))
+        + _segment(0xC4, dc_table + ac_table)
+        + _segment(0xDA, bytes([3, 1, 0x00, 2, 0x00, 3, 0x00, 0, 63, 0]))
+        + data
+        + b"\xff\xd9"
+    )
 
 
 def gif(indices: np.ndarray, palette: np.ndarray) -> bytes:
@@ -96,5 +109,13 @@ def gif(indices: np.ndarray, palette: np.ndarray) -> bytes:
     value = sum(code << (9 * i) for i, code in enumerate(codes))  # packed least significant bit first
     lzw = value.to_bytes((9 * len(codes) + 7) // 8, "little")
     blocks = b"".join(bytes([len(lzw[i : i + 255])]) + lzw[i : i + 255] for i in range(0, len(lzw), 255))
-    return (b"GIF89a" + struct.pack("<HHBBB", width, height, 0xF7, 0, 0) + palette.astype(np.uint8).tobytes()
-            + b"\x2c" + struct.pack("<HHHHB", 0, 0, width, height, 0) + b"\x08" + blocks + b"\x00\x3b")
+    return (
+        b"GIF89a"
+        + struct.pack("<HHBBB", width, height, 0xF7, 0, 0)
+        + palette.astype(np.uint8).tobytes()
+        + b"\x2c"
+        + struct.pack("<HHHHB", 0, 0, width, height, 0)
+        + b"\x08"
+        + blocks
+        + b"\x00\x3b"
+    )

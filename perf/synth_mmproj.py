@@ -44,14 +44,19 @@ class Tower:
 
 
 # A ViT-B/16 tower at 224 px (CLIP's base shape, 196 embeddings an image, 0.2 GB): to time a real-sized encode.
-TOWERS = {"tiny": Tower(), "vit-b16": Tower(image_size=224, patch_size=16, n_embd=768, n_head=12, n_ff=3072, n_layer=13)}
+TOWERS = {
+    "tiny": Tower(),
+    "vit-b16": Tower(image_size=224, patch_size=16, n_embd=768, n_head=12, n_ff=3072, n_layer=13),
+}
 
 
 def text_embedding_width(model_path: str) -> int:
     """A text GGUF's embedding width (`<arch>.embedding_length`): what the projector's output must match."""
     meta: dict[str, Any] = gguf_io.read_metadata(model_path)
     arch = meta["general.architecture"][1]
-    return int(meta[f"{arch}.embedding_length"][1])
+    width = meta[f"{arch}.embedding_length"][1]
+    assert isinstance(width, int), f"{model_path}: {arch}.embedding_length is not an integer"
+    return width
 
 
 def _tensors(tower: Tower, n_embd_text: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
