@@ -30,10 +30,13 @@ from frontend_proc.doors.embeddings import routes as embeddings
 from frontend_proc.doors.llama_server import completion as llama_server_completion
 from frontend_proc.doors.llama_server import models as llama_server_models
 from frontend_proc.doors.llama_server import routes as llama_server
+from frontend_proc.doors.ollama import chat as ollama_chat
+from frontend_proc.doors.ollama import embed as ollama_embed
+from frontend_proc.doors.ollama import loading as ollama_loading
 from frontend_proc.doors.ollama import models as ollama_models
-from frontend_proc.doors.ollama import routes as ollama
 from frontend_proc.doors.openai import chat as openai_chat
 from frontend_proc.doors.openai import completions as openai
+from frontend_proc.doors.openai import models as openai_models
 from frontend_proc.doors.responses import responses
 from frontend_proc.doors.responses.store import ResponseStore
 from frontend_proc.engine.client import EngineClient
@@ -79,9 +82,10 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template(_read(config.chat_template_file)),
         operations=[
-            *cllm.operations, *openai.operations, *openai_chat.operations, *embeddings.operations,
+            *cllm.operations, *openai_models.operations, *openai.operations, *openai_chat.operations, *embeddings.operations,
             *llama_server.operations, *llama_server_completion.operations, *llama_server_models.operations, *anthropic.operations,
-            *responses.operations, *ollama_models.operations, *ollama.operations,
+            *responses.operations, *ollama_models.operations, *ollama_chat.operations,
+            *ollama_embed.operations, *ollama_loading.operations,
         ],
         api_key=os.environ.pop("CLLM_API_KEY", None),
         metrics=metrics,

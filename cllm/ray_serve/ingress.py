@@ -20,6 +20,7 @@ from starlette.responses import Response, StreamingResponse
 
 from cllm.core.errors import RETRY_AFTER, ApiError
 from cllm.ray_serve.call import HttpCall, routing_text, text_blocks
+from frontend_proc.http.errors import error_response
 
 ATTEMPTS = 3  # a replica that died (or whose engine did) before answering: again, on the one the router picks then
 RETRY_DELAY = 0.2
@@ -50,7 +51,8 @@ class Ingress:
             except Exception as e:  # Ray's: the replica died before answering (nothing ran), or none could be reached
                 failure = e
         else:
-            return ApiError(503, "replica unavailable", f"no cllm replica could serve the request ({type(failure).__name__}); retry shortly", RETRY_AFTER).response(call.path)
+            failed = ApiError(503, "replica unavailable", f"no cllm replica could serve the request ({type(failure).__name__}); retry shortly", RETRY_AFTER)
+            return error_response(call.path, failed)
         response = StreamingResponse(_rest(first, replies), status) if more else Response(first, status)
         response.raw_headers = headers
         return response

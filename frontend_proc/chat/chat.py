@@ -3,7 +3,7 @@
 A door reads its body into a frontend_proc.chat.request.ChatRequest; here its
 tools are planned (frontend_proc.chat.tools), its messages rendered with the
 model's chat template, its JSON output or tool calls made a grammar
-(frontend_proc.chat.grammar), its sampling parameters completed, and the request
+(frontend_proc.core.grammar), its sampling parameters completed, and the request
 sent down the one generation path (frontend_proc.core.generation). The reply is
 read back with a frontend_proc.chat.reply.Reply, which ChatPrompt makes, and
 answered whole or streamed with frontend_proc.http.lifecycle.
@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import msgspec
 
-from cllm.core.protocol import SamplingParams
-from frontend_proc.chat.grammar import GrammarError, json_grammar, user_grammar
+from cllm.core.errors import invalid
 from frontend_proc.chat.reasoning import HARMONY_TOKENS, is_harmony, splitter_factory
 from frontend_proc.chat.reply import Reply
-from frontend_proc.chat.request import ChatRequest, Fields, GrammarOutput, JsonOutput, invalid
+from frontend_proc.chat.request import ChatRequest, Fields
 from frontend_proc.chat.tools import ToolError, ToolFormat, ToolPlan, generic_messages, plan
 from frontend_proc.core import generation
 from frontend_proc.core.generation import Generation
+from frontend_proc.core.output import GrammarOutput, JsonOutput, check_ignore_eos, output_grammar
+from frontend_proc.core.sampling import check_logit_bias
 from frontend_proc.core.state import AppState
 from frontend_proc.core.template import ChatTemplate, ChatTemplateError
 from frontend_proc.core.tokenizer import Tokenizer
@@ -73,7 +74,7 @@ def prompt(st: AppState, req: ChatRequest) -> ChatPrompt:
 async def start(st: AppState, req: ChatRequest, chat: ChatPrompt) -> Generation:
     """Generate the replies down the one path."""
     info = generation.engine_info(st)
-    check_sampling(st, req.sampling)
+    check_logit_bias(req.sampling, st.tokenizer.n_vocab)
     grammar, triggers = constraint(st, req.output, chat.tool_plan, req.sampling.ignore_eos, req.fields)
     sampling = msgspec.structs.replace(
         req.sampling,
@@ -86,35 +87,17 @@ async def start(st: AppState, req: ChatRequest, chat: ChatPrompt) -> Generation:
     )
 
 
-def check_sampling(st: AppState, sampling: SamplingParams) -> None:
-    n_vocab = st.tokenizer.n_vocab
-    for token in sampling.logit_bias or ():
-        if not 0 <= token < n_vocab:
-            raise invalid(f"logit_bias names token {token}, outside the vocabulary (0..{n_vocab - 1})", "logit_bias")
-
-
 def constraint(
     st: AppState, output: JsonOutput | GrammarOutput | None, plan: ToolPlan | None, ignore_eos: bool, fields: Fields
 ) -> tuple[str | None, list[str] | None]:
     """The grammar and its triggers: the JSON output's, the client's own, or the tools' (one grammar per sequence)."""
-    grammar, triggers = None, None
-    if type(output) is GrammarOutput:
-        try:
-            grammar = user_grammar(output.gbnf, st.tokenizer.vocab)
-        except GrammarError as e:  # one llama.cpp cannot parse: its reason
-            raise invalid(str(e), "grammar") from None
-    elif output is not None:
-        try:
-            grammar = json_grammar(output.schema, st.tokenizer.vocab)
-        except GrammarError as e:  # a schema llama.cpp cannot enforce
-            raise invalid(str(e), fields.output) from None
+    grammar, triggers = output_grammar(st.tokenizer.vocab, output, fields.output), None
     if plan is not None and plan.grammar is not None:
         if grammar is not None:
             param = "grammar" if type(output) is GrammarOutput else fields.output
             raise invalid(f"{param} cannot be combined with tools unless tool_choice is none", param)
         grammar, triggers = plan.grammar, plan.triggers
-    if grammar is not None and ignore_eos:  # the grammar's end can only be followed by an end-of-generation token
-        raise invalid("ignore_eos cannot be combined with a grammar, a JSON output format or tool calls", "ignore_eos")
+    check_ignore_eos(grammar, ignore_eos)
     return grammar, triggers
 
 

@@ -13,32 +13,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cllm.core.errors import ApiError
+from cllm.core.errors import ApiError, invalid
 from cllm.core.protocol import SamplingParams
 from frontend_proc.chat.tools import Tool
-
-
-def invalid(message: str, param: str) -> ApiError:
-    return ApiError(400, "invalid request", message, param=param)
+from frontend_proc.core.output import GrammarOutput, JsonOutput
 
 
 def not_text(kind: str, param: str) -> ApiError:
     """An image, a file: the served model reads text only."""
     return invalid(f"{kind} input is not supported: the served model reads text only", param)
-
-
-@dataclass(frozen=True, slots=True)
-class JsonOutput:
-    """JSON output, enforced by a grammar: any JSON object (schema None), or what the schema allows."""
-
-    schema: dict | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GrammarOutput:
-    """Output a client's own GBNF grammar (start symbol root) allows: llama-server's `grammar` field."""
-
-    gbnf: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from functools import lru_cache
 
 from llama_cpp.llama_grammar import SchemaConverter
 
-from frontend_proc.chat.grammar import MAX_REPEATS, GrammarError, check, schema_grammar, schema_repeats
+from frontend_proc.core.grammar import MAX_REPEATS, GrammarError, check, schema_grammar, schema_repeats
 
 log = logging.getLogger("cllm.frontend")
 COUNT_MAX = 1024  # larger counts (maxLength, maxItems, ...) in a tool's schema are not enforced by its grammar

@@ -268,3 +268,14 @@ class ModelPool:
 
     def _send(self, msg: LoadModel | UnloadModel) -> None:
         os.write(self._control, msgspec.json.encode(msg) + b"\n")
+
+
+def card(model: Model, status: bool) -> dict:
+    """A model as OpenAI lists it; with its status (and aliases) as llama-server's router does."""
+    data = {"id": model.id, "object": "model", "created": int(os.path.getmtime(model.spec.path)), "owned_by": "cllm"}
+    if status:
+        value = {"value": model.status}
+        if model.status == "failed":
+            value.update(failed=True, error=model.error)
+        data.update(aliases=model.spec.aliases, status=value)
+    return data

@@ -4,11 +4,28 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+from typing import NamedTuple
 
 import llama_cpp as L
 
 from cllm.core.llama_log import silence_llama_logs
 from frontend_proc.core.template import ChatTemplate
+
+
+class FimTokens(NamedTuple):
+    """The model's fill-in-the-middle tokens (llama_vocab_fim_pre and the others)."""
+
+    pre: int  # -1: the model has none
+    suf: int
+    mid: int
+    rep: int
+    sep: int
+
+
+def fim_tokens(vocab) -> FimTokens:
+    """Where a model's fill-in-the-middle tokens are read (/infill, Ollama's suffix and its capabilities)."""
+    kinds = (L.llama_vocab_fim_pre, L.llama_vocab_fim_suf, L.llama_vocab_fim_mid, L.llama_vocab_fim_rep, L.llama_vocab_fim_sep)
+    return FimTokens(*(kind(vocab) for kind in kinds))
 
 
 class Tokenizer:

@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 from cllm.core.config import ServeConfig
 from cllm.core.errors import ApiError
+from frontend_proc.http.errors import error_response
 
 OPEN_PATHS = ("/health", "/ui")  # answered without the API key
 PAGE_PATHS = ("/", "/ui")  # the chat page, for a browser: it asks for the key itself
@@ -54,7 +55,7 @@ class Guard:
             self._check_origin(scope, headers, origin, granted)
             chunked = self._check(scope, headers)
         except ApiError as e:
-            return await e.response(scope["path"])(scope, receive, send)
+            return await error_response(scope["path"], e)(scope, receive, send)
         if granted:
             send = _granting(send, origin)
         await self.app(scope, self._counting(receive) if chunked else receive, send)

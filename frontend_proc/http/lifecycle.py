@@ -17,7 +17,7 @@ from starlette.responses import StreamingResponse
 
 from cllm.core.errors import ApiError
 from frontend_proc.core.generation import Choice, Generation, engine_refused
-from frontend_proc.http.app import sse_response
+from frontend_proc.http.sse import sse_response
 
 PING_SECONDS = 5.0  # between keep-alive events while a stream waits for its first piece
 

@@ -13,7 +13,7 @@ from typing import Callable
 import msgspec
 from starlette.routing import Route
 
-from cllm.core.errors import AnthropicError, Error, LlamaServerError, OllamaError, OpenAIError, error_type
+from frontend_proc.http.errors import AnthropicError, Error, LlamaServerError, OllamaError, OpenAIError, error_type
 
 ERRORS = {
     400: "Bad input; the message names the field",

@@ -14,30 +14,25 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError, error_body, json_response
+from cllm.core.errors import ApiError
 from cllm.core.protocol import SamplingParams
 from frontend_proc.chat import chat
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, Blocks, Reply
-from frontend_proc.chat.request import ChatRequest, Fields, JsonOutput, not_text, template_call
+from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call
 from frontend_proc.chat.tool_parser import ToolCallDelta
 from frontend_proc.chat.tools import Tool
 from frontend_proc.core.generation import Choice, Generation
+from frontend_proc.core.output import JsonOutput
 from frontend_proc.doors.anthropic.schemas import (
-    CountTokensRequest,
-    DocumentBlock,
-    ImageBlock,
-    MessagesRequest,
-    TextBlock,
-    ThinkingDisabled,
-    ToolChoiceAny,
-    ToolChoiceNone,
-    ToolChoiceTool,
-    ToolResultBlock,
-    ToolUseBlock,
+    CountTokensRequest, DocumentBlock, ImageBlock, MessagesRequest, TextBlock, ThinkingDisabled, ToolChoiceAny, ToolChoiceNone,
+    ToolChoiceTool, ToolResultBlock, ToolUseBlock,
 )
 from frontend_proc.http import lifecycle
-from frontend_proc.http.app import decode_body, model_state, sse_event
+from frontend_proc.http.app import model_state
+from frontend_proc.http.body import decode_body
+from frontend_proc.http.errors import error_body, json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
+from frontend_proc.http.sse import sse_event
 
 _PATH = "/v1/messages"
 _PING = sse_event("ping", {"type": "ping"})  # while a stream waits for its first token, as Anthropic keeps idle streams alive

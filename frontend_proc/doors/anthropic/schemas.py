@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from frontend_proc.doors.cllm.schemas import Seed
+from frontend_proc.core.sampling import Seed
 from frontend_proc.http.lenient import known
 
 

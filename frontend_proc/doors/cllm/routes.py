@@ -31,8 +31,10 @@ from frontend_proc.doors.cllm.schemas import (
     StreamEvent,
 )
 from frontend_proc.http import lifecycle
-from frontend_proc.http.app import decode_body, json_response, model_state, ok, sse, state
+from frontend_proc.http.app import json_response, model_state, ok, state
+from frontend_proc.http.body import decode_body
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
+from frontend_proc.http.sse import sse
 
 HEALTH_LEVELS = ("basic", "detailed", "full")
 

@@ -13,11 +13,9 @@ import msgspec
 from msgspec import Meta
 
 from cllm.core.protocol import ModelInfo, SamplingParams
+from frontend_proc.core.sampling import RepetitionPenalty, Seed
 
 T = TypeVar("T")
-Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # what msgpack carries to the engine
-# llama.cpp divides or multiplies logits by it in float32: far from 1 it overflows into NaN probabilities.
-RepetitionPenalty = Annotated[float, Meta(ge=0.01, le=100)]
 
 
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):

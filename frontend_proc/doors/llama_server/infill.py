@@ -14,20 +14,11 @@ the prompt), and the chunks fill what the context has left, their ends kept.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+
+from frontend_proc.core.tokenizer import FimTokens
 
 CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"
 N_PREDICT = -1  # llama-server sizes the chunks with its launch default (-1), not the request's n_predict
-
-
-class FimTokens(NamedTuple):
-    """The model's fill-in-the-middle tokens (llama_vocab_fim_pre and the others)."""
-
-    pre: int  # -1: the model has none
-    suf: int
-    mid: int
-    rep: int
-    sep: int
 
 
 def missing_fim(fim: FimTokens) -> str:

@@ -6,32 +6,21 @@ is a 404. Like every route but /health, they need the API key when one is set.
 
 from __future__ import annotations
 
-import os
-
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError, json_response
-from frontend_proc.core.models import Model
+from cllm.core.errors import ApiError
+from frontend_proc.core.models import Model, card
 from frontend_proc.core.state import AppState
-from frontend_proc.http.app import decode_body, state
+from frontend_proc.http.app import state
+from frontend_proc.http.body import decode_body
+from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import Operation
 
 
 class ModelRequest(msgspec.Struct, forbid_unknown_fields=True):
     model: str
-
-
-def card(model: Model, status: bool) -> dict:
-    """A model as OpenAI lists it; with its status (and aliases) as llama-server's router does."""
-    data = {"id": model.id, "object": "model", "created": int(os.path.getmtime(model.spec.path)), "owned_by": "cllm"}
-    if status:
-        value = {"value": model.status}
-        if model.status == "failed":
-            value.update(failed=True, error=model.error)
-        data.update(aliases=model.spec.aliases, status=value)
-    return data
 
 
 def _model(st: AppState, name: str) -> Model:

@@ -1,4 +1,5 @@
-"""llama-server's own small routes, in its shapes: /tokenize, /detokenize, /props, /slots, /apply-template.
+"""llama-server's own small routes, in its shapes: /tokenize, /detokenize, /props, /slots (/apply-template reads
+OpenAI's chat body: frontend_proc.doors.openai.chat).
 
 POST /slots/{id}?action=save|restore|erase (with --slot-save-path) acts on
 the engine's KV stream behind that slot: see engine_proc/slot_files.py.
@@ -19,8 +20,7 @@ import llama_cpp as L
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError, json_response
-from frontend_proc.chat import chat
+from cllm.core.errors import ApiError
 from frontend_proc.core import generation
 from frontend_proc.doors.llama_server.completion import default_settings, settings, summary
 from frontend_proc.doors.llama_server.schemas import (
@@ -32,15 +32,14 @@ from frontend_proc.doors.llama_server.schemas import (
     SlotFileRequest,
     SlotRestored,
     SlotSaved,
-    TemplateResult,
     TokenizeRequest,
     TokenizeResult,
     TokenPiece,
 )
-from frontend_proc.doors.openai.chat import chat_request
-from frontend_proc.doors.openai.schemas import ChatCompletionRequest
 from frontend_proc.engine.client import RequestStream
-from frontend_proc.http.app import decode_body, state
+from frontend_proc.http.app import state
+from frontend_proc.http.body import decode_body
+from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import Operation
 
 
@@ -189,15 +188,6 @@ async def slot_action(request: Request) -> Response:
     return json_response(SlotErased(id_slot, done.n_tokens))
 
 
-async def apply_template(request: Request) -> Response:
-    """The prompt text /v1/chat/completions would send for this body: the model's chat template over the messages."""
-    body = await decode_body(request, ChatCompletionRequest)
-    st = state(request)
-    req = chat_request(body)
-    plan = chat.tool_plan(req, st.chat_template, st.tokenizer.vocab)
-    return json_response(TemplateResult(chat.render(st.chat_template, req, plan)))
-
-
 operations = [
     Operation("POST", "/tokenize", tokenize, "llama-server: text to tokens", body=TokenizeRequest, response=TokenizeResult),
     Operation("POST", "/detokenize", detokenize, "llama-server: tokens to text", body=DetokenizeRequest, response=DetokenizeResult),
@@ -207,9 +197,5 @@ operations = [
     Operation(
         "POST", "/slots/{id_slot}", slot_action, "llama-server: save a slot's cached cells to a file, restore them, or erase them",
         response=dict, query=(("action", ("save", "restore", "erase")),), errors=(400, 408, 501, 503),
-    ),
-    Operation(
-        "POST", "/apply-template", apply_template, "llama-server: a chat body's prompt, with the model's chat template",
-        body=ChatCompletionRequest, response=TemplateResult,
     ),
 ]

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from frontend_proc.doors.cllm.schemas import RepetitionPenalty, Seed
+from frontend_proc.core.sampling import RepetitionPenalty, Seed
 
 # Fields of llama-server's /completion that cLLM accepts and ignores (see docs/llama-server-api.md).
 IGNORED = (
@@ -140,10 +140,6 @@ class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 class DetokenizeResult(msgspec.Struct):
     content: str
-
-
-class TemplateResult(msgspec.Struct):
-    prompt: str
 
 
 class SlotFileRequest(msgspec.Struct):

@@ -20,12 +20,15 @@ import llama_cpp as L
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError, json_response
+from cllm.core.errors import ApiError
 from cllm.core.llama_log import silence_llama_logs
 from cllm.core.protocol import SamplingParams
 from frontend_proc.core.models import Model
+from frontend_proc.core.tokenizer import fim_tokens
 from frontend_proc.doors.ollama.schemas import ShowBody
-from frontend_proc.http.app import decode_body, state
+from frontend_proc.http.app import state
+from frontend_proc.http.body import decode_body
+from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import Operation
 
 # The version of Ollama's API whose shapes these routes answer: clients gate features on it.
@@ -77,8 +80,8 @@ def _metadata(path: str, size: int, mtime_ns: int) -> dict:
             if name.startswith(_SKIPPED) or L.llama_model_meta_val_str_by_index(model, i, value, len(value)) >= len(value):
                 continue
             out[name] = _typed(value.value.decode(errors="replace"))
-        fim = [L.llama_vocab_fim_pre(L.llama_model_get_vocab(model)), L.llama_vocab_fim_suf(L.llama_model_get_vocab(model))]
-        out["cllm.fim"] = all(t >= 0 for t in fim)
+        fim = fim_tokens(L.llama_model_get_vocab(model))
+        out["cllm.fim"] = fim.pre >= 0 and fim.suf >= 0
         return out
     finally:
         L.llama_model_free(model)

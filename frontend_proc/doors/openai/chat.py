@@ -3,22 +3,26 @@
 A door: the body is read into a ChatRequest for the chat layer
 (frontend_proc.chat.chat), and each choice's reply parts (frontend_proc.chat.reply) are
 written as OpenAI's message, or as its deltas in the chunks that
-frontend_proc.doors.openai.completions streams.
+frontend_proc.doors.openai.shared streams.
 """
 
 from __future__ import annotations
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from cllm.core.errors import invalid
 from frontend_proc.chat import chat
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, Reply, join
-from frontend_proc.chat.request import ChatRequest, invalid, tool
+from frontend_proc.chat.request import ChatRequest, tool
 from frontend_proc.core.generation import Choice
 from frontend_proc.core.state import AppState
-from frontend_proc.doors.openai.completions import output, respond_openai, response_head
 from frontend_proc.doors.openai.schemas import ChatCompletionRequest, MessageError
-from frontend_proc.http.app import decode_body, model_state
+from frontend_proc.doors.openai.shared import output, respond_openai, response_head
+from frontend_proc.http.app import model_state, state
+from frontend_proc.http.body import decode_body
+from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
 
 
@@ -136,9 +140,30 @@ async def chat_completions(request: Request) -> Response:
     return await respond_openai(request, gen, head, body, whole, delta, opening)
 
 
+# llama-server's /apply-template reads this door's body, so it lives here (its errors keep llama-server's shape:
+# they follow the path, frontend_proc.http.errors).
+
+
+class TemplateResult(msgspec.Struct):
+    prompt: str
+
+
+async def apply_template(request: Request) -> Response:
+    """The prompt text /v1/chat/completions would send for this body: the model's chat template over the messages."""
+    body = await decode_body(request, ChatCompletionRequest)
+    st = state(request)
+    req = chat_request(body)
+    plan = chat.tool_plan(req, st.chat_template, st.tokenizer.vocab)
+    return json_response(TemplateResult(chat.render(st.chat_template, req, plan)))
+
+
 operations = [
     Operation(
         "POST", "/v1/chat/completions", chat_completions, "OpenAI: chat completions",
         body=ChatCompletionRequest, response=dict, events=str, errors=GENERATE_ERRORS,
+    ),
+    Operation(
+        "POST", "/apply-template", apply_template, "llama-server: a chat body's prompt, with the model's chat template",
+        body=ChatCompletionRequest, response=TemplateResult,
     ),
 ]

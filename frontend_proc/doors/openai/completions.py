@@ -1,116 +1,31 @@
-"""The OpenAI-compatible API: /v1/models, /v1/completions, and what its chat completions share with them.
+"""OpenAI's completions: POST /v1/completions.
 
 Completions go straight down frontend_proc.core.generation, as /generate does
-(chat completions are frontend_proc.doors.openai.chat). Both answer whole or as
-SSE chunks ending with `data: [DONE]` (respond_openai, on
-frontend_proc.http.lifecycle). Errors take OpenAI's shape (see app.error_body).
+(chat completions are frontend_proc.doors.openai.chat); both answer through
+frontend_proc.doors.openai.shared.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError, error_body, json_response
+from cllm.core.errors import invalid
 from cllm.core.protocol import TokenLogprobs
-from frontend_proc.chat import chat
-from frontend_proc.chat.request import Fields, GrammarOutput, JsonOutput, invalid
 from frontend_proc.core import generation
-from frontend_proc.core.generation import Choice, Generation
+from frontend_proc.core.generation import Choice
+from frontend_proc.core.output import grammar_for
+from frontend_proc.core.sampling import check_logit_bias
 from frontend_proc.core.state import AppState
-from frontend_proc.doors.llama_server.models import card
-from frontend_proc.doors.openai.schemas import CompletionRequest, JsonObjectFormat, JsonSchemaFormat, OpenAIRequest, TextFormat
-from frontend_proc.http import lifecycle
-from frontend_proc.http.app import decode_body, model_state, sse, state
+from frontend_proc.doors.openai.schemas import CompletionRequest
+from frontend_proc.doors.openai.shared import output, respond_openai, response_head
+from frontend_proc.http.app import model_state
+from frontend_proc.http.body import decode_body
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
 
-DONE = b"data: [DONE]\n\n"
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-async def list_models(request: Request) -> Response:
-    st = state(request)
-    if not st.pool.multi:
-        generation.engine_info(st)
-    return json_response({"object": "list", "data": [card(m, st.pool.multi) for m in st.pool.models]})
-
-
-async def retrieve_model(request: Request) -> Response:
-    st = state(request)
-    name = request.path_params["model"]
-    model = st.pool.by_name.get(name)
-    if model is None:
-        raise ApiError(404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found")
-    if not st.pool.multi:
-        generation.engine_info(st)
-    return json_response(card(model, st.pool.multi))
-
-
-def output(body: OpenAIRequest) -> JsonOutput | GrammarOutput | None:
-    fmt = body.response_format
-    if body.grammar:  # an empty one is none, as llama-server reads it
-        if fmt is not None and type(fmt) is not TextFormat:
-            raise invalid("grammar cannot be combined with a JSON response_format", "grammar")
-        return GrammarOutput(body.grammar)
-    if type(fmt) is JsonSchemaFormat:
-        return JsonOutput(fmt.json_schema.schema)
-    return JsonOutput() if type(fmt) is JsonObjectFormat else None
-
-
-def usage(gen: Generation) -> dict:
-    return {
-        "prompt_tokens": gen.prompt_tokens,
-        "completion_tokens": gen.completion_tokens,
-        "total_tokens": gen.prompt_tokens + gen.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": gen.cached_tokens},
-    }
-
-
-class _Stream(lifecycle.Stream):
-    """OpenAI's chunks: delta(choice, text, start, end) makes those of a piece, from the tokens [start, end)
-    consumed since the last (text None: the end of the choice); opening(choice), the first of each choice."""
-
-    def __init__(self, gen: Generation, head: dict, body: OpenAIRequest, delta: Callable, opening: Callable | None):
-        self.gen, self.head, self.body, self.delta, self.opening = gen, head, body, delta, opening
-        self.usage_field = {"usage": None} if body.include_usage else {}
-        self.sent = [0] * len(gen.choices)
-
-    def start(self) -> bytes:
-        if self.opening is None:
-            return b""
-        return sse({**self.head, "choices": [self.opening(c) for c in self.gen.choices], **self.usage_field})
-
-    def piece(self, choice: Choice, text: str | None) -> bytes:
-        start, self.sent[choice.index] = self.sent[choice.index], choice.n_tokens
-        head, usage_field = self.head, self.usage_field
-        return b"".join([sse({**head, "choices": [c], **usage_field}) for c in self.delta(choice, text, start, choice.n_tokens)])
-
-    def end(self) -> bytes:
-        last = sse({**self.head, "choices": [], "usage": usage(self.gen)}) if self.body.include_usage else b""
-        return last + DONE
-
-    def error(self, e: ApiError) -> bytes:
-        return sse(error_body("/v1/", e))
-
-
-async def respond_openai(request: Request, gen: Generation, head: dict, body: OpenAIRequest, whole: Callable, delta: Callable, opening=None) -> Response:
-    """The whole response (whole(choice, text): one of its choices), or the stream of chunks."""
-    if body.stream:
-        return lifecycle.stream(gen, _Stream(gen, head, body, delta, opening))
-    texts = await lifecycle.whole(request, gen)
-    choices = [whole(c, text) for c, text in zip(gen.choices, texts)]
-    return json_response({**head, "choices": choices, "usage": usage(gen)})
-
-
-def response_head(gen: Generation, prefix: str, obj: str, st: AppState) -> dict:
-    return {"id": f"{prefix}-{gen.choices[0].stream.id}", "object": obj, "created": int(time.time()), "model": st.model_id}
-
-
-# ---- /v1/completions ---------------------------------------------------------
 
 
 def _completion_prompts(st: AppState, prompt: str | list) -> list[list[int]]:
@@ -174,9 +89,8 @@ async def completions(request: Request) -> Response:
     prompts = _completion_prompts(st, body.prompt)
     scored = body.logprobs if body.echo else None  # prompt logprobs come from the prefill, not the prefix cache
     sampling = body.sampling(max_tokens, body.logprobs, scored)
-    chat.check_sampling(st, sampling)
-    grammar, _ = chat.constraint(st, output(body), None, body.ignore_eos, Fields())
-    sampling.grammar = grammar
+    check_logit_bias(sampling, st.tokenizer.n_vocab)
+    sampling.grammar = grammar_for(st.tokenizer.vocab, output(body), "response_format", body.ignore_eos)
     gen = await generation.start(st, prompts, sampling, n=body.n, stops=body.stops, stream=body.stream, prompt_param="prompt")
     head = response_head(gen, "cmpl", "text_completion", st)
     text_len = [0] * len(gen.choices)
@@ -213,8 +127,6 @@ async def completions(request: Request) -> Response:
 
 # The response bodies are OpenAI's objects, built in place: the document calls them objects.
 operations = [
-    Operation("GET", "/v1/models", list_models, "OpenAI: the models, with their status when there are several", response=dict, errors=(503,)),
-    Operation("GET", "/v1/models/{model:path}", retrieve_model, "OpenAI: one model", response=dict, errors=(404, 503)),
     Operation(
         "POST", "/v1/completions", completions, "OpenAI: text completions",
         body=CompletionRequest, response=dict, events=str, errors=GENERATE_ERRORS,

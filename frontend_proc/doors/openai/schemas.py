@@ -22,7 +22,7 @@ from msgspec import Meta
 
 from cllm.core.protocol import SamplingParams
 from frontend_proc.chat.request import template_call
-from frontend_proc.doors.cllm.schemas import RepetitionPenalty, Seed
+from frontend_proc.core.sampling import RepetitionPenalty, Seed
 
 StopString = Annotated[str, Meta(min_length=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]

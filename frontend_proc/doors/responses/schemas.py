@@ -21,7 +21,7 @@ import msgspec
 from msgspec import Meta
 
 from cllm.core.errors import ApiError
-from frontend_proc.doors.cllm.schemas import Seed
+from frontend_proc.core.sampling import Seed
 from frontend_proc.http.lenient import known
 
 

@@ -1,13 +1,9 @@
-"""Ollama's API: POST /api/chat, /api/generate, /api/embed and /api/embeddings (its model routes: ollama_models).
+"""Ollama's POST /api/chat and /api/generate (its other routes: embed, loading, models).
 
-Open WebUI's Ollama connection, the `ollama` clients and LangChain's
-ChatOllama speak it. A door: the body is read into a ChatRequest for the chat
-layer (frontend_proc.chat.chat), and the reply's parts (frontend_proc.chat.reply) are
-written as Ollama's message (content, thinking, tool_calls with object
-arguments), whole or as its stream of JSON lines, the last one done with the
-timings in nanoseconds. Errors take Ollama's shape, {"error": "..."}
-(errors.py). Routes that would fetch or take model files are refused: cllm
-serves the GGUF files it was started with.
+Open WebUI's Ollama connection, the `ollama` clients and LangChain's ChatOllama speak it. The body is read into a
+ChatRequest for the chat layer (frontend_proc.chat.chat), and the reply's parts (frontend_proc.chat.reply) are
+written as Ollama's message (content, thinking, tool_calls with object arguments), whole or as its stream of JSON
+lines, the last one done with the timings in nanoseconds. Errors take Ollama's shape, {"error": "..."}.
 """
 
 from __future__ import annotations
@@ -22,76 +18,36 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError, json_response
+from cllm.core.errors import ApiError, invalid
 from cllm.core.protocol import SamplingParams
 from frontend_proc.chat import chat
 from frontend_proc.chat.reply import CONTENT, REASONING, Reply, join
-from frontend_proc.chat.request import ChatRequest, Fields, JsonOutput, invalid, not_text, template_call, tool
+from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call, tool
 from frontend_proc.core import generation
 from frontend_proc.core.generation import Generation
 from frontend_proc.core.models import Model
+from frontend_proc.core.output import JsonOutput
 from frontend_proc.core.state import AppState
-from frontend_proc.doors.embeddings import routes as embeddings_api
+from frontend_proc.core.tokenizer import fim_tokens
+from frontend_proc.doors.ollama.loading import keep_alive, load_only, loaded_state, unloads
 from frontend_proc.doors.ollama.models import find, now
-from frontend_proc.doors.ollama.schemas import NO_OPTIONS, ChatBody, EmbedBody, EmbeddingsBody, GenerateBody, Message, Options, seconds
+from frontend_proc.doors.ollama.schemas import NO_OPTIONS, ChatBody, GenerateBody, Message, Options
 from frontend_proc.http import lifecycle
-from frontend_proc.http.app import decode_body, state
+from frontend_proc.http.app import state
+from frontend_proc.http.body import decode_body
+from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
 
 NDJSON = "application/x-ndjson"
 _FIELDS = Fields(output="format", tool_schema="tools[{}].function.parameters")
 _GENERATE_FIELDS = Fields(messages="prompt", output="format")
 _json = msgspec.json.Encoder()
-_NO_FILES = (
-    "cllm does not pull, push, create, copy or delete models, nor take model files over HTTP: it serves the GGUF files"
-    " it was started with (--model, a --models-dir directory, or the models: list of a --config YAML registry)"
-)
 
 log = logging.getLogger("cllm.frontend")
 
 
 def _line(obj) -> bytes:
     return _json.encode(obj) + b"\n"
-
-
-# ---- the model a request names, kept or let go as keep_alive says ------------
-
-
-def _keep_alive(value) -> float | None:
-    try:
-        return seconds(value)
-    except ValueError as e:
-        raise invalid(str(e), "keep_alive") from None
-
-
-async def _state(request: Request, model: Model, keep: float | None) -> tuple[AppState, int]:
-    """The model's state, loaded (and kept as long as keep_alive says), and the nanoseconds its load took."""
-    t0 = time.perf_counter_ns()
-    pool = state(request).pool
-    if keep:
-        pool.keep(model, keep)
-    st = await pool.state_for(model.id)
-    return st, time.perf_counter_ns() - t0
-
-
-def _unloads(request: Request, model: Model, keep: float | None) -> bool:
-    """keep_alive 0 lets the model go once the request is answered (only a registry's models load and unload)."""
-    return keep == 0 and state(request).pool.multi
-
-
-async def _load_only(request: Request, model: Model, keep: float | None, name: str, chat_route: bool) -> Response:
-    """A request with nothing to generate: load the model, or with keep_alive 0 unload it (`ollama stop`)."""
-    pool = state(request).pool
-    if _unloads(request, model, keep):
-        if model.status in ("loaded", "loading"):
-            await pool.unload(model, "keep-alive")
-        reason = "unload"
-    else:
-        await _state(request, model, keep)
-        reason = "load"
-    out = {"model": name, "created_at": now(), "done": True, "done_reason": reason}
-    out.update({"message": {"role": "assistant", "content": ""}} if chat_route else {"response": ""})
-    return json_response(out)
 
 
 # ---- a request in cllm's terms ------------------------------------------------
@@ -161,7 +117,7 @@ def _generate_prompt(body: GenerateBody, st: AppState, req: ChatRequest) -> chat
     text = body.prompt
     if body.suffix is not None:
         vocab = st.tokenizer.vocab
-        fim = (L.llama_vocab_fim_pre(vocab), L.llama_vocab_fim_suf(vocab), L.llama_vocab_fim_mid(vocab))
+        fim = fim_tokens(vocab)[:3]
         if min(fim) < 0:
             raise invalid("this model has no fill-in-the-middle tokens, so it cannot complete between prompt and suffix", "suffix")
         pre, suf, mid = (L.llama_vocab_get_text(vocab, t).decode() for t in fim)  # encoded back as the control tokens
@@ -249,7 +205,7 @@ class _Stream(lifecycle.Stream):
 async def _respond(request: Request, body, st: AppState, req: ChatRequest, prompt: chat.ChatPrompt, model: Model, keep, t0: int, load_ns: int):
     gen = await chat.start(st, req, prompt)
     writer, reply = _Writer(body.model, isinstance(body, ChatBody)), prompt.reply()
-    after = BackgroundTask(state(request).pool.unload, model, "keep-alive") if _unloads(request, model, keep) else None
+    after = BackgroundTask(state(request).pool.unload, model, "keep-alive") if unloads(request, model, keep) else None
     if body.stream:
         response = lifecycle.stream(gen, _Stream(gen, reply, writer, t0, load_ns))
     else:
@@ -265,10 +221,10 @@ async def _respond(request: Request, body, st: AppState, req: ChatRequest, promp
 async def chat_route(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     body = await decode_body(request, ChatBody)
-    model, keep = find(request, body.model), _keep_alive(body.keep_alive)
+    model, keep = find(request, body.model), keep_alive(body.keep_alive)
     if not body.messages:
-        return await _load_only(request, model, keep, body.model, True)
-    st, load_ns = await _state(request, model, keep)
+        return await load_only(request, model, keep, body.model, True)
+    st, load_ns = await loaded_state(request, model, keep)
     tools = [tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()]
     req = _request(body, _messages(body.messages), st, tools)
     return await _respond(request, body, st, req, chat.prompt(st, req), model, keep, t0, load_ns)
@@ -279,51 +235,16 @@ async def generate(request: Request) -> Response:
     body = await decode_body(request, GenerateBody)
     if body.images:
         raise not_text("image", "images")
-    model, keep = find(request, body.model), _keep_alive(body.keep_alive)
+    model, keep = find(request, body.model), keep_alive(body.keep_alive)
     if not body.prompt and body.suffix is None:
-        return await _load_only(request, model, keep, body.model, False)
-    st, load_ns = await _state(request, model, keep)
+        return await load_only(request, model, keep, body.model, False)
+    st, load_ns = await loaded_state(request, model, keep)
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
     req = _request(body, messages, st)
     return await _respond(request, body, st, req, _generate_prompt(body, st, req), model, keep, t0, load_ns)
 
 
-async def embed(request: Request) -> Response:
-    t0 = time.perf_counter_ns()
-    body = await decode_body(request, EmbedBody)
-    model = find(request, body.model)
-    st, load_ns = await _state(request, model, _keep_alive(body.keep_alive))
-    vectors, n_tokens = await embeddings_api.embed(st, request, body.input)
-    return json_response({
-        "model": body.model, "embeddings": vectors.tolist(),
-        "total_duration": time.perf_counter_ns() - t0, "load_duration": load_ns, "prompt_eval_count": n_tokens,
-    })
-
-
-async def embeddings(request: Request) -> Response:
-    body = await decode_body(request, EmbeddingsBody)
-    model = find(request, body.model)
-    st, _ = await _state(request, model, _keep_alive(body.keep_alive))
-    vectors, _ = await embeddings_api.embed(st, request, body.prompt)
-    return json_response({"embedding": vectors[0].tolist()})
-
-
-async def no_files(request: Request) -> Response:
-    """Nothing is fetched, and no body read: the request is refused as it arrives."""
-    raise ApiError(400, "not supported", _NO_FILES)
-
-
 operations = [
     Operation("POST", "/api/chat", chat_route, "Ollama: chat", body=ChatBody, response=dict, text=NDJSON, errors=(404, *GENERATE_ERRORS)),
     Operation("POST", "/api/generate", generate, "Ollama: generate", body=GenerateBody, response=dict, text=NDJSON, errors=(404, *GENERATE_ERRORS)),
-    Operation("POST", "/api/embed", embed, "Ollama: embeddings", body=EmbedBody, response=dict, errors=(404, *GENERATE_ERRORS)),
-    Operation("POST", "/api/embeddings", embeddings, "Ollama: one embedding (older route)", body=EmbeddingsBody, response=dict, errors=(404, *GENERATE_ERRORS)),
-    *(
-        Operation(method, path, no_files, f"Ollama: {what} (refused: cllm serves the files it was started with)", errors=(400,))
-        for method, path, what in (
-            ("POST", "/api/pull", "pull a model"), ("POST", "/api/push", "push a model"), ("POST", "/api/create", "create a model"),
-            ("POST", "/api/copy", "copy a model"), ("DELETE", "/api/delete", "delete a model"),
-            ("POST", "/api/blobs/{digest}", "upload a blob"), ("HEAD", "/api/blobs/{digest}", "check a blob"),
-        )
-    ),
 ]

@@ -1,0 +1,77 @@
+"""The model an Ollama request names: loaded, kept or let go as keep_alive says; and the routes that would
+fetch or take model files, refused (cllm serves the GGUF files it was started with)."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from cllm.core.errors import ApiError, invalid
+from frontend_proc.core.models import Model
+from frontend_proc.core.state import AppState
+from frontend_proc.doors.ollama.models import now
+from frontend_proc.doors.ollama.schemas import seconds
+from frontend_proc.http.app import state
+from frontend_proc.http.errors import json_response
+from frontend_proc.http.openapi import Operation
+
+_NO_FILES = (
+    "cllm does not pull, push, create, copy or delete models, nor take model files over HTTP: it serves the GGUF files"
+    " it was started with (--model, a --models-dir directory, or the models: list of a --config YAML registry)"
+)
+
+
+def keep_alive(value) -> float | None:
+    try:
+        return seconds(value)
+    except ValueError as e:
+        raise invalid(str(e), "keep_alive") from None
+
+
+async def loaded_state(request: Request, model: Model, keep: float | None) -> tuple[AppState, int]:
+    """The model's state, loaded (and kept as long as keep_alive says), and the nanoseconds its load took."""
+    t0 = time.perf_counter_ns()
+    pool = state(request).pool
+    if keep:
+        pool.keep(model, keep)
+    st = await pool.state_for(model.id)
+    return st, time.perf_counter_ns() - t0
+
+
+def unloads(request: Request, model: Model, keep: float | None) -> bool:
+    """keep_alive 0 lets the model go once the request is answered (only a registry's models load and unload)."""
+    return keep == 0 and state(request).pool.multi
+
+
+async def load_only(request: Request, model: Model, keep: float | None, name: str, chat_route: bool) -> Response:
+    """A request with nothing to generate: load the model, or with keep_alive 0 unload it (`ollama stop`)."""
+    pool = state(request).pool
+    if unloads(request, model, keep):
+        if model.status in ("loaded", "loading"):
+            await pool.unload(model, "keep-alive")
+        reason = "unload"
+    else:
+        await loaded_state(request, model, keep)
+        reason = "load"
+    out = {"model": name, "created_at": now(), "done": True, "done_reason": reason}
+    out.update({"message": {"role": "assistant", "content": ""}} if chat_route else {"response": ""})
+    return json_response(out)
+
+
+async def no_files(request: Request) -> Response:
+    """Nothing is fetched, and no body read: the request is refused as it arrives."""
+    raise ApiError(400, "not supported", _NO_FILES)
+
+
+operations = [
+    *(
+        Operation(method, path, no_files, f"Ollama: {what} (refused: cllm serves the files it was started with)", errors=(400,))
+        for method, path, what in (
+            ("POST", "/api/pull", "pull a model"), ("POST", "/api/push", "push a model"), ("POST", "/api/create", "create a model"),
+            ("POST", "/api/copy", "copy a model"), ("DELETE", "/api/delete", "delete a model"),
+            ("POST", "/api/blobs/{digest}", "upload a blob"), ("HEAD", "/api/blobs/{digest}", "check a blob"),
+        )
+    ),
+]
