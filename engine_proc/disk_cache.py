@@ -159,7 +159,8 @@ class DiskCache:
         self._jobs.put((entry, data, [e.name for e in drop]))
 
     def lookup(self, prompt: np.ndarray, longest: int, unit: int) -> tuple[OnDisk | None, int]:
-        """The file sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its length."""
+        """The file sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its
+        length."""
         best, n_best = None, 0
         for e in self._alike(prompt):
             n = min(common_prefix(prompt, e.tokens), longest) // unit * unit

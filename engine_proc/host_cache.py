@@ -69,7 +69,8 @@ class HostCache:
         return in_ram or (self.disk is not None and self.disk.wants(tokens))
 
     def put(self, tokens: np.ndarray, data: np.ndarray) -> None:
-        """Keep the cells (and write them to disk); entries whose tokens are a prefix of these go, as they add nothing."""
+        """Keep the cells (and write them to disk); entries whose tokens are a prefix of these go, as they add
+        nothing."""
         if self.disk is not None:
             self.disk.put(tokens, data)
         if data.nbytes > self.max_bytes or len(tokens) < MIN_CELLS or self.holds(tokens):
@@ -85,7 +86,8 @@ class HostCache:
             self.take(next(iter(self.entries.values())))
 
     def lookup(self, prompt: np.ndarray, longest: int, unit: int) -> tuple[Stored | None, int]:
-        """The entry sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its length;
+        """The entry sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its
+        length;
         a file's if it shares more than host RAM's (its cells not read yet: see load)."""
         best, n_best = None, 0
         for e in self._alike(prompt):

@@ -36,7 +36,8 @@ def file_head(fp: str, tokens: np.ndarray, data: np.ndarray) -> bytes:
 
 
 def write_file(path: str, head: bytes, tokens: np.ndarray, data: np.ndarray) -> int:
-    """Write a file under a temporary name, fsync it, rename it into place; its size. OSError: nothing at ``path`` changed."""
+    """Write a file under a temporary name, fsync it, rename it into place; its size. OSError: nothing at ``path``
+    changed."""
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}{TMP}")
     try:
@@ -55,7 +56,8 @@ def write_file(path: str, head: bytes, tokens: np.ndarray, data: np.ndarray) -> 
 
 
 def read_tokens(f, fp: str) -> tuple[Header, np.ndarray]:
-    """The header and tokens of an open file, left at its cells; ValueError if it is not a whole file of ours for ``fp``."""
+    """The header and tokens of an open file, left at its cells; ValueError if it is not a whole file of ours for
+    ``fp``."""
     header = read_header(f, fp)
     tokens = np.frombuffer(f.read(header.n_tokens * 4), np.int32)
     if len(tokens) != header.n_tokens or zlib.crc32(tokens.tobytes()) != header.tokens_crc:

@@ -83,7 +83,8 @@ def main() -> int:
             records = requests.drain()
             reported = reported and not records
             if not records and not engine.has_work():
-                if engine.persist():  # idle: cache entries went to disk or files into streams (--cache-dir); figures go out
+                # idle: cache entries went to disk or files into streams (--cache-dir); figures go out
+                if engine.persist():
                     reported = False
                 if session is not None and not reported:
                     send(engine.stats())  # going idle: the frontend sees the final figures
@@ -117,7 +118,8 @@ def main() -> int:
                 for result in engine.step():  # first tokens as they come, then the step's result
                     if result.last:
                         reported = not engine.has_work()
-                        if reported:  # the figures go before the last outputs: whoever sees a response end sees its figures
+                        # the figures go before the last outputs: whoever sees a response end sees its figures
+                        if reported:
                             send(engine.stats(), wake=False)
                     send(StepOutputs(result.outputs), result.wake)
                     for vectors in result.embeddings:

@@ -156,7 +156,8 @@ class ModelRunner:
         L.llama_synchronize(self.ctx)
 
     def new_context(self, cparams):
-        """Another context on the model (the embedder's), decoding on the engine's threads; None if llama.cpp cannot make it."""
+        """Another context on the model (the embedder's), decoding on the engine's threads; None if llama.cpp cannot
+        make it."""
         cparams.n_threads = cparams.n_threads_batch = self.threads.n
         ctx = L.llama_init_from_model(self.model, cparams)
         if not ctx:
@@ -187,7 +188,8 @@ class ModelRunner:
         L.llama_memory_seq_rm(self.memory, dst, keep, -1)
 
     def swap(self, a: int, b: int) -> None:
-        """Trade two streams' cells: saved and restored at once when that is cheaper, else through the scratch stream."""
+        """Trade two streams' cells: saved and restored at once when that is cheaper, else through the scratch
+        stream."""
         if self._cheaper_at_once((a, b), (a, b), 3):  # through the scratch stream: three copies
             data_a, data_b = self.save(a, scratch=0), self.save(b, scratch=1)
             if not (self.restore(a, data_b) and self.restore(b, data_a)):

@@ -185,7 +185,8 @@ class Sampler:
             return -1
 
     def _argmax_rows(self, rows: list[int]) -> list[int]:
-        """The argmax of each logits row (increasing rows counted from the end of the outputs, as llama_get_logits_ith takes them)."""
+        """The argmax of each logits row (increasing rows counted from the end of the outputs, as llama_get_logits_ith
+        takes them)."""
         k = -rows[0]  # the outputs from the first row on, as one matrix
         matrix = self._matrices.get(k)
         if matrix is None:

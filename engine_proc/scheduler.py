@@ -71,7 +71,8 @@ MAX_WAIT = 4
 
 
 class KvStreams(Protocol):
-    def copy(self, src: int, dst: int, keep: int, at_once: bool = False) -> None: ...  # dst := the first `keep` cells of src
+    # dst := the first `keep` cells of src
+    def copy(self, src: int, dst: int, keep: int, at_once: bool = False) -> None: ...
     def swap(self, a: int, b: int) -> None: ...  # trade the two streams' cells
     def trim(self, slot: int, keep: int) -> None: ...  # drop the cells from position `keep` on
     def clear(self, slot: int) -> None: ...

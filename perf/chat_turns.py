@@ -87,7 +87,8 @@ def alternate(rounds: int, systems: tuple[str, ...] = SYSTEMS) -> list[tuple[str
 
 
 def run_chat(clients: dict, args) -> str:
-    """A row per conversation count and cllm server: its TTFT of turns 2+ against llama-server's; then each round's means."""
+    """A row per conversation count and cllm server: its TTFT of turns 2+ against llama-server's; then each round's
+    means."""
     lines = ["| conversations | llama-server TTFT mean / p90 | cllm TTFT mean / p90 | cllm ÷ llama-server: mean / p90 |",
              "|---|---|---|---|"]
     cllms = [s for s in clients if s != "llama-server"]

@@ -1,4 +1,5 @@
-"""What the chat front doors cost: the same greedy request through /v1/chat/completions, /v1/messages, /v1/responses and /api/chat.
+"""What the chat front doors cost: the same greedy request through /v1/chat/completions, /v1/messages, /v1/responses and
+/api/chat.
 
 (a) One cllm server; streamed requests (fresh prompts, exactly G tokens each,
     ignore_eos; Ollama's /api/chat streams JSON lines where the others send
@@ -13,7 +14,8 @@
     response, the other sends its whole history as input items. Prints the
     TTFT of each turn for both, and the prompt tokens the prefix cache served.
 Usage:
-    .venv/bin/python -m perf.front_doors [--model PATH] [--concurrency 1,8] [--rounds 3] [--min-requests 24] [--gen-tokens 64]
+    .venv/bin/python -m perf.front_doors [--model PATH] [--concurrency 1,8] [--rounds 3] [--min-requests 24]
+    [--gen-tokens 64]
         [--turns 6] [--max-others 0.5] [--tries 3] [--patience 60]
 """
 
@@ -42,7 +44,8 @@ def _busy_seconds() -> float:
 
 
 def wait_quiet(max_others: float, patience: float) -> None:
-    """Wait (at most `patience` seconds) until the machine is busy on fewer than `max_others` cores (this bench is idle then)."""
+    """Wait (at most `patience` seconds) until the machine is busy on fewer than `max_others` cores (this bench is idle
+    then)."""
     deadline = time.monotonic() + patience
     while psutil.cpu_percent(interval=3) / 100 * (psutil.cpu_count() or 1) > max_others and time.monotonic() < deadline:
         pass

@@ -97,7 +97,8 @@ def measure(pid: int) -> list[dict]:
         try:
             with p.oneshot():
                 words = p.cmdline()
-                name = " ".join(w for w in words[1:3] if not w.startswith("{")) or p.name()  # "-m engine_proc", not its config
+                # "-m engine_proc", not its config
+                name = " ".join(w for w in words[1:3] if not w.startswith("{")) or p.name()
                 try:
                     full: Any = p.memory_full_info()
                     pss, uss = getattr(full, "pss", 0), full.uss

@@ -4,7 +4,8 @@ Metrics are always recorded, so what can be switched off is the scraping:
 this runs N requests x G tokens at concurrency C against one server, without
 and with a client fetching /metrics every second, for R rounds in the order
 ABBA... (so a shared machine's drift does not land on one side only). Usage:
-    .venv/bin/python -m perf.metrics_cost [--model PATH] [--requests 64] [--rounds 2] [--concurrency 32] [--gen-tokens 50]
+    .venv/bin/python -m perf.metrics_cost [--model PATH] [--requests 64] [--rounds 2] [--concurrency 32] [--gen-tokens
+    50]
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def one_round(settings: servers.Settings, cache_dir: str, seed: int, sections: i
     row["files"], row["file_mib"] = len(files), sum(os.path.getsize(f) for f in files) / 2**20
     with servers.start("cllm", settings, args=("--cache-dir", second_dir), label="restart-cache-2") as srv, \
             httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
-        # A short request first, as a serving engine has had: its first llama_decode sets up what every later one reuses.
+        # A short request first, as a serving engine has had: its first llama_decode sets up what every later one
+        # reuses.
         stream(c, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})
         hits = _cached(c, 0)[1]
         r = stream(c, "/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens})

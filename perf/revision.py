@@ -1,4 +1,5 @@
-"""Plain throughput of this tree's cllm against another git revision's (or against itself with other options), fresh servers taking turns.
+"""Plain throughput of this tree's cllm against another git revision's (or against itself with other options), fresh
+servers taking turns.
 
 Both are started alike (`cllm serve` on the same model, threads, parallel
 sequences and KV cells), one at a time: a fresh server per run, in the order
@@ -28,7 +29,8 @@ from perf import servers
 
 
 def one_run(tree: str, settings: servers.Settings, label: str, args, extra: tuple[str, ...] = ()) -> dict[int, float]:
-    """Start `cllm serve` from the tree (``extra``: more options), load it at each concurrency, stop it: tok/s by concurrency."""
+    """Start `cllm serve` from the tree (``extra``: more options), load it at each concurrency, stop it: tok/s by
+    concurrency."""
     cmd, ready = servers.command("cllm", settings, port := servers.free_port())
     with servers.launch("cllm", [*cmd, *extra], port, ready, label=label, cwd=tree) as server:
         dialect = http_load.make_dialect("cllm")

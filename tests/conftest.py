@@ -157,7 +157,8 @@ def wait_until(check, timeout: float, interval: float = 0.1):
 
 @contextlib.contextmanager
 def running(url: str, path: str, body: dict, timeout: float = 60.0) -> Iterator[None]:
-    """A streamed request read to its end in a thread of its own: entered once its first line came, left once it ended."""
+    """A streamed request read to its end in a thread of its own: entered once its first line came, left once it
+    ended."""
     started = threading.Event()
 
     def run():

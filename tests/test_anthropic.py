@@ -59,7 +59,8 @@ def test_system_prompt_reaches_the_template(claude, server):
         chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": SYSTEM}, *QUESTION], max_tokens=1)
     assert prompt_tokens(message.usage) == chat.usage.prompt_tokens
     assert claude.messages.count_tokens(model=MODEL, system=SYSTEM, messages=QUESTION).input_tokens == chat.usage.prompt_tokens
-    assert claude.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens != chat.usage.prompt_tokens  # the template's default system prompt
+    # the template's default system prompt
+    assert claude.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens != chat.usage.prompt_tokens
 
 
 def test_stop_sequence(claude):

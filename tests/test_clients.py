@@ -103,7 +103,8 @@ def test_server_tools_are_skipped_and_deferred_tools_offered_once_referenced(cla
     assert count(claude, messages=conversation, tools=[WEATHER, deferred]) == count(claude, messages=conversation, tools=[WEATHER, undeferred])
     with pytest.raises(anthropic.BadRequestError, match="input_schema"):
         count(claude, tools=[{"name": "no_schema"}])
-    assert claude.messages.count_tokens(model="any", messages=USER, extra_body={"bogus": 1}).input_tokens == count(claude)  # new: ignored
+    # new: ignored
+    assert claude.messages.count_tokens(model="any", messages=USER, extra_body={"bogus": 1}).input_tokens == count(claude)
 
 
 def test_responses_skip_unknown_tools_and_parts(http):
@@ -127,7 +128,8 @@ def test_responses_skip_unknown_tools_and_parts(http):
 
 
 def test_tool_schemas_a_grammar_cannot_hold_are_loosened_not_refused(http):
-    """Claude Code's Workflow tool: a script of up to 524288 characters, and an argument of any type (a description only)."""
+    """Claude Code's Workflow tool: a script of up to 524288 characters, and an argument of any type (a description
+    only)."""
     workflow = {"type": "object", "properties": {"script": {"type": "string", "maxLength": 524288},
                                                  "args": {"description": "any JSON value"},
                                                  "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 100000}}}

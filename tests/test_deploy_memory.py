@@ -1,4 +1,5 @@
-"""The Kubernetes Deployment's memory request against the embedded model (the manifests alone: tests/unit/test_deploy.py)."""
+"""The Kubernetes Deployment's memory request against the embedded model (the manifests alone:
+tests/unit/test_deploy.py)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ def test_openapi_document_describes_every_route(http):
     listed = {(e["method"], e["path"]) for e in http.get("/").json()["data"]["endpoints"]}
     assert paths == listed and ("POST", "/generate") in paths and ("GET", "/openapi.json") in paths
     generate = doc["components"]["schemas"]["GenerateRequest"]
-    assert generate["required"] == ["prompt"] and "additionalProperties" not in generate  # new fields are ignored, not refused
+    # new fields are ignored, not refused
+    assert generate["required"] == ["prompt"] and "additionalProperties" not in generate
     assert generate["properties"]["top_p"] == {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0, "default": 0.9}
     assert generate["properties"]["max_tokens"]["maximum"] == 512  # set at run time: one sequence's context
     statuses = set(doc["paths"]["/generate"]["post"]["responses"])
@@ -63,8 +64,10 @@ WITH_INPUT = [
     ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/completion"),
 ]
 CASES = [(*op, GenerationMode.POSITIVE) for op in OPERATIONS + WITH_INPUT] + [(*op, GenerationMode.NEGATIVE) for op in WITH_INPUT]
-# What the OpenAI request schemas allow but the routes refuse (token ids outside the vocabulary, max_tokens 0 without echo,
-# best_of != n, grammars llama.cpp cannot build, ...) gets a 400: for /v1/ and llama-server's /completion a valid-looking request
+# What the OpenAI request schemas allow but the routes refuse (token ids outside the vocabulary, max_tokens 0 without
+# echo,
+# best_of != n, grammars llama.cpp cannot build, ...) gets a 400: for /v1/ and llama-server's /completion a
+# valid-looking request
 # may be refused, but never with a 5xx or an undeclared answer.
 LENIENT = [positive_data_acceptance]
 

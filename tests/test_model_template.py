@@ -1,4 +1,5 @@
-"""The embedded model's own chat template, read from its GGUF metadata (template rendering alone: tests/unit/test_chat_template.py)."""
+"""The embedded model's own chat template, read from its GGUF metadata (template rendering alone:
+tests/unit/test_chat_template.py)."""
 
 from __future__ import annotations
 

@@ -355,7 +355,8 @@ def test_the_same_keys_and_types_as_llama_server(http, llama_server):
 
 
 def test_infill_as_llama_server_builds_it(fim_model, fim_server, tmp_path_factory):
-    """The same /infill to llama-server on the same FIM model, sized alike (its batch as cLLM's 512): the same prompt."""
+    """The same /infill to llama-server on the same FIM model, sized alike (its batch as cLLM's 512): the same
+    prompt."""
     with llama_server_on(fim_model, tmp_path_factory, "--parallel", "2", "--ctx-size", "2048", "--batch-size", "512") as theirs:
         ours, theirs = (c.post("/infill", json=INFILL).json() for c in (fim_server, theirs))
     assert ours["prompt"] == theirs["prompt"] and ours["tokens_evaluated"] == theirs["tokens_evaluated"]

@@ -39,7 +39,8 @@ def test_tags_show_and_ps_describe_the_model_alike(client):
     assert (d.format, d.family, d.parameter_size, d.quantization_level) == ("gguf", "llama", "135M", "Q4_1")
     shown = client.show(NAME)
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.embedding_length"] == 576
-    assert shown.modelinfo["llama.context_length"] == 512  # the slot's (8192 cells / 16), not the 8192 it was trained on
+    # the slot's (8192 cells / 16), not the 8192 it was trained on
+    assert shown.modelinfo["llama.context_length"] == 512
     assert "completion" in shown.capabilities and "tools" in shown.capabilities
     assert "im_start" in shown.template and shown.details.family == "llama"
     assert client.show("SmolLM2-135M-Instruct.Q4_1").details.format == "gguf"  # the tag may be left out

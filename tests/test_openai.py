@@ -324,7 +324,8 @@ def test_sampling_parameters_are_accepted(oai):
         (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}), "response_format"),
         (dict(response_format={"type": "json_object"}, extra_body={"ignore_eos": True}), "ignore_eos"),
         # Counts the converter writes out copy by copy: a few bytes asking for a grammar of gigabytes.
-        (dict(response_format=json_schema({"type": "string", "maxLength": 20000})), "response_format"),  # overflowed the C stack
+        # overflowed the C stack
+        (dict(response_format=json_schema({"type": "string", "maxLength": 20000})), "response_format"),
         (dict(response_format=json_schema({"type": "array", "maxItems": 10**9})), "response_format"),
         (dict(response_format=json_schema({"type": "string", "minLength": 10**30})), "response_format"),
         (dict(response_format=json_schema({"type": "string", "pattern": "^(ab){+999_999_999}$"})), "response_format"),
@@ -359,7 +360,8 @@ def test_v1_errors_have_openai_shape(http):
     assert r.status_code == 404
     assert r.json() == {"error": {"message": "not found: GET /v1/nothing", "type": "invalid_request_error", "param": None, "code": "not_found"}}
     assert http.get("/v1/chat/completions").status_code == 405
-    assert http.get("/nothing").json() == {"success": False, "error": "not found", "message": "GET /nothing"}  # cLLM's own shape
+    # cLLM's own shape
+    assert http.get("/nothing").json() == {"success": False, "error": "not found", "message": "GET /nothing"}
 
 
 def test_server_still_serves_after_bad_requests(oai):

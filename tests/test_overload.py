@@ -63,7 +63,8 @@ def test_max_prompt_tokens(tight):
 
 
 def test_max_tokens_caps_what_each_request_generates():
-    """--max-tokens 8: a request naming no limit, or a larger one (even past its sequence), gets 8; a smaller one what it asks."""
+    """--max-tokens 8: a request naming no limit, or a larger one (even past its sequence), gets 8; a smaller one what
+    it asks."""
     with start_server("--parallel", "1", "--ctx-size", "1024", "--max-tokens", "8") as srv, srv.client() as http:
         msgs = [{"role": "user", "content": "Count from one to one hundred."}]
         r = http.post("/v1/chat/completions", json={"messages": msgs, "ignore_eos": True})

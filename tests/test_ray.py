@@ -159,7 +159,8 @@ def test_an_engine_death_fails_only_its_streams_and_the_replica_is_replaced(ray_
     assert len(engines(ray_server)) == 2
     outs = [{}, {}]
     threads = [threading.Thread(target=stream, args=(ray_server.url, o)) for o in outs]
-    for t, out in zip(threads, outs):  # the second starts while the first runs: the router sends it to the other replica
+    # the second starts while the first runs: the router sends it to the other replica
+    for t, out in zip(threads, outs):
         t.start()
         wait_until(lambda: len(out.get("events", [])) >= 3, 60)
     victim = engines(ray_server)[0]

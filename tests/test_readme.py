@@ -1,4 +1,5 @@
-"""The docs hold: the README's curl and SDK call run against a real server, every option is documented, links resolve."""
+"""The docs hold: the README's curl and SDK call run against a real server, every option is documented, links
+resolve."""
 
 from __future__ import annotations
 

@@ -139,7 +139,8 @@ def test_with_replicas_a_slot_id_names_one_engines_stream(tmp_path):
         with srv.client() as http:
             first = complete(http)
             saved = [ok(act(http, slot, "save", f"{slot}.bin"))["n_saved"] for slot in (0, 1)]
-            assert sorted(saved) == [0, first["tokens_evaluated"] + first["tokens_predicted"] - 1]  # the engine that served it
+            # the engine that served it
+            assert sorted(saved) == [0, first["tokens_evaluated"] + first["tokens_predicted"] - 1]
             refused(act(http, 2, "erase"), 400, "Invalid slot ID")
 
 

@@ -24,7 +24,8 @@ from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value
 
 EXACT = ("--parallel", "4", "--ctx-size", "8192", "--flash-attn", "off", "--cache-type-k", "f32")
-CODE = pathlib.Path(__file__).resolve().parent.joinpath("copy_task.txt").read_text()  # engine_proc/batch.py as it was: fixed text, fixed figures
+# engine_proc/batch.py as it was: fixed text, fixed figures
+CODE = pathlib.Path(__file__).resolve().parent.joinpath("copy_task.txt").read_text()
 COPY = f"Copy this Python file exactly as it is:\n\n{CODE}"
 ORDINARY = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 QUOTE = f"Here is a file:\n\n{CODE}\n\nQuote its docstring, then say in one sentence what the class does."

@@ -1,4 +1,5 @@
-"""The engine's thread count on the real engine beside real busy programs (the rule alone: tests/unit/test_thread_rule.py)."""
+"""The engine's thread count on the real engine beside real busy programs (the rule alone:
+tests/unit/test_thread_rule.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def _greedy(engine: LLMEngine, prompts: list[list[int]], first_id: int) -> list[
 
 @needs_cpus
 def test_the_thread_count_changes_no_output(tok):
-    # Under 512 KV cells: past them, flash attention splits a decode's cells between the threads (docs/internals.md: Threads).
+    # Under 512 KV cells: past them, flash attention splits a decode's cells between the threads (docs/internals.md:
+    # Threads).
     engine = _engine(fixed_threads=True)
     try:
         prompts = [tok.encode("Write a story about a dragon."), tok.encode("List the planets of the solar system.")]

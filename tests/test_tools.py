@@ -218,7 +218,8 @@ def test_bad_tool_input_is_a_400_naming_the_field(http):
     bad(http, "tools[0].function.name", tools=[{"type": "function", "function": {"name": "has space"}}])
     bad(http, "tool_choice", tools=[ADD], tool_choice={"type": "function", "function": {"name": "nope"}})
     bad(http, "tool_choice", tool_choice="required")
-    huge = {"type": "object", "properties": {"xs": {"type": "string", "pattern": "^[0-9]{1,100000}$"}}}  # counts are loosened, patterns not
+    # counts are loosened, patterns not
+    huge = {"type": "object", "properties": {"xs": {"type": "string", "pattern": "^[0-9]{1,100000}$"}}}
     bad(http, "tools[1].function.parameters", tools=[ADD, {"type": "function", "function": {"name": "f", "parameters": huge}}])
     bad(http, "tools[0].function.parameters", tools=[{"type": "function", "function": {"name": "f", "parameters": {"$ref": "https://example.com/s.json"}}}])
     bad(http, "response_format", tools=[ADD], tool_choice="required", response_format={"type": "json_object"})
@@ -238,7 +239,8 @@ def test_tokenize_and_detokenize_in_llama_servers_shapes(http):
     assert [p["id"] for p in pieces] == tokens
     assert "".join(p["piece"] for p in pieces) == text
     r = http.post("/detokenize", json={"tokens": [0, 1 << 20]})
-    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]  # llama-server's error shape
+    # llama-server's error shape
+    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
 
 
 # A template in the style of Qwen2.5's: it renders tools, calls and results itself.
@@ -303,7 +305,8 @@ def test_harmony_calls_on_every_route(tmp_path):
     question = [{"role": "user", "content": "What is the weather in Tokyo?"}]
     body = chat_request(msgspec.convert({"messages": question, "tools": [WEATHER]}, ChatCompletionRequest))
     plan = tool_plan(body, ChatTemplate(HARMONY_TEMPLATE), Tokenizer(embedded_model_path()).vocab)
-    assert plan.format is HARMONY and plan.template_tools and plan.triggers  # the template renders the tools; auto is lazy
+    # the template renders the tools; auto is lazy
+    assert plan.format is HARMONY and plan.template_tools and plan.triggers
     tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": CITY}}
     with start_server("--parallel", "2", "--ctx-size", "2048", "--chat-template-file", str(template)) as srv:
         with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=120, max_retries=0) as oai:

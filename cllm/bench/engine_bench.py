@@ -65,7 +65,8 @@ PARTS = [
 
 
 def gen_lengths(n: int, gen_tokens: int, staggered: bool) -> list[int]:
-    """Tokens each request generates: all gen_tokens, or staggered, uniform in [gen_tokens/2, 3 gen_tokens/2] (seeded)."""
+    """Tokens each request generates: all gen_tokens, or staggered, uniform in [gen_tokens/2, 3 gen_tokens/2]
+    (seeded)."""
     if not staggered:
         return [gen_tokens] * n
     rng = random.Random(n)

@@ -65,7 +65,8 @@ class Embed(msgspec.Struct, tag=4, array_like=True, gc=False):
 
 
 class SlotAction(msgspec.Struct, tag=5, array_like=True, gc=False):
-    """llama-server's /slots/{id}?action=...: save a KV stream's cache entry to ``path``, restore one from it, or erase it.
+    """llama-server's /slots/{id}?action=...: save a KV stream's cache entry to ``path``, restore one from it, or erase
+    it.
     Answered with SlotDone once the stream runs no sequence."""
 
     id: int

@@ -158,7 +158,8 @@ def listing(files: list[RepoFile]) -> str:
 
 
 def choose(repo: str, quant: str | None, files: list[RepoFile]) -> Choice:
-    """The files `repo[:quant]` means among a repo's files; HubNameError listing the repo's models if none or several."""
+    """The files `repo[:quant]` means among a repo's files; HubNameError listing the repo's models if none or
+    several."""
     if quant:
         found = _matching(files, quant)
         if not found:

@@ -37,7 +37,8 @@ class HubError(Exception):
 
 
 class Hub:
-    """A hub and a cache. None: huggingface_hub's own settings (HF_ENDPOINT, HF_HUB_CACHE/HF_HOME, HF_TOKEN, HF_HUB_OFFLINE)."""
+    """A hub and a cache. None: huggingface_hub's own settings (HF_ENDPOINT, HF_HUB_CACHE/HF_HOME, HF_TOKEN,
+    HF_HUB_OFFLINE)."""
 
     def __init__(self, *, endpoint: str | None = None, cache_dir: str | None = None, token: str | None = None, offline: bool | None = None):
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")

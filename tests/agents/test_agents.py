@@ -98,7 +98,8 @@ def answered(server, route: str, before: int) -> list[str]:
 
 
 def check(done: subprocess.CompletedProcess, server, route: str, before: int, cut: str | None = None) -> None:
-    """Every request answered 200 (stop or length), and exit 0, unless the client's ``cut`` message follows a last reply cut at length."""
+    """Every request answered 200 (stop or length), and exit 0, unless the client's ``cut`` message follows a last reply
+    cut at length."""
     ends = answered(server, route, before)
     assert ends and all(e in ("200 stop", "200 length") for e in ends), (ends, done.stdout + done.stderr)
     if done.returncode != 0 and cut is not None and ends[-1] == "200 length":

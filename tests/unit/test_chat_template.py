@@ -1,4 +1,5 @@
-"""Chat template rendering: templates are plain strings, no model (the embedded model's own: tests/test_model_template.py)."""
+"""Chat template rendering: templates are plain strings, no model (the embedded model's own:
+tests/test_model_template.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The Responses API's store on its own: bounded by count and by age, least recently used first out, seen in /metrics."""
+"""The Responses API's store on its own: bounded by count and by age, least recently used first out, seen in
+/metrics."""
 
 from __future__ import annotations
 

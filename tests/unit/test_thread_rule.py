@@ -1,4 +1,5 @@
-"""The engine's thread count: the rule (engine_proc/threads.py) on given timings, no model (the real engine: tests/test_threads.py)."""
+"""The engine's thread count: the rule (engine_proc/threads.py) on given timings, no model (the real engine:
+tests/test_threads.py)."""
 
 from __future__ import annotations
 
