@@ -152,8 +152,9 @@ def _mib(b: int | None) -> str:
 def markdown(results: list[dict], args, command: str) -> str:
     peer = next((r for r in results if r["name"] == "llama-server"), None)
     gpu = any(row["gpu"] for r in results for row in r["rows"])
+    dirty = " (uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
     lines = [f"<!-- `{command}`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, tree "
-             f"{_git('rev-parse', '--short', 'HEAD')}{' (uncommitted changes)' if _git('status', '--porcelain', '--untracked-files=no') else ''} -->",
+             f"{_git('rev-parse', '--short', 'HEAD')}{dirty} -->",
              "", f"# Memory after {args.requests} chat requests ({args.concurrency} at a time, {args.max_tokens} tokens each): "
              f"{os.path.basename(args.model)}, --ctx-size {args.ctx_size}, --parallel {args.parallel}, {args.threads} threads", "",
              "Sums over each server's processes, MiB. RSS counts shared pages once per process; PSS shares them out.", "",

@@ -117,7 +117,10 @@ def chat(off: httpx.Client, on: httpx.Client, conversations: int, turns: int, se
             row: dict[str, Any] = {"turn": turn}
             for name, client in (("off", off), ("on", on)):
                 before = idle(client)
-                ask = lambda history: stream(client, "/v1/chat/completions", {"messages": history, "max_tokens": max_tokens})  # noqa: E731
+
+                def ask(history, client=client):
+                    return stream(client, "/v1/chat/completions", {"messages": history, "max_tokens": max_tokens})
+
                 results = [(r.ttft, r.text, r.prompt_tokens) for r in pool.map(ask, histories)]
                 row[f"ttft_{name}"], row[f"texts_{name}"], row["prompt_tokens"] = (list(x) for x in zip(*results))
                 row[f"reused_{name}"] = reused(client, before)

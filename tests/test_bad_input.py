@@ -54,7 +54,10 @@ def test_declared_oversized_body_is_413_before_it_is_sent(server):
 
 
 def test_chunked_oversized_body_is_413_once_the_count_passes_the_limit(server):
-    head = b"POST /encode HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = (
+        b"POST /encode HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     piece = b"x" * 65536
     chunks = [b"%x\r\n%s\r\n" % (len(piece), piece)] * 64  # 4 MiB offered, 1 MiB allowed
     status, headers, body, _ = raw_exchange(server.url, head, chunks)

@@ -250,7 +250,8 @@ Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
 {% endif %}
 {%- for m in messages %}<|im_start|>{{ m.role }}
 {% if m.content %}{{ m.content }}{% endif %}
-{%- for c in m.tool_calls or [] %}<tool_call>{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}</tool_call>{% endfor %}<|im_end|>
+{%- for c in m.tool_calls or [] %}<tool_call>{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}\
+</tool_call>{% endfor %}<|im_end|>
 {% endfor %}<|im_start|>assistant
 """
 
@@ -288,7 +289,8 @@ namespace functions {
 type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 {% endfor %}}<|end|>{% endif %}
 {%- for m in messages %}
-{%- if m.tool_calls %}{% for c in m.tool_calls %}<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} \
+{%- if m.tool_calls %}{% for c in m.tool_calls %}<|start|>assistant<|channel|>commentary \
+to=functions.{{ c.function.name }} \
 <|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}
 {%- elif m.role == 'tool' %}<|start|>functions to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>
 {%- else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -50,8 +51,8 @@ def test_a_pull_lands_in_the_cache_layout_with_mmproj_and_a_second_downloads_not
     assert got.path == os.path.join(folder, "snapshots", commit, "tiny-Q4_K_M.gguf") and os.path.islink(got.path)
     sha = hashlib.sha256(TINY["tiny-Q4_K_M.gguf"]).hexdigest()
     assert os.path.realpath(got.path) == os.path.join(folder, "blobs", sha)
-    assert open(got.path, "rb").read() == TINY["tiny-Q4_K_M.gguf"] and open(got.mmproj, "rb").read() == TINY["mmproj-tiny-F16.gguf"]
-    assert open(os.path.join(folder, "refs", "main")).read() == commit
+    assert Path(got.path).read_bytes() == TINY["tiny-Q4_K_M.gguf"] and Path(got.mmproj).read_bytes() == TINY["mmproj-tiny-F16.gguf"]
+    assert Path(os.path.join(folder, "refs", "main")).read_text() == commit
     # huggingface_hub's own reader of the cache finds the file where cllm put it
     from huggingface_hub import try_to_load_from_cache
 
@@ -73,14 +74,14 @@ def test_without_a_tag_the_default_and_a_missing_tag_lists_the_repo(hub, tmp_pat
 def test_a_split_model_comes_down_whole(hub, tmp_path):
     got = client(hub, tmp_path).pull("cllm-test/tiny-GGUF:iq2_xs")
     assert [os.path.basename(p) for p in got.files] == ["tiny-IQ2_XS-00001-of-00002.gguf", "tiny-IQ2_XS-00002-of-00002.gguf"]
-    assert got.path == got.files[0] and all(open(p, "rb").read() == TINY[os.path.basename(p)] for p in got.files)
+    assert got.path == got.files[0] and all(Path(p).read_bytes() == TINY[os.path.basename(p)] for p in got.files)
 
 
 def test_a_cut_connection_resumes_from_where_it_stopped(hub, tmp_path):
     hub.cut_after = 11 * MIB
     got = client(hub, tmp_path).pull("cllm-test/tiny-GGUF:F16")
     data = TINY["tiny-F16.gguf"]
-    assert open(got.path, "rb").read() == data
+    assert Path(got.path).read_bytes() == data
     model = [r for p, r in hub.downloads() if p.endswith(hashlib.sha256(data).hexdigest())]
     assert model == [None, f"bytes={10 * MIB}-"]  # the retry asked for what the last whole chunk did not hold
     assert hub.sent == 11 * MIB + len(data) - 10 * MIB + len(TINY["mmproj-tiny-F16.gguf"])
@@ -95,7 +96,7 @@ def test_a_pull_stopped_in_an_earlier_run_resumes(hub, tmp_path):
     with open(os.path.join(blobs, sha + ".incomplete"), "wb") as f:
         f.write(data[: 2 * MIB])  # what a killed pull left
     got = h.pull("cllm-test/tiny-GGUF:Q4_K_M")
-    assert open(got.path, "rb").read() == data and got.fetched == len(data) - 2 * MIB + len(TINY["mmproj-tiny-F16.gguf"])
+    assert Path(got.path).read_bytes() == data and got.fetched == len(data) - 2 * MIB + len(TINY["mmproj-tiny-F16.gguf"])
     assert (f"/lfs/{sha}", f"bytes={2 * MIB}-") in hub.downloads()
 
 
@@ -110,7 +111,7 @@ def test_a_corrupted_byte_is_refused_and_removed_never_served(hub, tmp_path):
     with pytest.raises(HubError):
         Hub(cache_dir=h.cache_dir, offline=True).pull("cllm-test/tiny-GGUF:Q8_0")
     hub.corrupt = False
-    assert open(h.pull("cllm-test/tiny-GGUF:Q8_0").path, "rb").read() == TINY["tiny-Q8_0.gguf"]
+    assert Path(h.pull("cllm-test/tiny-GGUF:Q8_0").path).read_bytes() == TINY["tiny-Q8_0.gguf"]
 
 
 def test_404_and_401_are_one_sentence_naming_the_repo(hub, tmp_path):
@@ -157,6 +158,6 @@ def test_the_store_lists_pulled_models_by_name_and_removes_one_at_a_time(hub, tm
     size = iq2.size
     assert remove(h.cache_dir, "cllm-test/tiny-GGUF:iq2_xs") == size
     assert not any(os.path.lexists(p) for p in iq2.files) and [m.name for m in listed(h.cache_dir)] == [q4.name]
-    assert open(q4.path, "rb").read() == TINY["tiny-Q4_K_M.gguf"] and os.path.exists(q4.mmproj)
+    assert Path(q4.path).read_bytes() == TINY["tiny-Q4_K_M.gguf"] and os.path.exists(q4.mmproj)
     remove(h.cache_dir, q4.name)
     assert listed(h.cache_dir) == [] and not os.path.exists(repo_folder(h.cache_dir, "cllm-test/tiny-GGUF"))
