@@ -29,11 +29,10 @@ from engine_proc.sequence import common_prefix, starts_with
 HEAD = 32
 
 # Entries shorter than this are not kept. A copy costs its pages' first
-# touch whether or not it ever comes back: measured in the engine here,
-# 2.3-3.5 ms for the 1.6 MB of a 76-cell entry of the embedded model, 20-30x
-# the copy into memory used before, ~2% of the engine's time under a c=32
-# load of fresh short requests, whose entries never come back. Documents
-# and conversations, which do come back, are mostly longer; a shorter entry
+# touch, many times the copy into memory used before, whether or not it
+# ever comes back: under a load of fresh short requests, whose entries never
+# come back, that is engine time spent for nothing. Documents and
+# conversations, which do come back, are mostly longer; a shorter entry
 # prefills again in one block. (At least HEAD.)
 MIN_CELLS = 128
 

@@ -91,7 +91,7 @@ class ModelRunner:
         # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
         self._moving: set[int] = set()  # streams a copy asked since the last llama_decode reads or writes
         # The host buffers at-once copies go through, kept from one to the next: a new
-        # one's pages fault in as they are written (a 26 MB save took 9-60 ms so, 1.4 ms into a used one).
+        # one's pages fault in as they are written, which costs many times the copy into a used one.
         # Each grows to the largest stream copied at once: at most one stream's cells, and a quarter.
         self._scratch = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
         self._positions = np.arange(self.seq_ctx, dtype=np.int32)

@@ -44,8 +44,8 @@ from engine_proc.sequence import common_prefix, starts_with
 # shared tokens, a chat template's opening, are no reason to.
 RESTORE_GAIN = 16
 # Seconds the engine waits idle before it copies its streams' new entries out
-# for the disk (4,000 cells of the embedded model are 92 MB: into new pages
-# 0.15-1 s on this busy machine): a chat's next turn sent at once does not wait for it.
+# for the disk (4,000 cells of the embedded model are 92 MB, copied into new
+# pages): a chat's next turn sent at once does not wait for that copy.
 PERSIST_IDLE = 0.5
 # While the disk's writer works, the idle engine looks this often whether it is done (its figures go out then).
 WRITER_POLL = 0.1
