@@ -19,7 +19,7 @@ def picture(width: int = 64, height: int = 48, seed: int = 0) -> np.ndarray:
     return blocks.repeat(8, axis=0).repeat(8, axis=1)
 
 
-def _png_chunk(kind: bytes, body: bytes) -> bytes:
+def png_chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(body, zlib.crc32(kind)))
 
 
@@ -28,9 +28,9 @@ def png(rgb: np.ndarray, level: int = 6) -> bytes:
     raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(height))  # filter type 0 on every row
     return (
         b"\x89PNG\r\n\x1a\n"
-        + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-        + _png_chunk(b"IDAT", zlib.compress(raw, level))
-        + _png_chunk(b"IEND", b"")
+        + png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + png_chunk(b"IDAT", zlib.compress(raw, level))
+        + png_chunk(b"IEND", b"")
     )
 
 
@@ -38,9 +38,9 @@ def png_raw(width: int, height: int, idat: bytes) -> bytes:
     """A PNG whose chunks are all well-formed (checksums right) around any IDAT content."""
     return (
         b"\x89PNG\r\n\x1a\n"
-        + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-        + _png_chunk(b"IDAT", idat)
-        + _png_chunk(b"IEND", b"")
+        + png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + png_chunk(b"IDAT", idat)
+        + png_chunk(b"IEND", b"")
     )
 
 

@@ -74,6 +74,16 @@ def test_broken_png_refused():
         check(F.png_raw(0, 48, b""))
 
 
+def test_png_of_countless_chunks_refused():
+    """Walking a chunk costs ~1 us: a file of a million empty ones is refused after the first 50,000."""
+    empty = F.png_chunk(b"tEXt", b"")
+    head = F.png(RGB)[:33]  # signature and IHDR
+    tail = F.png_chunk(b"IDAT", b"") + F.png_chunk(b"IEND", b"")
+    assert check(head + empty * (images.MAX_PNG_CHUNKS - 3) + tail).format == "png"
+    with pytest.raises(MalformedImage, match="more than 50000 chunks"):
+        check(head + empty * images.MAX_PNG_CHUNKS + tail)
+
+
 def test_broken_jpeg_refused():
     good = F.jpeg(RGB)
     sof = good.index(b"\xff\xc0")
