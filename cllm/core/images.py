@@ -131,9 +131,16 @@ _SOF_DECODED = {0xC0, 0xC1, 0xC2}
 _SOF_OTHER = {0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # lossless, hierarchical, arithmetic
 
 
+# Markers (and fill bytes) before the frame header: a camera's JPEG has a few dozen; the bound keeps a file of
+# millions of empty segments or fill bytes from costing the frontend seconds, as MAX_PNG_CHUNKS does for PNG.
+MAX_JPEG_MARKERS = 10_000
+
+
 def _jpeg(data: bytes) -> ImageInfo:
     at = 2
-    while at + 4 <= len(data):
+    for _ in range(MAX_JPEG_MARKERS):
+        if at + 4 > len(data):
+            raise MalformedImage("the JPEG is truncated (it ends before its frame header)")
         if data[at] != 0xFF:
             raise MalformedImage(f"the JPEG is corrupted (no marker at byte {at})")
         marker = data[at + 1]
@@ -156,7 +163,7 @@ def _jpeg(data: bytes) -> ImageInfo:
         if marker in (0xDA, 0xD9):
             raise MalformedImage("the JPEG has no frame header before its image data")
         at += 2 + length
-    raise MalformedImage("the JPEG is truncated (it ends before its frame header)")
+    raise MalformedImage(f"the JPEG has more than {MAX_JPEG_MARKERS} markers before its frame header")
 
 
 def _gif(data: bytes) -> ImageInfo:

@@ -84,6 +84,15 @@ def test_png_of_countless_chunks_refused():
         check(head + empty * images.MAX_PNG_CHUNKS + tail)
 
 
+def test_jpeg_of_countless_markers_refused():
+    good = F.jpeg(RGB)
+    for filler in (b"\xff\xfe\x00\x02", b"\xff"):  # empty comment segments; fill bytes
+        many = good[:2] + filler * images.MAX_JPEG_MARKERS + good[2:]
+        with pytest.raises(MalformedImage, match="more than 10000 markers"):
+            check(many)
+    assert check(good[:2] + b"\xff\xfe\x00\x02" * 100 + good[2:]).format == "jpeg"
+
+
 def test_broken_jpeg_refused():
     good = F.jpeg(RGB)
     sof = good.index(b"\xff\xc0")
