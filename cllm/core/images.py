@@ -134,6 +134,9 @@ _SOF_OTHER = {0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # los
 # Markers (and fill bytes) before the frame header: a camera's JPEG has a few dozen; the bound keeps a file of
 # millions of empty segments or fill bytes from costing the frontend seconds, as MAX_PNG_CHUNKS does for PNG.
 MAX_JPEG_MARKERS = 10_000
+# A progressive JPEG's refinement scan can cover the whole image in a few bytes (an end-of-band run), and the
+# decoder walks every block in every scan: libjpeg writes 10 scans for a colour image; more than 100 is refused.
+MAX_JPEG_SCANS = 100
 
 
 def _jpeg(data: bytes) -> ImageInfo:
@@ -156,6 +159,9 @@ def _jpeg(data: bytes) -> ImageInfo:
         if marker in _SOF_DECODED:
             if length < 8:
                 raise MalformedImage("the JPEG's frame header is too short")
+            # Entropy-coded data escapes 0xFF, so this counts the start-of-scan markers exactly.
+            if (scans := data.count(b"\xff\xda", at)) > MAX_JPEG_SCANS:
+                raise MalformedImage(f"the JPEG has {scans} scans, more than {MAX_JPEG_SCANS}")
             height, width = struct.unpack_from(">HH", data, at + 5)
             return ImageInfo("jpeg", width, height)
         if marker in _SOF_OTHER:

@@ -93,6 +93,14 @@ def test_jpeg_of_countless_markers_refused():
     assert check(good[:2] + b"\xff\xfe\x00\x02" * 100 + good[2:]).format == "jpeg"
 
 
+def test_jpeg_of_too_many_scans_refused():
+    good = F.jpeg(RGB)
+    end = len(good) - 2  # before the end-of-image marker
+    with pytest.raises(MalformedImage, match="101 scans"):
+        check(good[:end] + b"\xff\xda\x00\x02" * images.MAX_JPEG_SCANS + good[end:])
+    assert check(good[:end] + b"\xff\xda\x00\x02" * (images.MAX_JPEG_SCANS - 1) + good[end:]).format == "jpeg"
+
+
 def test_broken_jpeg_refused():
     good = F.jpeg(RGB)
     sof = good.index(b"\xff\xc0")
