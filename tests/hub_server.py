@@ -8,6 +8,7 @@ It answers the routes huggingface_hub 2.x requests for a pull, in the hub's shap
   carrying X-Repo-Commit, X-Linked-Etag (the sha256), X-Linked-Size and the pointer's ETag; for a small file
   a 200 with its git sha1 as ETag;
 - GET /lfs/{sha256} on that host: the bytes, with Range requests (206 and Content-Range);
+- GET /api/agent-harnesses: an empty list (huggingface_hub fetches it once a day for its User-Agent);
 - errors as the hub gives them: 401 with X-Error-Code RepoNotFound for a private or missing repo asked
   without a token, 401 "Invalid credentials in Authorization header" for a bad token, 404 RepoNotFound for a
   missing repo asked with one, 404 EntryNotFound for a missing file.
@@ -103,6 +104,8 @@ def _handler(hub: FakeHub):
         def _route(self, body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             hub.log.append((self.command, path, self.headers.get("Range")))
+            if path == "/api/agent-harnesses":  # huggingface_hub's user-agent telemetry asks once a day (cached in HF_HOME)
+                return self._send(200, b'{"standardEnvVars": [], "harnesses": {}}', {"Content-Type": "application/json"}, body)
             if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", path):
                 return self._info(m.group(1), body)
             if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
@@ -199,3 +202,19 @@ def _handler(hub: FakeHub):
                 self.wfile.write(data)
 
     return Handler
+
+
+def split_gguf(src: str, dest: str, parts: int) -> list[str]:
+    """A copy of a GGUF file in llama.cpp's split format (gguf-split's: the first part holds every key, each part
+    `split.no`, `split.count` and `split.tensors.count`, files named `{stem}-0000i-of-0000n.gguf`), written by the
+    `gguf` package's writer; the paths of the parts."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
+
+    reader = gguf.GGUFReader(src, "r")
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    per_part = -(-len(reader.tensors) // parts)
+    writer = gguf.GGUFWriter(dest, arch=arch, endianess=reader.endianess, split_max_tensors=per_part)
+    copy_with_new_metadata(reader, writer, {}, [])
+    stem = dest[: -len(".gguf")]
+    return [f"{stem}-{i:05d}-of-{parts:05d}.gguf" for i in range(1, parts + 1)]

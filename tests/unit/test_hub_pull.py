@@ -33,7 +33,9 @@ TINY = {
 
 
 @pytest.fixture
-def hub():
+def hub(monkeypatch):
+    # huggingface_hub's User-Agent telemetry would ask the default endpoint (huggingface.co) for its agent list
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", True)
     with FakeHub({"cllm-test/tiny-GGUF": Repo(dict(TINY)), "cllm-test/private-GGUF": Repo(dict(TINY), private=True)}) as h:
         yield h
 
