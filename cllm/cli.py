@@ -84,10 +84,28 @@ def _bench_parser(sub) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
 
 
+def _hub_parsers(sub) -> None:
+    """`cllm pull`, `cllm models` (`ls`), `cllm rm`: the Hugging Face cache by model name (docs/hub.md)."""
+    name = "ORG/REPO[:QUANT]"
+    p = sub.add_parser(
+        "pull",
+        help="download GGUF models from the Hugging Face hub by name, into its cache",
+        description="Download GGUF models by name (llama-server's -hf spelling) into the Hugging Face cache, with "
+        "progress, resume and checksum checks; HF_ENDPOINT, HF_TOKEN and HF_HOME apply (docs/hub.md).",
+    )
+    p.add_argument("names", nargs="+", metavar=name, help="without :QUANT: Q4_K_M, else Q8_0, else the repo's first")
+    sub.add_parser(
+        "models", aliases=["ls"], help="list the models in the Hugging Face cache: name, quantization, size, path"
+    )
+    p = sub.add_parser("rm", help="remove pulled models from the Hugging Face cache")
+    p.add_argument("names", nargs="+", metavar=name, help="as `cllm models` lists them")
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cllm", description="cllm: llama.cpp behind an HTTP API")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _hub_parsers(sub)
     _bench_parser(sub)
     return parser
 
@@ -104,11 +122,27 @@ def main(argv: list[str] | None = None) -> int:
         bench = importlib.import_module("cllm.bench." + ("engine_bench" if args.target == "engine" else "http_load"))
         return bench.main(args.args, prog=f"cllm bench {args.target}")
 
+    if args.command in ("pull", "models", "ls", "rm"):
+        from cllm.hub import commands
+
+        if args.command == "pull":
+            return commands.pull(args.names)
+        if args.command == "rm":
+            return commands.rm(args.names)
+        return commands.models()
+
     if args.command == "serve":
+        hub_errors: tuple[type[Exception], ...] = ()
         try:
             config = load_config(args.config, serve_overrides(args), os.environ)
-            models = build_registry(config)
-        except (ConfigError, ModelFileError) as e:
+            hub = None
+            if args.ray is None and (config.hf_repo or config.pulled or any(m.hf_repo for m in config.models)):
+                from cllm.hub.commands import ERRORS as hub_errors
+                from cllm.hub.commands import HubModels
+
+                hub = HubModels(offline=config.offline)
+            models = build_registry(config, hub)
+        except (ConfigError, ModelFileError, *hub_errors) as e:
             print(f"cllm: {e}", file=sys.stderr)
             return 2
         if args.ray is not None:

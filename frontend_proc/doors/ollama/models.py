@@ -1,7 +1,9 @@
 """Ollama's model routes: GET /api/version, /api/tags, /api/ps and POST /api/show, and its model names.
 
 Ollama names a model `name:tag`; cllm's models are the registry's ids and
-aliases (or the one --model), each listed as `id:latest`. What Ollama's
+aliases (or the one --model), each listed as `id:latest` unless the id has a tag
+of its own (a Hugging Face model's `org/repo:QUANT`, as Ollama lists
+`hf.co/org/repo:QUANT`). What Ollama's
 clients read of a model (its family, size, quantization, context length)
 comes from the GGUF file's own metadata, read once per file.
 """
@@ -152,7 +154,7 @@ def context_length(model: Model) -> int:
 
 async def _entry(model: Model) -> dict:
     meta = await metadata(model)
-    name = f"{model.id}:latest"
+    name = model.id if ":" in model.id else f"{model.id}:latest"
     return {
         "name": name,
         "model": name,

@@ -1,0 +1,69 @@
+"""Hugging Face names in the registry (cllm/core/registry.py): ids are names, entries name repos, --pulled adds the cache.
+
+The hub here is a stand-in for cllm/hub/commands.HubModels (tests/unit/test_hub_pull.py and tests/test_hub_serve.py
+cover the real one): it maps names to tiny GGUF-looking files.
+"""
+
+import pytest
+
+from cllm.core.config import ConfigError, load_config
+from cllm.core.registry import build_registry, is_pool
+
+
+class Hub:
+    def __init__(self, tmp_path, names):
+        self.files = {}
+        for name in names:
+            path = tmp_path / (name.replace("/", "--").replace(":", "-") + ".gguf")
+            path.write_bytes(b"GGUF" + bytes(60))
+            self.files[name] = str(path)
+        self.asked = []
+
+    def resolve(self, name):
+        self.asked.append(name)
+        full = name if ":" in name else name + ":Q4_K_M"
+        return full, self.files[full]
+
+    def listed(self):
+        return list(self.files.items())
+
+
+def config(tmp_path, yaml: str):
+    path = tmp_path / "cllm.yaml"
+    path.write_text(yaml)
+    return load_config(str(path), {})
+
+
+def test_hf_repo_serves_one_model_under_its_name(tmp_path):
+    hub = Hub(tmp_path, ["org/a-GGUF:Q4_K_M"])
+    (spec,) = build_registry(config(tmp_path, "hf-repo: org/a-GGUF\n"), hub)
+    assert (spec.id, spec.path) == ("org/a-GGUF:Q4_K_M", hub.files["org/a-GGUF:Q4_K_M"]) and hub.asked == ["org/a-GGUF"]
+    with pytest.raises(ConfigError, match="--model and --hf-repo"):
+        build_registry(config(tmp_path, "hf-repo: org/a-GGUF\nmodel: x.gguf\n"), hub)
+
+
+def test_a_models_entry_names_a_repo_and_takes_its_name_unless_given_an_id(tmp_path):
+    hub = Hub(tmp_path, ["org/a-GGUF:Q8_0", "org/b-GGUF:Q4_K_M"])
+    c = config(tmp_path, "models:\n  - {hf-repo: 'org/a-GGUF:Q8_0', ctx-size: 1024}\n  - {id: b, hf-repo: org/b-GGUF}\n")
+    specs = build_registry(c, hub)
+    assert [(s.id, s.path, s.config.ctx_size) for s in specs] == [
+        ("org/a-GGUF:Q8_0", hub.files["org/a-GGUF:Q8_0"], 1024), ("b", hub.files["org/b-GGUF:Q4_K_M"], c.ctx_size),
+    ]
+    for bad, why in (("{id: x}", "either path or hf-repo"), ("{id: x, path: f.gguf, hf-repo: o/r}", "either path or hf-repo"),
+                     ("{path: f.gguf}", "needs an id")):
+        with pytest.raises(ConfigError, match=why):
+            build_registry(config(tmp_path, f"models:\n  - {bad}\n"), hub)
+
+
+def test_pulled_adds_every_cached_model_once(tmp_path):
+    hub = Hub(tmp_path, ["org/a-GGUF:Q8_0", "org/b-GGUF:Q4_K_M"])
+    c = config(tmp_path, "pulled: true\nhf-repo: org/b-GGUF\n")
+    assert is_pool(c)
+    assert [s.id for s in build_registry(c, hub)] == ["org/b-GGUF:Q4_K_M", "org/a-GGUF:Q8_0"]
+    with pytest.raises(ConfigError, match="Hugging Face cache holds no model.*cllm pull"):
+        build_registry(config(tmp_path, "pulled: true\n"), Hub(tmp_path, []))
+
+
+def test_without_a_hub_a_name_is_refused_not_fetched(tmp_path):
+    with pytest.raises(ConfigError, match="--ray serves model files"):
+        build_registry(config(tmp_path, "hf-repo: org/a-GGUF\n"))
