@@ -132,17 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         return commands.models()
 
     if args.command == "serve":
-        hub_errors: tuple[type[Exception], ...] = ()
         try:
             config = load_config(args.config, serve_overrides(args), os.environ)
             hub = None
             if args.ray is None and (config.hf_repo or config.pulled or any(m.hf_repo for m in config.models)):
-                from cllm.hub.commands import ERRORS as hub_errors
                 from cllm.hub.commands import HubModels
 
                 hub = HubModels(offline=config.offline)
             models = build_registry(config, hub)
-        except (ConfigError, ModelFileError, *hub_errors) as e:
+        except (ConfigError, ModelFileError) as e:
             print(f"cllm: {e}", file=sys.stderr)
             return 2
         if args.ray is not None:

@@ -104,8 +104,12 @@ def _handler(hub: FakeHub):
         def _route(self, body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             hub.log.append((self.command, path, self.headers.get("Range")))
-            if path == "/api/agent-harnesses":  # huggingface_hub's user-agent telemetry asks once a day (cached in HF_HOME)
-                return self._send(200, b'{"standardEnvVars": [], "harnesses": {}}', {"Content-Type": "application/json"}, body)
+            if (
+                path == "/api/agent-harnesses"
+            ):  # huggingface_hub's user-agent telemetry asks once a day (cached in HF_HOME)
+                return self._send(
+                    200, b'{"standardEnvVars": [], "harnesses": {}}', {"Content-Type": "application/json"}, body
+                )
             if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", path):
                 return self._info(m.group(1), body)
             if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
@@ -117,13 +121,22 @@ def _handler(hub: FakeHub):
         def _repo(self, name: str, body: bool) -> Repo | None:
             auth = self.headers.get("Authorization")
             if auth is not None and auth != f"Bearer {TOKEN}":
-                self._send(401, b'{"error":"Invalid credentials in Authorization header"}',
-                           {"X-Error-Message": "Invalid credentials in Authorization header"}, body)
+                self._send(
+                    401,
+                    b'{"error":"Invalid credentials in Authorization header"}',
+                    {"X-Error-Message": "Invalid credentials in Authorization header"},
+                    body,
+                )
                 return None
             repo = hub.repos.get(name)
             if repo is None or (repo.private and auth is None):
                 status = 404 if auth else 401  # the hub hides private repos: without a token, everything is 401
-                self._send(status, b'{"error":"Repository not found"}', {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"}, body)
+                self._send(
+                    status,
+                    b'{"error":"Repository not found"}',
+                    {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"},
+                    body,
+                )
                 return None
             return repo
 
@@ -138,7 +151,14 @@ def _handler(hub: FakeHub):
                 if lfs:
                     sib["lfs"] = {"sha256": oid, "size": size, "pointerSize": 134}
                 siblings.append(sib)
-            info = {"_id": "x", "id": name, "modelId": name, "sha": repo.commit, "private": repo.private, "siblings": siblings}
+            info = {
+                "_id": "x",
+                "id": name,
+                "modelId": name,
+                "sha": repo.commit,
+                "private": repo.private,
+                "siblings": siblings,
+            }
             self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
 
         def _resolve(self, name: str, rev: str, path: str, body: bool) -> None:
@@ -153,10 +173,14 @@ def _handler(hub: FakeHub):
             headers = {"X-Repo-Commit": repo.commit}
             if lfs:
                 hub._blobs[oid] = (repo, path)
-                headers.update({
-                    "Location": f"{hub.lfs_host}/lfs/{oid}", "X-Linked-Etag": f'"{oid}"', "X-Linked-Size": str(size),
-                    "ETag": f'"{git_sha1(oid.encode())}"',
-                })
+                headers.update(
+                    {
+                        "Location": f"{hub.lfs_host}/lfs/{oid}",
+                        "X-Linked-Etag": f'"{oid}"',
+                        "X-Linked-Size": str(size),
+                        "ETag": f'"{git_sha1(oid.encode())}"',
+                    }
+                )
                 return self._send(302, b"", headers, body)
             headers["ETag"] = f'"{oid}"'
             self._send(200, repo.read(path), headers, body)
@@ -178,7 +202,11 @@ def _handler(hub: FakeHub):
             if not body:
                 return self._send(status, b"", {**headers, "Content-Length": str(len(part))}, False)
             self.send_response(status)
-            for k, v in {**headers, "Content-Length": str(len(part)), "Content-Type": "application/octet-stream"}.items():
+            for k, v in {
+                **headers,
+                "Content-Length": str(len(part)),
+                "Content-Type": "application/octet-stream",
+            }.items():
                 self.send_header(k, v)
             self.end_headers()
             cut, hub.cut_after = hub.cut_after, None

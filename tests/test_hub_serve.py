@@ -1,4 +1,5 @@
-"""The embedded model on a stand-in hub (tests/hub_server.py), by name: `cllm pull`, `cllm serve -hf`, offline, the store.
+"""The embedded model on a stand-in hub (tests/hub_server.py), by name: `cllm pull`, `cllm serve -hf`, offline,
+and the store.
 
 Two made-up repos hold the embedded SmolLM2: whole, and split in three by llama.cpp's rules. The tests run in
 order on one HF_HOME: pull with progress lines, pull again (nothing fetched), serve the split model by name and
@@ -29,7 +30,9 @@ QUESTION = [
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    parts = split_gguf(embedded_model_path(), str(tmp_path_factory.mktemp("split") / "SmolLM2-135M-Instruct-Q4_1.gguf"), 3)
+    parts = split_gguf(
+        embedded_model_path(), str(tmp_path_factory.mktemp("split") / "SmolLM2-135M-Instruct-Q4_1.gguf"), 3
+    )
     repos = {
         WHOLE: Repo({"README.md": b"# SmolLM2\n", "SmolLM2-135M-Instruct-Q4_1.gguf": embedded_model_path()}),
         SPLIT: Repo({os.path.basename(p): p for p in parts}),
@@ -46,11 +49,17 @@ def env(hub, tmp_path_factory):
 
 
 def cllm(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cllm.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "cllm.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def chat(url: str, model: str) -> str:
-    r = httpx.post(f"{url}/v1/chat/completions", json={"model": model, "messages": QUESTION, "max_tokens": 20, "temperature": 0}, timeout=120)
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": model, "messages": QUESTION, "max_tokens": 20, "temperature": 0},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]["content"]
 
@@ -60,7 +69,9 @@ def test_pull_shows_progress_in_a_log_and_a_second_pull_fetches_nothing(hub, env
     assert done.returncode == 0, done.stderr
     assert f"{WHOLE}:Q4_1: " in done.stdout and "MiB downloaded" in done.stdout
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("cllm: SmolLM2-135M-Instruct-Q4_1.gguf: ")]
-    assert len(lines) >= 3 and lines[-1].endswith("93.8 MiB of 93.8 MiB") and "\r" not in done.stderr  # lines, not a bar
+    assert (
+        len(lines) >= 3 and lines[-1].endswith("93.8 MiB of 93.8 MiB") and "\r" not in done.stderr
+    )  # lines, not a bar
 
     hub.log.clear()
     again = cllm(env, "pull", f"{WHOLE}:q4_1")
@@ -100,4 +111,8 @@ def test_rm_removes_a_model_and_offline_then_says_what_is_missing(hub, env):
     assert gone.returncode == 0 and f"removed {SPLIT}:Q4_1" in gone.stdout
     assert SPLIT not in cllm(env, "ls").stdout
     refused = cllm({**env, "HF_HUB_OFFLINE": "1"}, "serve", "-hf", SPLIT, *SMALL)
-    assert refused.returncode == 2 and "cannot be fetched offline" in refused.stderr and f"cllm pull {SPLIT}" in refused.stderr
+    assert (
+        refused.returncode == 2
+        and "cannot be fetched offline" in refused.stderr
+        and f"cllm pull {SPLIT}" in refused.stderr
+    )

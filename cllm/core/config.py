@@ -263,7 +263,8 @@ PER_MODEL = tuple(s.attr for s in settings(_Settings) if s.per_model)
 class _ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
     """One model of the `models:` list; unset engine settings take the top-level ones."""
 
-    id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=128)] | None = None  # hf-repo: its name
+    # None only beside hf-repo: the id is then the model's name, org/repo:QUANT
+    id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=128)] | None = None
     path: str | None = None
     hf_repo: Annotated[str, Meta(pattern=HF_NAME)] | None = None  # instead of a path: pulled unless cached
     aliases: list[str] = []

@@ -40,7 +40,7 @@ class HubModels(Protocol):
     """What the registry asks of the Hugging Face hub and cache (cllm/hub/commands.py answers)."""
 
     def resolve(self, name: str) -> tuple[str, str]:
-        """(the model's name, its local file) for `org/repo[:QUANT]`; raises a one-sentence error."""
+        """(the model's name, its local file) for `org/repo[:QUANT]`; ConfigError in one sentence if none."""
 
     def listed(self) -> list[tuple[str, str]]:
         """(name, file) of every model in the cache."""
@@ -83,15 +83,18 @@ def build_registry(config: ServeConfig, hub: HubModels | None = None) -> list[Mo
         specs.remove(default[0])
         specs.insert(0, default[0])
     if not specs:
-        where = f"--models-dir {config.models_dir} holds no .gguf file" if config.models_dir else "the Hugging Face cache holds no model"
-        raise ConfigError(f"{where} (`cllm pull org/repo:QUANT` fetches one)" if config.pulled else where)
+        if config.models_dir is not None:
+            raise ConfigError(f"--models-dir {config.models_dir} holds no .gguf file")
+        raise ConfigError("the Hugging Face cache holds no model (`cllm pull org/repo:QUANT` fetches one)")
     return specs
 
 
 def _hub(hub: HubModels | None) -> HubModels:
     if hub is None:
         # Only `cllm serve` without --ray passes the hub: Ray's replicas build their registry from the settings alone.
-        raise ConfigError("--ray serves model files, not Hugging Face names (hf-repo, --pulled): `cllm pull` the model and pass its path")
+        raise ConfigError(
+            "--ray serves model files, not Hugging Face names (hf-repo, --pulled): `cllm pull` the model, pass its path"
+        )
     return hub
 
 
@@ -103,7 +106,10 @@ def _entry(base: ServeConfig, entry: ModelEntry, hub: HubModels | None) -> Model
     own = {f: getattr(entry, f) for f in PER_MODEL if getattr(entry, f) is not None}
     config = _split_threads(msgspec.structs.replace(base, **own))
     check_engine(config, f"model {entry.id or entry.hf_repo}: ")
-    name, path = _hub(hub).resolve(entry.hf_repo) if entry.hf_repo is not None else (entry.id, entry.path)
+    if entry.hf_repo is not None:
+        name, path = _hub(hub).resolve(entry.hf_repo)
+    else:
+        name, path = str(entry.id), str(entry.path)
     return ModelSpec(id=entry.id or name, path=resolve_model(path), config=config, aliases=list(entry.aliases))
 
 

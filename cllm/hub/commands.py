@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from cllm.core.config import ConfigError
 from cllm.hub.names import HubNameError
 from cllm.hub.pull import Hub, HubError
 from cllm.hub.store import StoreError, listed, remove
@@ -11,6 +12,9 @@ from cllm.hub.store import StoreError, listed, remove
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
+
+
+ERRORS = (HubNameError, HubError, StoreError)  # one sentence each: what the CLI prints before exiting 2
 
 
 class HubModels:
@@ -21,16 +25,19 @@ class HubModels:
 
     def resolve(self, name: str) -> tuple[str, str]:
         """(the model's name, its local file): pulled unless cached, from the cache alone when offline."""
-        model = self.hub.pull(name)
+        try:
+            model = self.hub.pull(name)
+        except ERRORS as e:
+            raise ConfigError(str(e)) from None
         if model.fetched:
-            print(f"cllm: pulled {model.name} ({_mib(model.fetched)} downloaded) into {self.hub.cache_dir}", file=sys.stderr)
+            print(
+                f"cllm: pulled {model.name} ({_mib(model.fetched)} downloaded) into {self.hub.cache_dir}",
+                file=sys.stderr,
+            )
         return model.name, model.path
 
     def listed(self) -> list[tuple[str, str]]:
         return [(m.name, m.path) for m in listed(self.hub.cache_dir)]
-
-
-ERRORS = (HubNameError, HubError, StoreError)  # one sentence each: what the CLI prints before exiting 2
 
 
 def pull(names: list[str]) -> int:
@@ -50,7 +57,10 @@ def pull(names: list[str]) -> int:
 def models() -> int:
     """The pulled models: name, quantization, size, where."""
     hub = Hub(offline=True)
-    rows = [(m.name, m.name.rpartition(":")[2] if ":" in m.name else "", _mib(m.size), m.path) for m in listed(hub.cache_dir)]
+    rows = [
+        (m.name, m.name.rpartition(":")[2] if ":" in m.name else "", _mib(m.size), m.path)
+        for m in listed(hub.cache_dir)
+    ]
     if not rows:
         print(f"no model in {hub.cache_dir}; `cllm pull org/repo:QUANT` fetches one", file=sys.stderr)
         return 0

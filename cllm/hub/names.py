@@ -54,7 +54,10 @@ def parse_name(text: str) -> tuple[str, str | None]:
     """`org/repo[:QUANT]` as (repo, quant or None); HubNameError for anything else."""
     repo, _, quant = text.partition(":")
     if not _REPO.match(repo) or len(repo) > 256:
-        raise HubNameError(f"{text!r} is not a Hugging Face model name: expected org/repo or org/repo:QUANT (as unsloth/phi-4-GGUF:Q4_K_M)")
+        raise HubNameError(
+            f"{text!r} is not a Hugging Face model name: expected org/repo or org/repo:QUANT "
+            "(as unsloth/phi-4-GGUF:Q4_K_M)"
+        )
     if quant and not _QUANT.match(quant):
         raise HubNameError(f"{text!r}: the quantization after ':' is letters, digits and '_' (as Q4_K_M)")
     return repo, quant or None
@@ -77,10 +80,9 @@ class _Split:
     count: int
 
 
-def _split(path: str) -> _Split | None:
-    if not path.lower().endswith(".gguf"):
-        return None
-    prefix, index, count = path[: -len(".gguf")], 1, 1
+def _split(path: str) -> _Split:
+    """A GGUF path's model prefix, quantization tag and split part (1 of 1 unless split)."""
+    prefix, index, count = path.removesuffix(".gguf").removesuffix(".GGUF"), 1, 1
     m = _SPLIT.match(prefix)
     if m:
         prefix, index, count = m.group(1), int(m.group(2)), int(m.group(3))
@@ -88,9 +90,13 @@ def _split(path: str) -> _Split | None:
     return _Split(prefix, t.group(1).upper() if t else "", index, count)
 
 
+def _is_gguf(path: str) -> bool:
+    return path.lower().endswith(".gguf")
+
+
 def _is_model(path: str) -> bool:
     name = path.rsplit("/", 1)[-1]
-    return name.lower().endswith(".gguf") and not any(s in name for s in _SIDECARS)
+    return _is_gguf(name) and not any(s in name for s in _SIDECARS)
 
 
 def _bits(tag: str) -> int:
@@ -101,12 +107,7 @@ def _bits(tag: str) -> int:
 
 def _first_parts(files: list[RepoFile]) -> list[RepoFile]:
     """The repo's model files, a split model by its first part only."""
-    out = []
-    for f in files:
-        s = _split(f.path)
-        if s and _is_model(f.path) and s.index == 1:
-            out.append(f)
-    return out
+    return [f for f in files if _is_model(f.path) and _split(f.path).index == 1]
 
 
 def _matching(files: list[RepoFile], tag: str) -> list[RepoFile]:
@@ -121,11 +122,13 @@ def _parts(files: list[RepoFile], first: RepoFile) -> tuple[RepoFile, ...]:
     by_index = {}
     for f in files:
         o = _split(f.path)
-        if o and o.prefix == s.prefix and o.count == s.count:
+        if _is_gguf(f.path) and o.prefix == s.prefix and o.count == s.count:
             by_index[o.index] = f
     missing = [i for i in range(1, s.count + 1) if i not in by_index]
     if missing:
-        raise HubNameError(f"{first.path} is split in {s.count} parts but the repo lacks part(s) {', '.join(map(str, missing))}")
+        raise HubNameError(
+            f"{first.path} is split in {s.count} parts but the repo lacks part(s) {', '.join(map(str, missing))}"
+        )
     return tuple(by_index[i] for i in range(1, s.count + 1))
 
 
@@ -136,7 +139,7 @@ def _mmproj(files: list[RepoFile], model: RepoFile) -> RepoFile | None:
     bits = _bits(_split(model.path).tag)
     best, best_key = None, None
     for f in files:
-        if not f.path.lower().endswith(".gguf") or "mmproj" not in f.path:
+        if not _is_gguf(f.path) or "mmproj" not in f.path:
             continue
         d = f.path.split("/")[:-1]
         if model_dir[: len(d)] != d:
@@ -188,7 +191,9 @@ def models(repo: str, files: list[RepoFile]) -> list[Choice]:
     out = []
     for first in _first_parts(files):
         try:
-            out.append(Choice(repo=repo, tag=_split(first.path).tag, files=_parts(files, first), mmproj=_mmproj(files, first)))
+            out.append(
+                Choice(repo=repo, tag=_split(first.path).tag, files=_parts(files, first), mmproj=_mmproj(files, first))
+            )
         except HubNameError:
             continue
     return out

@@ -20,13 +20,20 @@ import sys
 
 import httpx2
 from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_url
-from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
 from cllm.hub.names import RepoFile, choose, parse_name
 from cllm.hub.progress import progress_class
 from cllm.hub.store import REVISION, Model, StoreError, default_cache, find, repo_folder
+
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _OID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # git's sha1 of a small file, sha256 of an LFS one
 _CHUNK = 1 << 20
@@ -37,10 +44,17 @@ class HubError(Exception):
 
 
 class Hub:
-    """A hub and a cache. None: huggingface_hub's own settings (HF_ENDPOINT, HF_HUB_CACHE/HF_HOME, HF_TOKEN,
+    """A hub and a cache; None takes huggingface_hub's own settings (HF_ENDPOINT, HF_HUB_CACHE or HF_HOME, HF_TOKEN,
     HF_HUB_OFFLINE)."""
 
-    def __init__(self, *, endpoint: str | None = None, cache_dir: str | None = None, token: str | None = None, offline: bool | None = None):
+    def __init__(
+        self,
+        *,
+        endpoint: str | None = None,
+        cache_dir: str | None = None,
+        token: str | None = None,
+        offline: bool | None = None,
+    ):
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
         self.cache_dir = cache_dir or default_cache()
         self.token = token  # None: HF_TOKEN, else the one `hf auth login` stored
@@ -57,7 +71,9 @@ class Hub:
             try:
                 found = find(self.cache_dir, name)
             except StoreError:
-                raise HubError(f"cannot reach {self.endpoint} for {repo} ({e}), and the cache has no copy of {name}") from None
+                raise HubError(
+                    f"cannot reach {self.endpoint} for {repo} ({e}), and the cache has no copy of {name}"
+                ) from None
             print(f"cllm: cannot reach {self.endpoint} ({e}); using the cached {found.name}", file=sys.stderr)
             return found
         choice = choose(repo, quant, files)
@@ -68,7 +84,9 @@ class Hub:
                 paths.append(path)
                 fetched += n
         except _Unreachable as e:
-            raise HubError(f"the download of {name} from {self.endpoint} broke off ({e}); the same command resumes it") from None
+            raise HubError(
+                f"the download of {name} from {self.endpoint} broke off ({e}); the same command resumes it"
+            ) from None
         self._write_ref(repo, commit)
         n = len(choice.files)
         return Model(choice.name, paths[0], tuple(paths[:n]), paths[n] if choice.mmproj else None, fetched)
@@ -78,20 +96,26 @@ class Hub:
         try:
             return find(self.cache_dir, name)
         except StoreError as e:
-            raise HubError(f"{name} cannot be fetched offline (--offline or HF_HUB_OFFLINE=1): {e}; `cllm pull {name}` where the hub can be reached fetches it") from None
+            raise HubError(
+                f"{name} cannot be fetched offline (--offline or HF_HUB_OFFLINE=1): {e}; "
+                f"`cllm pull {name}` where the hub can be reached fetches it"
+            ) from None
 
     def _listing(self, repo: str) -> tuple[str, list[RepoFile]]:
         """The commit `main` points at and its files (with sizes and sha256), from the hub's model info."""
         with self._errors(repo):
-            info = HfApi(endpoint=self.endpoint, token=self.token).model_info(repo, revision=REVISION, files_metadata=True)
-        if not _COMMIT.match(info.sha or ""):
+            info = HfApi(endpoint=self.endpoint, token=self.token).model_info(
+                repo, revision=REVISION, files_metadata=True
+            )
+        commit = info.sha or ""
+        if not _COMMIT.match(commit):
             raise HubError(f"the hub gave {repo} a commit id that is not one ({info.sha!r}); refused")
         files = []
         for s in info.siblings or []:
             _check_path(repo, s.rfilename)
             lfs = s.lfs
             files.append(RepoFile(s.rfilename, lfs.size if lfs else s.size, lfs.sha256 if lfs else None))
-        return info.sha, files
+        return commit, files
 
     def _fetch(self, repo: str, commit: str, f: RepoFile) -> tuple[str, int]:
         """The file's path in the snapshot, downloaded (and checked) unless there; and the bytes fetched."""
@@ -100,10 +124,16 @@ class Hub:
         if os.path.exists(pointer) and (f.size is None or os.path.getsize(pointer) == f.size):
             return pointer, 0
         with self._errors(repo):
-            meta = get_hf_file_metadata(hf_hub_url(repo, f.path, revision=commit, endpoint=self.endpoint), token=self.token, endpoint=self.endpoint)
+            meta = get_hf_file_metadata(
+                hf_hub_url(repo, f.path, revision=commit, endpoint=self.endpoint),
+                token=self.token,
+                endpoint=self.endpoint,
+            )
         etag = meta.etag or ""
         if not _OID.match(etag) or (f.sha256 and etag != f.sha256):
-            raise HubError(f"{f.path} of {repo}: the hub lists sha256 {f.sha256} but its download has ETag {etag!r}; refused")
+            raise HubError(
+                f"{f.path} of {repo}: the hub lists sha256 {f.sha256} but its download has ETag {etag!r}; refused"
+            )
         size = meta.size if meta.size is not None else f.size
         if f.size is not None and size != f.size:
             raise HubError(f"{f.path} of {repo}: the hub lists {f.size} bytes but its download has {size}; refused")
@@ -117,7 +147,9 @@ class Hub:
 
     def _download(self, repo: str, url: str, blob: str, etag: str, size: int | None, label: str) -> int:
         os.makedirs(os.path.dirname(blob), exist_ok=True)
-        lock = os.path.join(self.cache_dir, ".locks", os.path.basename(repo_folder(self.cache_dir, repo)), etag + ".lock")
+        lock = os.path.join(
+            self.cache_dir, ".locks", os.path.basename(repo_folder(self.cache_dir, repo)), etag + ".lock"
+        )
         os.makedirs(os.path.dirname(lock), exist_ok=True)
         with WeakFileLock(lock):  # the lock huggingface_hub takes for the same blob
             if os.path.exists(blob):
@@ -130,21 +162,29 @@ class Hub:
             try:
                 with open(part, "ab") as out:
                     http_get(
-                        url, out, resume_size=have, headers=build_hf_headers(token=self.token), expected_size=size,
-                        displayed_filename=label, tqdm_class=progress_class(),
+                        url,
+                        out,
+                        resume_size=have,
+                        headers=build_hf_headers(token=self.token),
+                        expected_size=size,
+                        displayed_filename=label,
+                        tqdm_class=progress_class(),
                     )
             except OSError as e:  # http_get's size check, or the disk
                 if not isinstance(e, HfHubHTTPError):
                     _remove(part)
-                    raise HubError(f"{label} of {repo} did not download whole ({e}); the partial file was removed, pull again") from None
+                    raise HubError(
+                        f"{label} of {repo} did not download whole ({e}); the partial file was removed, pull again"
+                    ) from None
                 raise
             got = os.path.getsize(part)
             digest = _digest(part, etag)
             if (size is not None and got != size) or digest != etag:
                 _remove(part)
+                kind = "sha256" if len(etag) == 64 else "git sha1"
                 raise HubError(
-                    f"{label} of {repo} does not match the hub's checksum ({got} bytes, {'sha256' if len(etag) == 64 else 'git sha1'} "
-                    f"{digest}, expected {size} bytes, {etag}); it was removed and not served, pull again"
+                    f"{label} of {repo} does not match the hub's checksum ({got} bytes, {kind} {digest}, expected "
+                    f"{size} bytes, {etag}); it was removed and not served, pull again"
                 )
             os.replace(part, blob)
             return got - have
@@ -173,9 +213,9 @@ class _HubErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, e, tb) -> bool:
+    def __exit__(self, kind, e, tb) -> None:
         if e is None or isinstance(e, (HubError, _Unreachable)):
-            return False
+            return
         repo, url = self.repo, f"{self.hub.endpoint}/{self.repo}"
         token = "set HF_TOKEN (or `hf auth login`) to a token that may read it"
         if isinstance(e, GatedRepoError):
@@ -196,7 +236,6 @@ class _HubErrors:
             raise HubError(f"the hub answered HTTP {status} for {repo} ({url}); try again later") from None
         if isinstance(e, (OfflineModeIsEnabled, httpx2.TransportError, ConnectionError)):
             raise _Unreachable(str(e) or type(e).__name__) from None
-        return False
 
 
 def _check_path(repo: str, path: str) -> None:

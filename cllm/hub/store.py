@@ -74,7 +74,12 @@ def _local(root: str, choice: Choice) -> Model:
     def at(f: RepoFile) -> str:
         return os.path.join(root, *f.path.split("/"))
 
-    return Model(choice.name, at(choice.files[0]), tuple(at(f) for f in choice.files), at(choice.mmproj) if choice.mmproj else None)
+    return Model(
+        choice.name,
+        at(choice.files[0]),
+        tuple(at(f) for f in choice.files),
+        at(choice.mmproj) if choice.mmproj else None,
+    )
 
 
 def find(cache_dir: str, name: str) -> Model:
@@ -88,7 +93,9 @@ def find(cache_dir: str, name: str) -> Model:
             return _local(root, choose(repo, quant, _files(root)))
         except HubNameError as e:
             problem = e
-    raise StoreError(f"{cache_dir} holds {repo} but not {name}: {problem}" if problem else f"{cache_dir} has no copy of {name}")
+    raise StoreError(
+        f"{cache_dir} holds {repo} but not {name}: {problem}" if problem else f"{cache_dir} has no copy of {name}"
+    )
 
 
 def listed(cache_dir: str) -> list[Model]:
@@ -97,9 +104,9 @@ def listed(cache_dir: str) -> list[Model]:
     if not os.path.isdir(cache_dir):
         return []
     for entry in sorted(os.listdir(cache_dir)):
-        if not entry.startswith("models--") or "--" not in entry[len("models--"):]:
+        if not entry.startswith("models--") or "--" not in entry[len("models--") :]:
             continue
-        repo = entry[len("models--"):].replace("--", "/", 1)
+        repo = entry[len("models--") :].replace("--", "/", 1)
         try:
             parse_name(repo)
         except HubNameError:
@@ -131,7 +138,11 @@ def remove(cache_dir: str, name: str) -> int:
                 else:
                     freed += os.path.getsize(full)
                 os.remove(full)
-    kept = {os.path.realpath(os.path.join(here, n)) for here, _, names in os.walk(os.path.join(folder, "snapshots")) for n in names}
+    kept = {
+        os.path.realpath(os.path.join(here, n))
+        for here, _, names in os.walk(os.path.join(folder, "snapshots"))
+        for n in names
+    }
     for blob in doomed_blobs - kept:
         if os.path.exists(blob):
             freed += os.path.getsize(blob)
@@ -151,6 +162,8 @@ def _snapshot_of(path: str) -> str:
 
 def _tree_size(folder: str) -> int:
     return sum(
-        os.path.getsize(os.path.join(here, n)) for here, _, names in os.walk(folder) for n in names
+        os.path.getsize(os.path.join(here, n))
+        for here, _, names in os.walk(folder)
+        for n in names
         if not os.path.islink(os.path.join(here, n)) and os.path.exists(os.path.join(here, n))
     )

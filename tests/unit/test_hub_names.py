@@ -36,7 +36,11 @@ def test_without_a_tag_q4_k_m_then_q8_0_then_the_first_model():
 def test_a_missing_quant_lists_what_the_repo_has():
     with pytest.raises(HubNameError) as e:
         choose(REPO, "Q5_K_M", files("m-Q4_K_M.gguf", "m-Q8_0-00001-of-00002.gguf", "m-Q8_0-00002-of-00002.gguf"))
-    assert "Q5_K_M" in str(e.value) and "Q4_K_M: m-Q4_K_M.gguf" in str(e.value) and "Q8_0: m-Q8_0-00001-of-00002.gguf (2 parts)" in str(e.value)
+    assert (
+        "Q5_K_M" in str(e.value)
+        and "Q4_K_M: m-Q4_K_M.gguf" in str(e.value)
+        and "Q8_0: m-Q8_0-00001-of-00002.gguf (2 parts)" in str(e.value)
+    )
     with pytest.raises(HubNameError, match="no GGUF model file"):
         choose(REPO, None, files("README.md", "mmproj-F16.gguf"))
 
@@ -47,7 +51,9 @@ def test_a_quant_two_models_share_is_ambiguous():
 
 
 def test_a_split_model_comes_whole_first_part_first():
-    repo = files("m-Q8_0-00003-of-00003.gguf", "m-Q8_0-00001-of-00003.gguf", "m-Q8_0-00002-of-00003.gguf", "m-Q4_0.gguf")
+    repo = files(
+        "m-Q8_0-00003-of-00003.gguf", "m-Q8_0-00001-of-00003.gguf", "m-Q8_0-00002-of-00003.gguf", "m-Q4_0.gguf"
+    )
     c = choose(REPO, "Q8_0", repo)
     assert [f.path for f in c.files] == [f"m-Q8_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)] and c.tag == "Q8_0"
     with pytest.raises(HubNameError, match="lacks part"):
@@ -55,7 +61,9 @@ def test_a_split_model_comes_whole_first_part_first():
 
 
 def test_mmproj_closest_in_folder_then_in_bits():
-    repo = files("q/m-Q4_K_M.gguf", "mmproj-F32.gguf", "q/mmproj-F16.gguf", "q/mmproj-Q8_0.gguf", "other/mmproj-Q4_0.gguf")
+    repo = files(
+        "q/m-Q4_K_M.gguf", "mmproj-F32.gguf", "q/mmproj-F16.gguf", "q/mmproj-Q8_0.gguf", "other/mmproj-Q4_0.gguf"
+    )
     assert choose(REPO, "Q4_K_M", repo).mmproj.path == "q/mmproj-Q8_0.gguf"
     assert choose(REPO, None, files("m-Q4_K_M.gguf", "mmproj-F16.gguf")).mmproj.path == "mmproj-F16.gguf"
     assert choose(REPO, None, files("m-Q4_K_M.gguf")).mmproj is None

@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import termios
-from pathlib import Path
 
 import pytest
 
@@ -44,8 +43,15 @@ TINY = {
 def hub(monkeypatch):
     # huggingface_hub's User-Agent telemetry would ask the default endpoint (huggingface.co) for its agent list
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", True)
-    with FakeHub({"cllm-test/tiny-GGUF": Repo(dict(TINY)), "cllm-test/private-GGUF": Repo(dict(TINY), private=True)}) as h:
+    with FakeHub(
+        {"cllm-test/tiny-GGUF": Repo(dict(TINY)), "cllm-test/private-GGUF": Repo(dict(TINY), private=True)}
+    ) as h:
         yield h
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def client(hub: FakeHub, tmp_path, **kw) -> Hub:
@@ -55,14 +61,16 @@ def client(hub: FakeHub, tmp_path, **kw) -> Hub:
 def test_a_pull_lands_in_the_cache_layout_with_mmproj_and_a_second_downloads_nothing(hub, tmp_path):
     h = client(hub, tmp_path)
     got = h.pull("cllm-test/tiny-GGUF:q4_k_m")
-    assert got.name == "cllm-test/tiny-GGUF:Q4_K_M" and got.fetched == len(TINY["tiny-Q4_K_M.gguf"]) + len(TINY["mmproj-tiny-F16.gguf"])
+    assert got.name == "cllm-test/tiny-GGUF:Q4_K_M" and got.fetched == len(TINY["tiny-Q4_K_M.gguf"]) + len(
+        TINY["mmproj-tiny-F16.gguf"]
+    )
     folder = repo_folder(h.cache_dir, "cllm-test/tiny-GGUF")
     commit = hub.repos["cllm-test/tiny-GGUF"].commit
     assert got.path == os.path.join(folder, "snapshots", commit, "tiny-Q4_K_M.gguf") and os.path.islink(got.path)
     sha = hashlib.sha256(TINY["tiny-Q4_K_M.gguf"]).hexdigest()
     assert os.path.realpath(got.path) == os.path.join(folder, "blobs", sha)
-    assert Path(got.path).read_bytes() == TINY["tiny-Q4_K_M.gguf"] and Path(got.mmproj).read_bytes() == TINY["mmproj-tiny-F16.gguf"]
-    assert Path(os.path.join(folder, "refs", "main")).read_text() == commit
+    assert read(got.path) == TINY["tiny-Q4_K_M.gguf"] and read(got.mmproj) == TINY["mmproj-tiny-F16.gguf"]
+    assert read(os.path.join(folder, "refs", "main")) == commit.encode()
     # huggingface_hub's own reader of the cache finds the file where cllm put it
     from huggingface_hub import try_to_load_from_cache
 
@@ -83,15 +91,18 @@ def test_without_a_tag_the_default_and_a_missing_tag_lists_the_repo(hub, tmp_pat
 
 def test_a_split_model_comes_down_whole(hub, tmp_path):
     got = client(hub, tmp_path).pull("cllm-test/tiny-GGUF:iq2_xs")
-    assert [os.path.basename(p) for p in got.files] == ["tiny-IQ2_XS-00001-of-00002.gguf", "tiny-IQ2_XS-00002-of-00002.gguf"]
-    assert got.path == got.files[0] and all(Path(p).read_bytes() == TINY[os.path.basename(p)] for p in got.files)
+    assert [os.path.basename(p) for p in got.files] == [
+        "tiny-IQ2_XS-00001-of-00002.gguf",
+        "tiny-IQ2_XS-00002-of-00002.gguf",
+    ]
+    assert got.path == got.files[0] and all(read(p) == TINY[os.path.basename(p)] for p in got.files)
 
 
 def test_a_cut_connection_resumes_from_where_it_stopped(hub, tmp_path):
     hub.cut_after = 11 * MIB
     got = client(hub, tmp_path).pull("cllm-test/tiny-GGUF:F16")
     data = TINY["tiny-F16.gguf"]
-    assert Path(got.path).read_bytes() == data
+    assert read(got.path) == data
     model = [r for p, r in hub.downloads() if p.endswith(hashlib.sha256(data).hexdigest())]
     assert model == [None, f"bytes={10 * MIB}-"]  # the retry asked for what the last whole chunk did not hold
     assert hub.sent == 11 * MIB + len(data) - 10 * MIB + len(TINY["mmproj-tiny-F16.gguf"])
@@ -106,7 +117,7 @@ def test_a_pull_stopped_in_an_earlier_run_resumes(hub, tmp_path):
     with open(os.path.join(blobs, sha + ".incomplete"), "wb") as f:
         f.write(data[: 2 * MIB])  # what a killed pull left
     got = h.pull("cllm-test/tiny-GGUF:Q4_K_M")
-    assert Path(got.path).read_bytes() == data and got.fetched == len(data) - 2 * MIB + len(TINY["mmproj-tiny-F16.gguf"])
+    assert read(got.path) == data and got.fetched == len(data) - 2 * MIB + len(TINY["mmproj-tiny-F16.gguf"])
     assert (f"/lfs/{sha}", f"bytes={2 * MIB}-") in hub.downloads()
 
 
@@ -121,13 +132,17 @@ def test_a_corrupted_byte_is_refused_and_removed_never_served(hub, tmp_path):
     with pytest.raises(HubError):
         Hub(cache_dir=h.cache_dir, offline=True).pull("cllm-test/tiny-GGUF:Q8_0")
     hub.corrupt = False
-    assert Path(h.pull("cllm-test/tiny-GGUF:Q8_0").path).read_bytes() == TINY["tiny-Q8_0.gguf"]
+    assert read(h.pull("cllm-test/tiny-GGUF:Q8_0").path) == TINY["tiny-Q8_0.gguf"]
 
 
 def test_404_and_401_are_one_sentence_naming_the_repo(hub, tmp_path):
     with pytest.raises(HubError) as e:
         client(hub, tmp_path, token=TOKEN).pull("cllm-test/nothing-GGUF")
-    assert str(e.value).startswith("cllm-test/nothing-GGUF was not found on") and "HTTP 404" in str(e.value) and "\n" not in str(e.value)
+    assert (
+        str(e.value).startswith("cllm-test/nothing-GGUF was not found on")
+        and "HTTP 404" in str(e.value)
+        and "\n" not in str(e.value)
+    )
     with pytest.raises(HubError) as e:
         client(hub, tmp_path).pull("cllm-test/private-GGUF:Q8_0")
     assert "cllm-test/private-GGUF" in str(e.value) and "HTTP 401" in str(e.value) and "HF_TOKEN" in str(e.value)
@@ -141,7 +156,10 @@ def test_offline_serves_the_cache_and_says_what_it_lacks(hub, tmp_path):
     hub.log.clear()
     offline = client(hub, tmp_path, offline=True)
     assert offline.pull("cllm-test/tiny-GGUF:q8_0") == pulled.__class__(**{**pulled.__dict__, "fetched": 0})
-    with pytest.raises(HubError, match=r"Q4_K_M cannot be fetched offline .*holds cllm-test/tiny-GGUF but not cllm-test/tiny-GGUF:Q4_K_M.*cllm pull"):
+    with pytest.raises(
+        HubError,
+        match=r"Q4_K_M cannot be fetched offline .*holds cllm-test/tiny-GGUF but not .*tiny-GGUF:Q4_K_M.*cllm pull",
+    ):
         offline.pull("cllm-test/tiny-GGUF:Q4_K_M")
     with pytest.raises(HubError, match="has no copy of cllm-test/other-GGUF"):
         offline.pull("cllm-test/other-GGUF")
@@ -163,12 +181,16 @@ def test_the_store_lists_pulled_models_by_name_and_removes_one_at_a_time(hub, tm
     q4, iq2 = h.pull("cllm-test/tiny-GGUF:Q4_K_M"), h.pull("cllm-test/tiny-GGUF:IQ2_XS")
     assert {(m.name, m.path, m.size) for m in listed(h.cache_dir)} == {
         (q4.name, q4.path, len(TINY["tiny-Q4_K_M.gguf"])),
-        (iq2.name, iq2.path, len(TINY["tiny-IQ2_XS-00001-of-00002.gguf"]) + len(TINY["tiny-IQ2_XS-00002-of-00002.gguf"])),
+        (
+            iq2.name,
+            iq2.path,
+            len(TINY["tiny-IQ2_XS-00001-of-00002.gguf"]) + len(TINY["tiny-IQ2_XS-00002-of-00002.gguf"]),
+        ),
     }
     size = iq2.size
     assert remove(h.cache_dir, "cllm-test/tiny-GGUF:iq2_xs") == size
     assert not any(os.path.lexists(p) for p in iq2.files) and [m.name for m in listed(h.cache_dir)] == [q4.name]
-    assert Path(q4.path).read_bytes() == TINY["tiny-Q4_K_M.gguf"] and os.path.exists(q4.mmproj)
+    assert read(q4.path) == TINY["tiny-Q4_K_M.gguf"] and os.path.exists(q4.mmproj)
     remove(h.cache_dir, q4.name)
     assert listed(h.cache_dir) == [] and not os.path.exists(repo_folder(h.cache_dir, "cllm-test/tiny-GGUF"))
 
@@ -176,7 +198,9 @@ def test_the_store_lists_pulled_models_by_name_and_removes_one_at_a_time(hub, tm
 def _cli_pull(hub: FakeHub, tmp_path, name: str, stderr) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "home"), HF_HUB_DISABLE_TELEMETRY="1")
-    return subprocess.Popen([sys.executable, "-m", "cllm.cli", "pull", name], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cllm.cli", "pull", name], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr
+    )
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_log(hub, tmp_path):

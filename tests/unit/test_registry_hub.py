@@ -1,4 +1,5 @@
-"""Hugging Face names in the registry (cllm/core/registry.py): ids are names, entries name repos, --pulled adds the cache.
+"""Hugging Face names in the registry (cllm/core/registry.py): ids are names, entries name repos, --pulled adds
+the cache.
 
 The hub here is a stand-in for cllm/hub/commands.HubModels (tests/unit/test_hub_pull.py and tests/test_hub_serve.py
 cover the real one): it maps names to tiny GGUF-looking files.
@@ -44,13 +45,19 @@ def test_hf_repo_serves_one_model_under_its_name(tmp_path):
 
 def test_a_models_entry_names_a_repo_and_takes_its_name_unless_given_an_id(tmp_path):
     hub = Hub(tmp_path, ["org/a-GGUF:Q8_0", "org/b-GGUF:Q4_K_M"])
-    c = config(tmp_path, "models:\n  - {hf-repo: 'org/a-GGUF:Q8_0', ctx-size: 1024}\n  - {id: b, hf-repo: org/b-GGUF}\n")
+    c = config(
+        tmp_path, "models:\n  - {hf-repo: 'org/a-GGUF:Q8_0', ctx-size: 1024}\n  - {id: b, hf-repo: org/b-GGUF}\n"
+    )
     specs = build_registry(c, hub)
     assert [(s.id, s.path, s.config.ctx_size) for s in specs] == [
-        ("org/a-GGUF:Q8_0", hub.files["org/a-GGUF:Q8_0"], 1024), ("b", hub.files["org/b-GGUF:Q4_K_M"], c.ctx_size),
+        ("org/a-GGUF:Q8_0", hub.files["org/a-GGUF:Q8_0"], 1024),
+        ("b", hub.files["org/b-GGUF:Q4_K_M"], c.ctx_size),
     ]
-    for bad, why in (("{id: x}", "either path or hf-repo"), ("{id: x, path: f.gguf, hf-repo: o/r}", "either path or hf-repo"),
-                     ("{path: f.gguf}", "needs an id")):
+    for bad, why in (
+        ("{id: x}", "either path or hf-repo"),
+        ("{id: x, path: f.gguf, hf-repo: o/r}", "either path or hf-repo"),
+        ("{path: f.gguf}", "needs an id"),
+    ):
         with pytest.raises(ConfigError, match=why):
             build_registry(config(tmp_path, f"models:\n  - {bad}\n"), hub)
 
