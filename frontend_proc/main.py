@@ -95,7 +95,7 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
     )
     pool = app_state.pool = ModelPool(launch.models, app_state, clients, launch.control, multi=is_pool(config))
     if len(clients[0]) > 1:
-        app_state.client = pool.default.client
+        app_state.client = pool.default.client  # type: ignore[assignment]  # a ReplicaSet is an EngineClient's face
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -128,7 +128,7 @@ def main() -> int:
             log_config=None,
             log_level="debug" if config.log_level == "debug" else "warning",
             access_log=False,
-            timeout_graceful_shutdown=config.shutdown_timeout,
+            timeout_graceful_shutdown=config.shutdown_timeout,  # type: ignore[arg-type]  # asyncio takes a float
         ),
         launch.ready,
     )

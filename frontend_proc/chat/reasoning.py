@@ -140,10 +140,7 @@ class HarmonySplitter:
         text, self._held = self._held + text, ""
         parts: list[tuple[str, str]] = []
         while text:
-            if self._state == _HEADER:
-                text = self._header(text, parts)
-            else:
-                text = self._body(text, parts)
+            text = self._header(text, parts) if self._state == _HEADER else self._body(text, parts)
         return parts
 
     def _header(self, text: str, parts: list) -> str:

@@ -262,7 +262,7 @@ class ToolCallParser:
         scanner, index = self._scanner, len(self.calls)
         if not scanner.streamable():
             out.append(ToolCallDelta(index, arguments=scanner.arguments()))
-        self.calls.append(ToolCall(self._call_id, scanner.name, scanner.arguments()))
+        self.calls.append(ToolCall(self._call_id, scanner.name or "", scanner.arguments()))
         self._scanner, self._sent_args = None, -1
 
 
@@ -355,7 +355,7 @@ class HarmonyCallParser:
     def _end_call(self, out: list) -> None:
         if not "".join(self._args).strip():  # a call without arguments: an empty object, as ToolCallParser gives
             self._send("{}", out)
-        self.calls.append(ToolCall(self._id, self._name, "".join(self._args)))
+        self.calls.append(ToolCall(self._id, self._name or "", "".join(self._args)))
         self._name, self._args = None, []
 
 

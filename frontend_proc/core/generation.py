@@ -250,11 +250,11 @@ class Generation:
         try:
             left = len(tasks)
             while left:
-                choice, piece = await queue.get()
-                if isinstance(piece, ApiError):
-                    raise piece
-                left -= piece is None
-                yield choice, piece
+                choice, got = await queue.get()
+                if isinstance(got, ApiError):
+                    raise got
+                left -= got is None
+                yield choice, got
         finally:
             for task in tasks:
                 task.cancel()

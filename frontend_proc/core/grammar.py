@@ -23,7 +23,6 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from cllm.core import llama_log
 
-
 MAX_REPEATS = 2048  # the counts of one schema, all together
 MAX_NESTING = 200  # of a grammar's parentheses: llama.cpp's parser recurses once per level, on the C stack
 QUANTIFIER = re.compile(r"\{([^}]*)\}")  # {n}, {m,n}, {m,}: read up to the next brace, as the converter does

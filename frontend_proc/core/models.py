@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import os
 import time
+from typing import Any
 
 import msgspec
 import psutil
@@ -122,6 +123,7 @@ class ModelPool:
         model.last_used = time.monotonic()
         if model.status != "loaded" and self.multi:
             await self.load(model)
+        assert model.state is not None  # made by its first load
         return model.state
 
     # ---- loading -------------------------------------------------------------
@@ -145,7 +147,7 @@ class ModelPool:
             if model.state is None:
                 tokenizer = await asyncio.to_thread(Tokenizer, model.spec.path)
                 model.state = dataclasses.replace(
-                    self._base, client=model.client, tokenizer=tokenizer, chat_template=tokenizer.chat_template(), model_id=model.id
+                    self._base, client=model.client, tokenizer=tokenizer,  # type: ignore[arg-type]  # a ReplicaSet is an EngineClient's face chat_template=tokenizer.chat_template(), model_id=model.id
                 )
             self._check_memory(model)
             await self._make_room(model)
@@ -162,12 +164,13 @@ class ModelPool:
 
     async def _await_ready(self, model: Model, t0: float | None) -> None:
         try:
-            await asyncio.wait_for(asyncio.gather(*(c.ready for c in model.clients)), self._config.load_timeout)
+            readies = [c.ready for c in model.clients if c.ready is not None]  # hello() made each one's
+            await asyncio.wait_for(asyncio.gather(*readies), self._config.load_timeout)
         except (ApiError, asyncio.TimeoutError) as e:
             error = e if isinstance(e, ApiError) else ApiError(
                 503, "model unavailable", f"the model `{model.id}` did not start within {self._config.load_timeout:g} s", RETRY_AFTER
             )
-            model.error = error.message
+            model.error = error.message or ""
             model.loading = None
             self.metrics.loads.labels(model.id, "failed").inc()
             log.error("model %s failed to load: %s", model.id, error.message)
@@ -274,7 +277,7 @@ def card(model: Model, status: bool) -> dict:
     """A model as OpenAI lists it; with its status (and aliases) as llama-server's router does."""
     data = {"id": model.id, "object": "model", "created": int(os.path.getmtime(model.spec.path)), "owned_by": "cllm"}
     if status:
-        value = {"value": model.status}
+        value: dict[str, Any] = {"value": model.status}
         if model.status == "failed":
             value.update(failed=True, error=model.error)
         data.update(aliases=model.spec.aliases, status=value)

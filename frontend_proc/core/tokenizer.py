@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import llama_cpp as L
@@ -96,7 +97,7 @@ class Tokenizer:
         """One token's text on its own (a piece of a split character shows as U+FFFD)."""
         return self.piece(token).decode(errors="replace")
 
-    def detokenizer(self, shown: frozenset[int] = frozenset()) -> "Detokenizer":
+    def detokenizer(self, shown: frozenset[int] = frozenset()) -> Detokenizer:
         """shown: control tokens whose text is written out (Mistral's [TOOL_CALLS], for the tool-call parser)."""
         if not shown:
             return Detokenizer(self.piece)
@@ -127,7 +128,7 @@ class Detokenizer:
         self._piece = piece
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def feed(self, tokens: list[int]) -> str:
+    def feed(self, tokens: Sequence[int]) -> str:
         return self._utf8.decode(b"".join(map(self._piece, tokens)))
 
     def flush(self) -> str:

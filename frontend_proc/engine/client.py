@@ -56,7 +56,6 @@ from frontend_proc.engine.limits import Limits
 from frontend_proc.engine.metrics import Metrics
 
 
-
 def not_ready() -> ApiError:
     return ApiError(503, "not ready", "the engine is starting; retry shortly", RETRY_AFTER)
 
@@ -70,7 +69,7 @@ class RequestStream:
         "_tail", "_event", "_per_step",
     )
 
-    def __init__(self, rid: int, owner: "EngineClient", prompt_tokens: int, per_step: bool, sampling: SamplingParams | None = None):
+    def __init__(self, rid: int, owner: EngineClient, prompt_tokens: int, per_step: bool, sampling: SamplingParams | None = None):
         self.id = rid
         self.owner = owner  # the engine client that runs it (of one replica)
         self.prompt_tokens = prompt_tokens
@@ -320,7 +319,7 @@ class EngineClient:
                     return True
                 if self._requests.arm_space_wait(len(payload)):
                     self._room = room = self._loop.create_future()
-                    self._loop.add_reader(self._requests.space_fd, lambda: room.done() or room.set_result(None))
+                    self._loop.add_reader(self._requests.space_fd, _wake, room)
                     try:
                         await room
                     finally:
@@ -411,3 +410,9 @@ def _retrieved(future: asyncio.Future) -> None:
     """A failed load is answered to whoever waited; no one waiting is no error to log."""
     if not future.cancelled():
         future.exception()
+
+
+def _wake(room: asyncio.Future) -> None:
+    """The ring has room again: the submit waiting on ``room`` goes on."""
+    if not room.done():
+        room.set_result(None)

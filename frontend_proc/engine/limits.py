@@ -24,7 +24,7 @@ class Limits:
     sequences: int  # in flight at once (--parallel + --max-waiting): a request asking more could never run
 
     @classmethod
-    def of(cls, config: ServeConfig, info: ModelInfo) -> "Limits":
+    def of(cls, config: ServeConfig, info: ModelInfo) -> Limits:
         most = info.seq_ctx - 1
         return cls(
             prompt_tokens=min(config.max_prompt_tokens or most, most),

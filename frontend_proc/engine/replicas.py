@@ -48,7 +48,7 @@ class ReplicaSet:
 
     @property
     def ready_at(self) -> float | None:
-        return max((c.ready_at for c in self._serving), default=None)
+        return max((c.ready_at for c in self._serving if c.ready_at is not None), default=None)
 
     @property
     def generation(self) -> int:

@@ -32,7 +32,7 @@ async def _on_api_error(request: Request, exc: ApiError) -> Response:
 
 
 async def _on_http_error(request: Request, exc: HTTPException) -> Response:
-    return error_response(request.url.path, ApiError(exc.status_code, exc.detail.lower(), f"{request.method} {request.url.path}", exc.headers))
+    return error_response(request.url.path, ApiError(exc.status_code, exc.detail.lower(), f"{request.method} {request.url.path}", dict(exc.headers or {})))
 
 
 def state(request: Request) -> AppState:
@@ -66,7 +66,7 @@ def build_app(app_state: AppState, lifespan) -> Starlette:
             Middleware(ObserveMiddleware, metrics=app_state.metrics),
             Middleware(Guard, api_key=app_state.api_key, config=app_state.config),
         ],
-        exception_handlers={ApiError: _on_api_error, HTTPException: _on_http_error},
+        exception_handlers={ApiError: _on_api_error, HTTPException: _on_http_error},  # type: ignore[dict-item]
     )
     app.state.cllm = app_state
     return app

@@ -7,8 +7,9 @@ cannot drift from what they do.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import msgspec
 from starlette.routing import Route
@@ -70,11 +71,11 @@ def document(title: str, operations: list[Operation], open_paths: tuple[str, ...
             fields[name]["maximum"] = maxima[name]
     paths: dict[str, dict] = {}
     for op in operations:
-        content = {"application/json": {"schema": ref[op.response]}} if op.response else {}
+        content: dict[str, Any] = {"application/json": {"schema": ref[op.response]}} if op.response else {}
         if op.text:
             content[op.text] = {"schema": {"type": "string"}}
         if op.events:  # OpenAPI 3.1: the schema of one event, its data holding the JSON
-            data = {"type": "string"}
+            data: dict[str, Any] = {"type": "string"}
             if op.events is not str:
                 data |= {"contentMediaType": "application/json", "contentSchema": ref[op.events]}
             content["text/event-stream"] = {"schema": {"type": "object", "properties": {"data": data}, "required": ["data"]}}
@@ -88,7 +89,7 @@ def document(title: str, operations: list[Operation], open_paths: tuple[str, ...
         for status in sorted(errors):
             responses[str(status)] = {"description": ERRORS[status], "content": {"application/json": {"schema": error}}}
         path = op.doc_path
-        entry = {"summary": op.summary, "operationId": _PARAM.sub(r"\1", path).strip("/").replace("/", "_") or "index", "responses": responses}
+        entry: dict[str, Any] = {"summary": op.summary, "operationId": _PARAM.sub(r"\1", path).strip("/").replace("/", "_") or "index", "responses": responses}
         parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in _PARAM.findall(path)]
         parameters += [{"name": name, "in": "query", "required": False, "schema": {"enum": list(v)}} for name, v in op.query]
         if parameters:

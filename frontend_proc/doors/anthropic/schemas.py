@@ -143,7 +143,8 @@ class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
         if isinstance(self.system, list):  # Claude Code's billing block differs from one conversation to the next
             self.system = "\n".join(b.text for b in self.system if not b.text.startswith(BILLING))
         system = [self.system] if self.system else []
-        messages, referenced = [], set()
+        messages: list = []
+        referenced: set[str] = set()
         for i, message in enumerate(self.messages):
             if isinstance(message.content, list):
                 message.content = _blocks(message.content, f"messages[{i}].content", referenced)
@@ -164,7 +165,9 @@ def _blocks(raw: list, path: str, referenced: set[str]) -> list:
     """A message's content blocks, decoded; the tools its tool results' tool_reference blocks name go into ``referenced``."""
     for block in raw:
         if isinstance(block, dict) and block.get("type") == "tool_result" and isinstance(block.get("content"), list):
-            referenced.update(b.get("tool_name") for b in block["content"] if isinstance(b, dict) and b.get("type") == "tool_reference")
+            referenced.update(
+                b["tool_name"] for b in block["content"] if isinstance(b, dict) and b.get("type") == "tool_reference" and b.get("tool_name")
+            )
     return known(raw, BLOCKS, path, "content block")
 
 

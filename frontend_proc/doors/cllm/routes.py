@@ -111,7 +111,7 @@ def _engine_figures(st: AppState, full: bool) -> EngineFigures:
         kv_total=info.ctx_size,
         kv_usage_ratio=round(kv_used / info.ctx_size, 4),
         tokens_per_second_1m=round(st.metrics.token_rate(now), 2),
-        uptime_seconds=round(now - client.ready_at, 3),
+        uptime_seconds=round(now - (client.ready_at or now), 3),
     )
     if full:
         figures.steps = stats.steps if stats else 0

@@ -127,7 +127,7 @@ async def slots(request: Request) -> Response:
     fill its slots in arrival order (the engine admits them so), the rest wait."""
     st = state(request)
     info = generation.engine_info(st)
-    out = []
+    out: list[dict] = []
     for client in _replicas(st):
         running = client.streams[: info.parallel]
         for i in range(info.parallel):

@@ -129,7 +129,7 @@ def _generate_prompt(body: GenerateBody, st: AppState, req: ChatRequest) -> chat
 
 
 def _calls(reply: Reply) -> list[dict]:
-    out = []
+    out: list[dict] = []
     for c in reply.calls:
         try:
             arguments = json.loads(c.arguments)
