@@ -115,7 +115,7 @@ def test_broken_jpeg_refused():
 
 def test_broken_gif_and_bmp_refused():
     with pytest.raises(MalformedImage, match="GIF"):
-        check(b"GIF89a\x01")
+        check(b"GIF89a\x0a\x00\x14\x00")  # its size, then nothing of the rest of its header
     with pytest.raises(MalformedImage, match="BMP"):
         check(b"BM" + b"\x00" * 10)
     bad_header = bytearray(F.bmp(RGB))
