@@ -98,6 +98,34 @@ def test_chunks_and_positions(model, vision):
         image.close()
 
 
+def test_parts_tokenize_as_llama_servers_markers_do(vision):
+    """llama-server tokenizes a prompt string with mtmd's marker where the image goes (mtmd_tokenize, special
+    tokens added and parsed); Vision.tokenize's parts give the same chunks, so the same prompt-token count."""
+    image = vision.image(F.png(F.picture(seed=7)))
+    marker = M.mtmd_default_marker().decode()
+    text = f"{USER}{marker}{ASK}".encode()
+    served = M.mtmd_input_chunks_init()
+    try:
+        inp = M.mtmd_input_text(text, len(text), True, True)
+        bitmaps = (M.mtmd_bitmap_p_ctypes * 1)(image.bitmap)
+        assert M.mtmd_tokenize(vision.ctx, served, ctypes.byref(inp), bitmaps, 1) == 0
+        with vision.tokenize([USER, image, ASK]) as ours:
+            theirs = [M.mtmd_input_chunks_get(served, i) for i in range(M.mtmd_input_chunks_size(served))]
+            assert len(theirs) == len(ours) == 3
+            for mine, chunk in zip(ours, theirs):
+                assert mine.n_tokens == M.mtmd_input_chunk_get_n_tokens(chunk)
+                assert mine.n_pos == M.mtmd_input_chunk_get_n_pos(chunk)
+                if mine.is_image:
+                    assert M.mtmd_input_chunk_get_id(chunk).decode() == mine.image_id
+                else:
+                    n = ctypes.c_size_t()
+                    tokens = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                    assert list(tokens[: n.value]) == mine.tokens.tolist()
+    finally:
+        M.mtmd_input_chunks_free(served)
+        image.close()
+
+
 def test_image_id_is_the_pixels(vision):
     rgb = F.picture(64, 48, seed=1)
     ids = []
