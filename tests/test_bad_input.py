@@ -150,3 +150,35 @@ def test_a_bad_value_next_to_a_new_field_is_still_a_400(http):
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     r = http.post("/generate", json={"prompt": "x", "bogus": 1, "top_p": 0})
     assert r.status_code == 400 and r.json()["message"] == "Expected `float` > 0.0 - at `$.top_p`"
+
+
+# A limit past what one sequence holds: a 400 naming the field the client set it with, in each door's words.
+TOO_MANY = 1 << 20
+HI = [{"role": "user", "content": "Hi"}]
+OLLAMA = "SmolLM2-135M-Instruct.Q4_1"
+LIMITS = [
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": TOO_MANY}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": HI, "max_completion_tokens": TOO_MANY}, "max_completion_tokens"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": TOO_MANY}, "max_tokens"),
+    ("/v1/messages", {"model": "m", "max_tokens": TOO_MANY, "messages": HI}, "max_tokens"),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": TOO_MANY}, "max_output_tokens"),
+    ("/api/chat", {"model": OLLAMA, "messages": HI, "stream": False, "options": {"num_predict": TOO_MANY}}, "options.num_predict"),
+    ("/api/generate", {"model": OLLAMA, "prompt": "Hi", "stream": False, "options": {"num_predict": TOO_MANY}}, "options.num_predict"),
+    ("/completion", {"prompt": "Hi", "n_predict": TOO_MANY}, "n_predict"),
+    ("/completion", {"prompt": "Hi", "max_tokens": TOO_MANY}, "max_tokens"),
+    ("/generate", {"prompt": "Hi", "max_tokens": TOO_MANY}, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize("path,body,field", LIMITS, ids=[f"{p} {f}" for p, _, f in LIMITS])
+def test_a_limit_too_large_names_the_field_the_client_sent(http, path, body, field):
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    answer = r.json()
+    error = answer["error"]
+    message = answer["message"] if path == "/generate" else error if isinstance(error, str) else error["message"]
+    assert f"{field} {TOO_MANY} exceeds the context of one sequence" in message, message
+    if field != "max_tokens":
+        assert "max_tokens" not in message, message
+    if isinstance(error, dict) and "param" in error:
+        assert error["param"] == field

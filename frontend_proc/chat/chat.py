@@ -73,17 +73,14 @@ def prompt(st: AppState, req: ChatRequest) -> ChatPrompt:
 
 async def start(st: AppState, req: ChatRequest, chat: ChatPrompt) -> Generation:
     """Generate the replies down the one path."""
-    info = generation.engine_info(st)
+    generation.engine_info(st)
     check_logit_bias(req.sampling, st.tokenizer.n_vocab)
     grammar, triggers = constraint(st, req.output, chat.tool_plan, req.sampling.ignore_eos, req.fields)
-    sampling = msgspec.structs.replace(
-        req.sampling,
-        max_tokens=req.sampling.max_tokens or info.seq_ctx,
-        grammar=grammar,
-        grammar_triggers=triggers,
-    )
+    sampling = msgspec.structs.replace(req.sampling, grammar=grammar, grammar_triggers=triggers)
+    fields = req.fields
     return await generation.start(
-        st, [chat.tokens], sampling, n=req.n, stops=req.stops, stream=req.stream, prompt_param=req.fields.messages, shown=chat.shown
+        st, [chat.tokens], sampling, n=req.n, stops=req.stops, stream=req.stream,
+        prompt_param=fields.messages, limit_param=fields.max_tokens, shown=chat.shown,
     )
 
 

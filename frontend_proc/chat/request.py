@@ -31,13 +31,15 @@ class Fields:
     messages: str = "messages"
     output: str = "response_format"
     tool_schema: str = "tools[{}].function.parameters"  # of the i-th tool
+    max_tokens: str = "max_tokens"  # the field the client set the limit with
 
 
 @dataclass(slots=True, kw_only=True)
 class ChatRequest:
     messages: list[dict]
-    # The door's sampling fields (max_tokens 0: what the sequence holds); the chat layer adds the grammar.
-    sampling: SamplingParams
+    # The door's sampling fields (Sampling.params; max_tokens REST: what the sequence holds); the chat layer adds
+    # the grammar. None only to count tokens.
+    sampling: SamplingParams | None
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str = "auto"  # none, auto, required, or a tool's name
     parallel_tool_calls: bool = True

@@ -42,15 +42,17 @@ async def start(
     stops: Sequence[str] = (),
     stream: bool = False,
     prompt_param: str = "prompt",
+    limit_param: str = "max_tokens",
     shown: frozenset[int] = frozenset(),
 ) -> Generation:
     """Check limits and submit n sequences per prompt (seed, seed+1, ... when seeded).
 
-    shown: control tokens written out in the text (a tool-call opener).
+    limit_param: the door's name for max_tokens, as the client sent it. shown: control tokens written out in the
+    text (a tool-call opener).
     """
     engine_info(st)
     sampling = st.client.limits.capped(sampling)
-    st.client.limits.check(prompts, sampling.max_tokens, n, prompt_param)
+    st.client.limits.check(prompts, sampling.max_tokens, n, prompt_param, limit_param)
     per_step = stream or bool(stops)  # stop strings are looked for as the text grows
     choices: list[Choice] = []
     try:

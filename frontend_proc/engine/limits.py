@@ -15,6 +15,8 @@ from cllm.core.config import ServeConfig
 from cllm.core.errors import ApiError
 from cllm.core.protocol import ModelInfo, SamplingParams
 
+REST = -1  # max_tokens asking for what the sequence holds: made a number here, once, for every door
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -37,13 +39,19 @@ class Limits:
         """What the OpenAPI document states, by request field."""
         return {"max_tokens": self.max_tokens, "max_completion_tokens": self.max_tokens}
 
-    def capped(self, sampling: SamplingParams) -> SamplingParams:
-        """``sampling`` asking at most --max-tokens (0, a prompt scored and nothing generated, stays 0)."""
-        if 0 < self.cap < sampling.max_tokens:
-            return msgspec.structs.replace(sampling, max_tokens=self.cap)
-        return sampling
+    def asked(self, max_tokens: int) -> int:
+        """The tokens a request asks for: REST is what one sequence holds."""
+        return self.max_tokens if max_tokens == REST else max_tokens
 
-    def check(self, prompts: list[list[int]], max_tokens: int, n: int, prompt_param: str) -> None:
+    def capped(self, sampling: SamplingParams) -> SamplingParams:
+        """``sampling`` asking for a number, at most --max-tokens (0, a prompt scored and nothing generated, stays 0)."""
+        asked = self.asked(sampling.max_tokens)
+        if 0 < self.cap < asked:
+            asked = self.cap
+        return sampling if asked == sampling.max_tokens else msgspec.structs.replace(sampling, max_tokens=asked)
+
+    def check(self, prompts: list[list[int]], max_tokens: int, n: int, prompt_param: str, limit_param: str = "max_tokens") -> None:
+        """limit_param: the field the client set max_tokens with (num_predict, max_output_tokens...), for the 400."""
         for prompt in prompts:
             if not prompt:
                 raise ApiError(400, "invalid request", "prompt is empty", param=prompt_param)
@@ -57,7 +65,7 @@ class Limits:
                 )
         if max_tokens > self.max_tokens:
             raise ApiError(
-                400, "invalid request", f"max_tokens {max_tokens} exceeds the context of one sequence ({self.max_tokens})", param="max_tokens"
+                400, "invalid request", f"{limit_param} {max_tokens} exceeds the context of one sequence ({self.max_tokens})", param=limit_param
             )
         if n * len(prompts) > self.sequences:
             raise ApiError(

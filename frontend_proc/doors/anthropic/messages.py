@@ -15,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError
-from cllm.core.protocol import SamplingParams
 from frontend_proc.chat import chat
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, Blocks, Reply
 from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call
@@ -88,7 +87,7 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
     fmt = body.output_config.format if body.output_config else None
     return ChatRequest(
         messages=template_messages(body),
-        sampling=SamplingParams(),  # counting tokens samples nothing; messages() sets it
+        sampling=None,  # counting tokens samples nothing; messages() sets it
         tools=[Tool(t.name, t.description, json.dumps(t.input_schema)) for t in body.tools or ()],
         tool_choice={ToolChoiceAny: "required", ToolChoiceTool: getattr(choice, "name", None), ToolChoiceNone: "none"}.get(type(choice), "auto"),
         parallel_tool_calls=choice is None or not getattr(choice, "disable_parallel_tool_use", False),
@@ -152,9 +151,7 @@ async def messages(request: Request) -> Response:
     body = await decode_body(request, MessagesRequest)
     st = await model_state(request, body.model)
     req = chat_request(body)
-    req.sampling = SamplingParams(
-        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos
-    )
+    req.sampling = body.params(body.max_tokens)
     req.stops, req.stream = body.stop_sequences or (), body.stream
     prompt = chat.prompt(st, req)
     gen = await chat.start(st, req, prompt)

@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from frontend_proc.core.sampling import Seed
+from frontend_proc.core.sampling import Sampling
 from frontend_proc.http.lenient import known
 
 
@@ -126,8 +126,12 @@ class OutputConfig(msgspec.Struct, forbid_unknown_fields=True):
     format: JsonOutputFormat | None = None  # structured output, enforced by a grammar as on the OpenAI routes
 
 
-class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The conversation; what /v1/messages/count_tokens reads."""
+class CountTokensRequest(Sampling, kw_only=True, forbid_unknown_fields=True):
+    """The conversation; what /v1/messages/count_tokens reads (the sampling fields only /v1/messages uses)."""
+
+    temperature: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    top_p: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40
 
     model: str | None = None  # a model of the registry (None: the default); with one model, any name
     messages: Annotated[list[Message], Meta(min_length=1)]
@@ -182,11 +186,6 @@ def _system_text(content: str | list, i: int) -> str:
 class MessagesRequest(CountTokensRequest, kw_only=True):
     max_tokens: Annotated[int, Meta(ge=1)]
     stop_sequences: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(max_length=16)] | None = None
-    temperature: Annotated[float, Meta(ge=0, le=1)] = 1.0
-    top_p: Annotated[float, Meta(ge=0, le=1)] = 1.0
-    top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40  # as the OpenAI routes: a full-vocabulary draw costs ~8x more
-    seed: Seed | None = None  # llama-server's extensions, as on the OpenAI routes
-    ignore_eos: bool = False
     stream: bool = False
     # Sent by clients, no bearing on the output here.
     metadata: dict | None = None

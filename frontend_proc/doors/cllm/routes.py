@@ -98,7 +98,7 @@ def _request_id(choice: Choice) -> str:
 
 async def _start(request: Request, body: GenerateRequest, stream: bool) -> Generation:
     st = await model_state(request, body.model)
-    return await generation.start(st, [st.tokenizer.encode(body.prompt)], body.sampling(), stream=stream)
+    return await generation.start(st, [st.tokenizer.encode(body.prompt)], body.params(body.max_tokens), stream=stream)
 
 
 def _engine_figures(st: AppState, full: bool) -> EngineFigures:

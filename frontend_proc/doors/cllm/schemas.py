@@ -12,38 +12,19 @@ from typing import Annotated, Generic, Literal, TypeVar
 import msgspec
 from msgspec import Meta
 
-from cllm.core.protocol import ModelInfo, SamplingParams
-from frontend_proc.core.sampling import RepetitionPenalty, Seed
+from cllm.core.protocol import ModelInfo
+from frontend_proc.core.sampling import Sampling
 
 T = TypeVar("T")
 
 
-class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
+class GenerateRequest(Sampling, kw_only=True, forbid_unknown_fields=True):
     prompt: Annotated[str, Meta(min_length=1)]
     max_tokens: Annotated[int, Meta(ge=1)] = 100
-    temperature: Annotated[float, Meta(ge=0)] = 0.7
     top_p: Annotated[float, Meta(gt=0, le=1)] = 0.9
     top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40  # llama.cpp's int32
-    min_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
-    repetition_penalty: RepetitionPenalty = 1.0
-    seed: Seed | None = None
-    ignore_eos: bool = False
-    speculative: bool = True  # false: no speculative decoding for this request
     stream: bool = False
     model: str | None = None  # a registry id or alias; None: the default model
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            seed=self.seed,
-            ignore_eos=self.ignore_eos,
-            speculative=self.speculative,
-        )
 
 
 class EncodeRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -108,7 +108,7 @@ class Answer:
     def __init__(self, st: AppState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]], gen: Generation):
         self.st, self.body, self.gen, self.prompts = st, body, gen, prompts
         applied = gen.choices[0].stream.sampling  # as the generation core submitted it, --max-tokens applied
-        self.settings = settings(applied, body, capped=applied.max_tokens != params.max_tokens)
+        self.settings = settings(applied, body, capped=applied.max_tokens != st.client.limits.asked(params.max_tokens))
         self.n = body.count
 
     def final(self, choice: Choice, text: str, new_line: bool | None = None) -> dict:

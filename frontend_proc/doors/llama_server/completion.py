@@ -24,6 +24,7 @@ from cllm.core.errors import ApiError, invalid
 from cllm.core.protocol import SamplingParams
 from frontend_proc.core import generation
 from frontend_proc.core.output import GrammarOutput, JsonOutput, grammar_for
+from frontend_proc.core.sampling import REST
 from frontend_proc.core.state import AppState
 from frontend_proc.core.tokenizer import fim_tokens
 from frontend_proc.doors.llama_server.answer import Answer, Stream, nothing, settings
@@ -114,7 +115,7 @@ def sampling(st: AppState, body: CompletionFields) -> SamplingParams:
             "post_sampling_probs is not supported: cLLM reports the model's probabilities, before sampling", "post_sampling_probs"
         )
     predict = body.predict
-    params = plain_sampling(body, generation.engine_info(st).seq_ctx if predict < 0 else predict)
+    params = plain_sampling(body, REST if predict < 0 else predict)
     params.logit_bias = logit_bias(st, body.logit_bias)
     params.grammar = grammar_for(st.tokenizer.vocab, output(body), "json_schema", body.ignore_eos)
     return params
@@ -122,25 +123,13 @@ def sampling(st: AppState, body: CompletionFields) -> SamplingParams:
 
 def plain_sampling(body: CompletionFields, max_tokens: int) -> SamplingParams:
     """The body's sampling fields, without logit bias or grammar."""
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=max(body.top_k, 0),
-        min_p=body.min_p,
-        repetition_penalty=body.repeat_penalty,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        seed=None if body.seed == -1 else body.seed,
-        ignore_eos=body.ignore_eos,
-        logprobs=body.probs or None,
-    )
+    return body.params(max_tokens, logprobs=body.probs or None)
 
 
 def default_settings() -> dict:
     """The settings of a request that sets nothing, as GET /props shows them."""
     body = CompletionBody()
-    return summary(settings(plain_sampling(body, -1), body))
+    return summary(settings(plain_sampling(body, REST), body))
 
 
 def summary(settings: dict) -> dict:
@@ -155,7 +144,7 @@ async def answer(request: Request, st: AppState, body: CompletionFields, prompts
         if body.stream:
             return sse_response(iter([b"".join(map(sse, results))]))
         return json_response(results[0] if len(results) == 1 else results)
-    gen = await generation.start(st, prompts, params, n=body.count, stops=body.stops, stream=body.stream)
+    gen = await generation.start(st, prompts, params, n=body.count, stops=body.stops, stream=body.stream, limit_param=body.predict_field)
     out = Answer(st, body, params, prompts, gen)
     if body.stream:
         return lifecycle.stream(gen, Stream(out, request.url.path))

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from frontend_proc.core.sampling import RepetitionPenalty, Seed
+from frontend_proc.core.sampling import RepetitionPenalty, Sampling, Seed
 
 # Fields of llama-server's /completion that cLLM accepts and ignores (see docs/llama-server-api.md).
 IGNORED = (
@@ -40,23 +40,19 @@ NProbs = Annotated[int, Meta(ge=0, le=20)]
 Prompt = str | list[int | str | list[int | str]]  # a string, token ids, a mix; or a list of those (one result each)
 
 
-class CompletionFields(msgspec.Struct, kw_only=True):
-    """What /completion and /infill honour."""
+class CompletionFields(Sampling, kw_only=True):
+    """What /completion and /infill honour: the sampling fields with llama-server's defaults and names, and its own."""
 
     prompt: Prompt = ""
     n_predict: Annotated[int, Meta(ge=-1)] | None = None  # -1: until the end; 0: evaluate nothing, answer at once
     max_tokens: Annotated[int, Meta(ge=-1)] | None = None  # llama-server's other names for n_predict
     max_completion_tokens: Annotated[int, Meta(ge=-1)] | None = None
     temperature: Annotated[float, Meta(ge=0)] = 0.8
-    top_k: Annotated[int, Meta(ge=-1, lt=1 << 31)] = 40  # 0 or -1: off
     top_p: Annotated[float, Meta(ge=0, le=1)] = 0.95
     min_p: Annotated[float, Meta(ge=0, le=1)] = 0.05
-    repeat_penalty: RepetitionPenalty = 1.0
-    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] = 0.0
-    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] = 0.0
+    repetition_penalty: RepetitionPenalty = msgspec.field(default=1.0, name="repeat_penalty")
     seed: Seed = -1  # -1: a random seed
     stop: str | list[str] | None = None
-    ignore_eos: bool = False
     n_probs: NProbs | None = None
     logprobs: NProbs | None = None  # llama-server's other name for n_probs
     logit_bias: dict[str, float | bool] | list[list[int | str | float | bool]] | None = None
@@ -77,6 +73,17 @@ class CompletionFields(msgspec.Struct, kw_only=True):
             if value is not None:
                 return value
         return -1
+
+    @property
+    def predict_field(self) -> str:
+        """The name the client set predict with, for the 400 of a limit too large."""
+        for name in ("n_predict", "max_tokens", "max_completion_tokens"):
+            if getattr(self, name) is not None:
+                return name
+        return "n_predict"
+
+    def engine_seed(self) -> int | None:
+        return None if self.seed == -1 else self.seed
 
     @property
     def probs(self) -> int:

@@ -39,8 +39,8 @@ from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
 
 NDJSON = "application/x-ndjson"
-_FIELDS = Fields(output="format", tool_schema="tools[{}].function.parameters")
-_GENERATE_FIELDS = Fields(messages="prompt", output="format")
+_FIELDS = Fields(output="format", tool_schema="tools[{}].function.parameters", max_tokens="options.num_predict")
+_GENERATE_FIELDS = Fields(messages="prompt", output="format", max_tokens="options.num_predict")
 _json = msgspec.json.Encoder()
 
 log = logging.getLogger("cllm.frontend")

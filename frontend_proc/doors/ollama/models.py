@@ -24,8 +24,8 @@ from starlette.responses import Response
 
 from cllm.core.errors import ApiError
 from cllm.core.llama_log import silence_llama_logs
-from cllm.core.protocol import SamplingParams
 from frontend_proc.core.models import Model
+from frontend_proc.core.sampling import Sampling
 from frontend_proc.core.tokenizer import fim_tokens
 from frontend_proc.doors.ollama.schemas import ShowBody
 from frontend_proc.http.app import state
@@ -194,7 +194,7 @@ async def ps(request: Request) -> Response:
 
 def _parameters() -> str:
     """cllm's sampling defaults, in a Modelfile's PARAMETER lines."""
-    d = SamplingParams()
+    d = Sampling()
     return "\n".join(f"{k:<15}{v}" for k, v in (("temperature", d.temperature), ("top_k", d.top_k), ("top_p", d.top_p)))
 
 

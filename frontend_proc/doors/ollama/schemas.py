@@ -14,41 +14,31 @@ import msgspec
 from msgspec import Meta
 
 from cllm.core.protocol import SamplingParams
+from frontend_proc.core.sampling import REST, Sampling
 
 # A Go duration ("5m", "1h30m", "300ms"), or a plain number of seconds.
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-class Options(msgspec.Struct, kw_only=True):
+class Options(Sampling, kw_only=True):
+    """The options Ollama samples with, over cllm's defaults; its names and bounds where they differ."""
+
     num_predict: Annotated[int, Meta(ge=-2)] | None = None  # -1: no limit, -2: fill the context
-    temperature: Annotated[float, Meta(ge=0)] | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
-    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
-    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=0)] = 40
     seed: int | None = None  # negative: a random seed
     stop: list[str] | None = None
-    repeat_penalty: Annotated[float, Meta(gt=0)] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0)] = msgspec.field(default=1.0, name="repeat_penalty")
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     num_ctx: Annotated[int, Meta(ge=1)] | None = None
-    ignore_eos: bool = False  # llama-server's extension, as on cllm's other routes: exactly num_predict tokens
 
     def sampling(self) -> SamplingParams:
-        """The sampling parameters set; cllm's defaults for the rest (max_tokens 0: what the sequence holds)."""
-        fields = {
-            "max_tokens": max(self.num_predict or 0, 0),
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-            "seed": self.seed if self.seed is not None and self.seed >= 0 else None,
-            "repetition_penalty": self.repeat_penalty,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "ignore_eos": self.ignore_eos,
-        }
-        return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
+        """num_predict 0 or less, or none: what the sequence holds."""
+        return self.params(self.num_predict if self.num_predict and self.num_predict > 0 else REST)
+
+    def engine_seed(self) -> int | None:
+        return self.seed if self.seed is not None and self.seed >= 0 else None
 
 
 NO_OPTIONS = Options()

@@ -15,7 +15,8 @@ from starlette.responses import Response
 from cllm.core.errors import invalid
 from frontend_proc.chat import chat
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, Reply, join
-from frontend_proc.chat.request import ChatRequest, tool
+from frontend_proc.chat.request import ChatRequest, Fields, tool
+from frontend_proc.core.sampling import REST
 from frontend_proc.core.generation import Choice
 from frontend_proc.core.state import AppState
 from frontend_proc.doors.openai.schemas import ChatCompletionRequest, MessageError
@@ -26,6 +27,10 @@ from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
 
 
+_FIELDS = Fields()
+_NEWER_LIMIT = Fields(max_tokens="max_completion_tokens")  # the client's name, in the 400 of a limit too large
+
+
 def chat_request(body: ChatCompletionRequest) -> ChatRequest:
     try:
         messages = [m.to_template(i) for i, m in enumerate(body.messages)]
@@ -34,7 +39,7 @@ def chat_request(body: ChatCompletionRequest) -> ChatRequest:
     choice = body.tool_choice or "auto"
     return ChatRequest(
         messages=messages,
-        sampling=body.sampling(body.max_completion_tokens or body.max_tokens or 0, (body.top_logprobs or 0) if body.logprobs else None),
+        sampling=body.sampling(body.max_completion_tokens or body.max_tokens or REST, (body.top_logprobs or 0) if body.logprobs else None),
         tools=[tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()],
         tool_choice=choice if isinstance(choice, str) else choice.function.name,
         parallel_tool_calls=body.parallel_tool_calls,
@@ -44,6 +49,7 @@ def chat_request(body: ChatCompletionRequest) -> ChatRequest:
         n=body.n,
         stops=body.stops,
         stream=body.stream,
+        fields=_NEWER_LIMIT if body.max_completion_tokens else _FIELDS,
     )
 
 

@@ -22,10 +22,9 @@ from msgspec import Meta
 
 from cllm.core.protocol import SamplingParams
 from frontend_proc.chat.request import template_call
-from frontend_proc.core.sampling import RepetitionPenalty, Seed
+from frontend_proc.core.sampling import Sampling
 
 StopString = Annotated[str, Meta(min_length=1)]
-Penalty = Annotated[float, Meta(ge=-2, le=2)]
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -54,27 +53,18 @@ class JsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type", forb
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
-class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The parameters both endpoints share."""
+class OpenAIRequest(Sampling, kw_only=True, forbid_unknown_fields=True):
+    """The parameters both endpoints share (and the sampling fields every door reads, OpenAI's defaults over them)."""
 
     model: str | None = None  # None: the default model; a single model answers to any name
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Meta(ge=0, le=1)] = 1.0
-    # llama-server's default: a full-vocabulary draw costs ~8x more per token; 0 or -1 disables.
-    top_k: Annotated[int, Meta(ge=-1, lt=1 << 31)] = 40  # llama.cpp's int32
-    min_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
-    repetition_penalty: RepetitionPenalty = 1.0
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
-    seed: Seed | None = None
     stop: StopString | Annotated[list[StopString], Meta(max_length=4)] | None = None
     n: Annotated[int, Meta(ge=1, le=128)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[int, Annotated[float, Meta(ge=-100, le=100)]] | None = None
-    ignore_eos: bool = False
-    speculative: bool = True  # false: no speculative decoding for this request
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # llama-server's extension: a GBNF grammar (start symbol root) the output must match
     user: str | None = None
@@ -92,22 +82,7 @@ class OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def sampling(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
         """The sampling parameters, without a grammar (the chat layer adds it)."""
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=max(self.top_k, 0),
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            seed=self.seed,
-            ignore_eos=self.ignore_eos,
-            logit_bias=self.logit_bias or None,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            speculative=self.speculative,
-        )
+        return self.params(max_tokens, logit_bias=self.logit_bias or None, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
 
 class CompletionRequest(OpenAIRequest, kw_only=True):

@@ -17,11 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError, invalid
-from cllm.core.protocol import SamplingParams
 from frontend_proc.chat import chat
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, join
 from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call, tool
 from frontend_proc.core.output import JsonOutput
+from frontend_proc.core.sampling import REST
 from frontend_proc.doors.responses.output import finish, output_item, response_object
 from frontend_proc.doors.responses.schemas import (
     FormatJsonObject,
@@ -43,7 +43,7 @@ from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
 
-_FIELDS = Fields(messages="input", output="text.format", tool_schema="tools[{}]")
+_FIELDS = Fields(messages="input", output="text.format", tool_schema="tools[{}]", max_tokens="max_output_tokens")
 
 
 def _text(content: str | list, param: str) -> str:
@@ -81,10 +81,7 @@ def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatReques
     output = JsonOutput(fmt.schema) if isinstance(fmt, FormatJsonSchema) else JsonOutput() if isinstance(fmt, FormatJsonObject) else None
     return ChatRequest(
         messages=([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation,
-        sampling=SamplingParams(
-            max_tokens=body.max_output_tokens or 0,
-            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
-        ),
+        sampling=body.params(body.max_output_tokens or REST),
         tools=[tool(t.name, t.description, t.parameters) for t in body.tools or ()],
         tool_choice=body.tool_choice if isinstance(body.tool_choice, str) else body.tool_choice.name,
         parallel_tool_calls=body.parallel_tool_calls is not False,

@@ -21,7 +21,7 @@ import msgspec
 from msgspec import Meta
 
 from cllm.core.errors import ApiError
-from frontend_proc.core.sampling import Seed
+from frontend_proc.core.sampling import Sampling
 from frontend_proc.http.lenient import known
 
 
@@ -137,16 +137,14 @@ class Reasoning(msgspec.Struct, forbid_unknown_fields=True):
     generate_summary: str | None = None
 
 
-class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class ResponsesRequest(Sampling, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None  # a model of the registry (None: the default); with one model, any name
     input: str | list = ""
     instructions: str | None = None
     max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Meta(ge=0, le=1)] = 1.0
-    top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40  # as the other routes: a full-vocabulary draw costs ~8x more
-    seed: Seed | None = None
-    ignore_eos: bool = False  # llama-server's extension, as on the other routes
+    top_k: Annotated[int, Meta(ge=0, lt=1 << 31)] = 40
     tools: list[dict] | None = None  # function tools (FunctionTool) once decoded; others are not run here
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice = "auto"
     parallel_tool_calls: bool | None = None
