@@ -250,8 +250,8 @@ Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
 {% endif %}
 {%- for m in messages %}<|im_start|>{{ m.role }}
 {% if m.content %}{{ m.content }}{% endif %}
-{%- for c in m.tool_calls or [] %}<tool_call>{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}\
-</tool_call>{% endfor %}<|im_end|>
+{%- for c in m.tool_calls or [] %}<tool_call>{{ {"name": c.function.name, "arguments": c.function.arguments} \
+| tojson }}</tool_call>{% endfor %}<|im_end|>
 {% endfor %}<|im_start|>assistant
 """
 
