@@ -244,12 +244,25 @@ def test_the_shared_bottom_imports_no_web_framework():
     assert "starlette" in third_party("frontend_proc.http.app", sources("frontend_proc")["frontend_proc.http.app"])
 
 
+def read_lines(path: str) -> int:
+    """The lines a reader reads: those holding code or comments, the imports at the top aside (ruff's format gives
+    each imported name a line of its own)."""
+    with open(path) as f:
+        source = f.read()
+    imports = {
+        n
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    }
+    return sum(1 for i, line in enumerate(source.splitlines(), 1) if line.strip() and i not in imports)
+
+
 def test_no_door_file_is_over_its_length():
     long = {}
     for module, path in sources("frontend_proc").items():
         if door(module):
-            with open(path) as f:
-                n = sum(1 for _ in f)
+            n = read_lines(path)
             if n > DOOR_LINES:
                 long[module] = n
     assert long == {}
