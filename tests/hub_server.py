@@ -13,7 +13,8 @@ It answers the routes huggingface_hub 2.x requests for a pull, in the hub's shap
   without a token, 401 "Invalid credentials in Authorization header" for a bad token, 404 RepoNotFound for a
   missing repo asked with one, 404 EntryNotFound for a missing file.
 Faults a test turns on: `cut_after` closes the first download after that many body bytes, `corrupt` flips
-one byte of every download (same length). `log` records every request (method, path, Range).
+one byte of every download (same length), `short` sends one byte less (and says so in Content-Length); a
+`gated` repo refuses its files with 403 GatedRepo. `log` records every request (method, path, Range).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def git_sha1(data: bytes) -> str:
 class Repo:
     files: dict[str, bytes | str]  # path -> bytes, or the path of a file on disk (large ones are read once, hashed)
     private: bool = False
+    gated: bool = (
+        False  # listed to all, its files refused (403 GatedRepo) as to an account that did not accept its terms
+    )
     commit: str = "c0ffee" + "0" * 34
     _meta: dict = field(default_factory=dict)
 
@@ -62,6 +66,7 @@ class FakeHub:
         self.log: list[tuple[str, str, str | None]] = []
         self.cut_after: int | None = None
         self.corrupt = False
+        self.short = False  # downloads one byte short, with a Content-Length that agrees
         self.sent = 0  # body bytes of downloads sent
         self._blobs: dict[str, tuple[Repo, str]] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -169,6 +174,9 @@ def _handler(hub: FakeHub):
                 return self._send(404, b"", {"X-Error-Code": "RevisionNotFound"}, body)
             if path not in repo.files:
                 return self._send(404, b"", {"X-Error-Code": "EntryNotFound"}, body)
+            if repo.gated:
+                msg = f"Access to model {name} is restricted. You must have access to it and be authenticated."
+                return self._send(403, b"", {"X-Error-Code": "GatedRepo", "X-Error-Message": msg}, body)
             size, oid, lfs = repo.meta(path)
             headers = {"X-Repo-Commit": repo.commit}
             if lfs:
@@ -191,6 +199,8 @@ def _handler(hub: FakeHub):
                 return self._send(404, b"", {}, body)
             if hub.corrupt:
                 data = data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:]
+            if hub.short:
+                data = data[:-1]
             start, status = 0, 200
             headers = {"Accept-Ranges": "bytes", "ETag": f'"{hashlib.md5(sha.encode()).hexdigest()}"'}
             if m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or ""):

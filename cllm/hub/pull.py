@@ -170,13 +170,17 @@ class Hub:
                         displayed_filename=label,
                         tqdm_class=progress_class(),
                     )
-            except OSError as e:  # http_get's size check, or the disk
-                if not isinstance(e, HfHubHTTPError):
-                    _remove(part)
-                    raise HubError(
-                        f"{label} of {repo} did not download whole ({e}); the partial file was removed, pull again"
-                    ) from None
-                raise
+            except OSError as e:  # http_get's size check (no errno), or the disk
+                if isinstance(e, HfHubHTTPError):
+                    raise
+                if e.errno is not None:
+                    raise HubError(f"cannot write {part} for {repo}: {e.strerror}") from None
+                got = os.path.getsize(part)
+                _remove(part)
+                raise HubError(
+                    f"{label} of {repo} did not download whole ({got} of {size} bytes); the partial file was removed, "
+                    "pull again"
+                ) from None
             got = os.path.getsize(part)
             digest = _digest(part, etag)
             if (size is not None and got != size) or digest != etag:

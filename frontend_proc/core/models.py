@@ -26,6 +26,7 @@ import psutil
 
 from cllm.core.errors import RETRY_AFTER, ApiError
 from cllm.core.launch import ModelSlot
+from cllm.core.model_file import model_bytes
 from cllm.core.model_meta import kv_cache_bytes
 from cllm.core.protocol import EngineExited, LoadModel, UnloadModel
 from frontend_proc.core.state import AppState
@@ -190,7 +191,7 @@ class ModelPool:
         """Refuse a load that would not fit the memory left: the file plus every replica's KV cache."""
         config = model.spec.config
         kv = kv_cache_bytes(model.state.tokenizer.model, config.kv_cells, config.cache_type_k, config.cache_type_v)
-        need = os.path.getsize(model.spec.path) + kv * len(model.clients)
+        need = model_bytes(model.spec.path) + kv * len(model.clients)
         available = psutil.virtual_memory().available
         if need > available:
             raise ApiError(

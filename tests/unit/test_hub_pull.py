@@ -43,9 +43,12 @@ TINY = {
 def hub(monkeypatch):
     # huggingface_hub's User-Agent telemetry would ask the default endpoint (huggingface.co) for its agent list
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", True)
-    with FakeHub(
-        {"cllm-test/tiny-GGUF": Repo(dict(TINY)), "cllm-test/private-GGUF": Repo(dict(TINY), private=True)}
-    ) as h:
+    repos = {
+        "cllm-test/tiny-GGUF": Repo(dict(TINY)),
+        "cllm-test/private-GGUF": Repo(dict(TINY), private=True),
+        "cllm-test/gated-GGUF": Repo(dict(TINY), gated=True),
+    }
+    with FakeHub(repos) as h:
         yield h
 
 
@@ -133,6 +136,25 @@ def test_a_corrupted_byte_is_refused_and_removed_never_served(hub, tmp_path):
         Hub(cache_dir=h.cache_dir, offline=True).pull("cllm-test/tiny-GGUF:Q8_0")
     hub.corrupt = False
     assert read(h.pull("cllm-test/tiny-GGUF:Q8_0").path) == TINY["tiny-Q8_0.gguf"]
+
+
+def test_a_short_file_is_refused_and_removed(hub, tmp_path):
+    h = client(hub, tmp_path)
+    hub.short = True
+    with pytest.raises(HubError, match="tiny-Q8_0.gguf of cllm-test/tiny-GGUF did not download whole.*removed"):
+        h.pull("cllm-test/tiny-GGUF:Q8_0")
+    folder = repo_folder(h.cache_dir, "cllm-test/tiny-GGUF")
+    left = [n for d, _, names in os.walk(folder) for n in names]
+    assert left == [], left
+
+
+def test_a_gated_repo_says_to_accept_its_terms(hub, tmp_path):
+    with pytest.raises(HubError) as e:
+        client(hub, tmp_path, token=TOKEN).pull("cllm-test/gated-GGUF:Q8_0")
+    assert str(e.value) == (
+        f"cllm-test/gated-GGUF is a gated repo: accept its terms at {hub.endpoint}/cllm-test/gated-GGUF, "
+        "then set HF_TOKEN (or `hf auth login`) to a token that may read it"
+    )
 
 
 def test_404_and_401_are_one_sentence_naming_the_repo(hub, tmp_path):

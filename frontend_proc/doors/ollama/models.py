@@ -24,6 +24,7 @@ from starlette.responses import Response
 
 from cllm.core.errors import ApiError
 from cllm.core.llama_log import silence_llama_logs
+from cllm.core.model_file import model_bytes
 from frontend_proc.core.models import Model
 from frontend_proc.core.sampling import Sampling
 from frontend_proc.core.tokenizer import fim_tokens
@@ -159,7 +160,7 @@ async def _entry(model: Model) -> dict:
         "name": name,
         "model": name,
         "modified_at": rfc3339(os.path.getmtime(model.spec.path)),
-        "size": os.path.getsize(model.spec.path),
+        "size": model_bytes(model.spec.path),
         "digest": digest(model),
         "details": details(meta, model),
     }
