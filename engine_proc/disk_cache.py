@@ -18,9 +18,14 @@ time (~17 ms of 33 ms on an H100 for 4,000 cells of the embedded model).
 - Never wrong cells: a file is kept under, and carries, the fingerprint of
   the model file and of every setting that changes cells (see identity).
   Another fingerprint's files are never read; they count only for the cap.
-- Never a broken file: written under a temporary name, fsynced, renamed. A
-  file whose header, fingerprint or length is wrong is skipped with one log
-  line; a temporary file its dead writer left is removed with one.
+- Never a broken file: written under a temporary name, fsynced, renamed, with
+  a hash of its tokens and one of its cells (kv_file). A file whose header,
+  fingerprint, length or tokens are wrong is dropped at the start, one whose
+  cells do not match their hash when they are loaded, before they go into a
+  stream: removed, with one warning naming it, and counted (rejected, the
+  frontend's cllm_prefix_cache_disk_rejected_total); the prompt is then
+  served as if the file had never been there. A temporary file its dead
+  writer left is removed with one line.
 - Never in the way: a thread writes; a lookup reads one file. A full disk or
   a folder that cannot be written leaves the cache in RAM, with one warning.
 - The cap holds for the whole folder, every fingerprint and every engine
@@ -45,7 +50,7 @@ import msgspec
 import numpy as np
 
 from cllm.core.config import ServeConfig
-from engine_proc.kv_file import TMP, file_head, read_header, read_tokens, remove_quietly, write_file
+from engine_proc.kv_file import TMP, check_cells, check_tokens, file_head, read_header, read_tokens, remove_quietly, write_file
 from engine_proc.sequence import common_prefix, starts_with
 
 log = logging.getLogger("cllm.engine")
@@ -112,6 +117,7 @@ class DiskCache:
         self.found: list[OnDisk] = []  # the files the engine found at its start, not yet warmed: the oldest first
         self._by_head: dict[bytes, dict[str, OnDisk]] = {}
         self.hits = 0  # lookups it served
+        self.rejected = 0  # files dropped as damaged, foreign or of another format
         self.load_seconds = 0.0
         self.writable = True
         self._t_load = 0.0  # when the last load began
@@ -169,25 +175,33 @@ class DiskCache:
         return best, n_best
 
     def load(self, entry: OnDisk, use: bool = True) -> np.ndarray | None:
-        """The entry's cells, the file mapped into memory; None (and the entry forgotten) if the file is gone or wrong.
-        ``use``: the load counts as the file's last use for the cap's LRU (warming one does not).
+        """The entry's cells, the file mapped into memory and their hash checked; None (and the entry
+        forgotten) if the file is gone or wrong (then dropped: see reject). ``use``: the load counts as the
+        file's last use for the cap's LRU (warming one does not).
 
-        Mapped, not read: the cells are copied once, into the stream, from the
-        page cache. Reading 92 MB into new memory took 150-1000 ms here, into a
-        used buffer 95 ms; mapping it under 1 ms, and the copy costs the same.
+        Mapped, not read: the cells are hashed where they are and copied once, into the stream, from the
+        page cache. Reading 92 MB into new memory took 150-1000 ms here, into a used buffer 95 ms; mapping
+        it under 1 ms, and the copy costs the same.
         """
         self._t_load = time.perf_counter()
         path = os.path.join(self.dir, entry.name)
         try:
             with open(path, "rb") as f:
                 header = read_header(f, self.fingerprint)
-                if header.n_tokens != len(entry.tokens) or header.n_bytes != entry.n_bytes:
+                if header.n_bytes != entry.n_bytes:
                     raise ValueError("it changed since the engine started")
+                check_tokens(header, entry.tokens)  # the tokens the cells are taken for
                 start = f.tell() + header.n_tokens * 4
                 if os.fstat(f.fileno()).st_size != start + header.n_bytes:
                     raise ValueError("it is truncated")
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError, msgspec.DecodeError) as e:
+            data = np.frombuffer(mapped, np.uint8, header.n_bytes, start)
+            check_cells(header, data)
+        except (ValueError, msgspec.DecodeError) as e:
+            self.reject(path, e)
+            self._forget(entry.name)
+            return None
+        except OSError as e:
             if not isinstance(e, FileNotFoundError):  # another engine's cap took it: nothing to say
                 log.warning("prefix cache file %s skipped: %s", path, e)
             self._forget(entry.name)
@@ -197,7 +211,13 @@ class DiskCache:
                 os.utime(path)  # its last use, for the cap's LRU
         except OSError:
             pass
-        return np.frombuffer(mapped, np.uint8, header.n_bytes, start)
+        return data
+
+    def reject(self, path: str, why: Exception) -> None:
+        """A file of this folder that must never be used: removed, with a warning naming it, and counted."""
+        log.warning("prefix cache file %s dropped: %s", path, why)
+        remove_quietly(path)
+        self.rejected += 1
 
     def served(self, loaded_now: bool = True) -> None:
         """A lookup was served from a file: a hit, and (``loaded_now``) the last load's time from the file's
@@ -253,7 +273,7 @@ class DiskCache:
             self._forget(self._gone.pop())
 
     def _scan(self) -> None:
-        """Index this fingerprint's files by their tokens; skip (with a line each) the ones that are wrong."""
+        """Index this fingerprint's files by their tokens; drop (with a line each) the ones that are wrong."""
         try:
             names = os.listdir(self.dir)
         except OSError:
@@ -270,7 +290,10 @@ class DiskCache:
                 with open(path, "rb") as f:
                     header, tokens = read_tokens(f, self.fingerprint)
                     used = os.fstat(f.fileno()).st_mtime_ns
-            except (OSError, ValueError, msgspec.DecodeError) as e:
+            except (ValueError, msgspec.DecodeError) as e:
+                self.reject(path, e)
+                continue
+            except OSError as e:
                 log.warning("prefix cache file %s skipped: %s", path, e)
                 continue
             if len(tokens) >= HEAD:

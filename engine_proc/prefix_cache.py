@@ -133,6 +133,7 @@ class PrefixCache:
         if self.disk is not None:
             stats.disk_entries, stats.disk_bytes = self.disk.stats()
             stats.disk_hits, stats.disk_load_seconds = self.disk.hits, self.disk.load_seconds
+            stats.disk_rejected = self.disk.rejected
         return stats
 
     def keep(self, slot: int, tokens: np.ndarray) -> None:
@@ -225,9 +226,13 @@ class PrefixCache:
             if n and rank > best:
                 src, best = slot, rank
         reuse = best[0]
-        stored, n = self.host.lookup(prompt, longest, self.unit) if host and self.host is not None else (None, 0)
-        if n >= reuse + RESTORE_GAIN and self.host.load(stored):
-            return -1, n, stored
+        while host and self.host is not None:
+            stored, n = self.host.lookup(prompt, longest, self.unit)
+            if n < reuse + RESTORE_GAIN:
+                break
+            if self.host.load(stored):
+                return -1, n, stored
+            # a file that is gone or was dropped (its cells did not check): looked up again without it
         entry = self.entries.get(src)
         if entry is not None and reuse * 2 >= len(entry.tokens):  # a few shared words are no use of it
             self._clock += 1

@@ -6,7 +6,8 @@ as a prefix cache entry (prefix_cache). Save writes that entry, its tokens
 and cells, to a file in the disk cache's format (kv_file), under the disk
 cache's fingerprint of the model and every setting that changes cells
 (disk_cache.identity), so a file made with another model or other settings
-is refused, never restored. Restore makes the file's cells the stream's
+is refused, never restored, and so is a file any byte of which changed
+since it was written (kv_file's hashes). Restore makes the file's cells the stream's
 entry, so that the next prompt that starts with its tokens reuses them
 (and reports them cached); erase drops the stream's entry.
 
@@ -24,7 +25,7 @@ import time
 import numpy as np
 
 from cllm.core.protocol import SlotAction, SlotDone
-from engine_proc.kv_file import file_head, read_tokens, write_file
+from engine_proc.kv_file import check_cells, file_head, read_tokens, write_file
 from engine_proc.scheduler import KvStreams, Scheduler
 
 
@@ -85,11 +86,11 @@ class SlotFiles:
         return SlotDone(msg.id, len(tokens), n_bytes, (time.perf_counter() - t0) * 1000)
 
     def _read(self, path: str) -> tuple[np.ndarray, np.ndarray, int]:
-        """A file's tokens, its cells and its size; ValueError if it is not a whole file of this fingerprint."""
+        """A file's tokens, its cells and its size; ValueError if it is not a whole file of this fingerprint
+        or any of its bytes changed (its cells are checked against their hash before they go into a stream)."""
         with open(path, "rb") as f:
             header, tokens = read_tokens(f, self.fingerprint)
             data = np.frombuffer(f.read(header.n_bytes), np.uint8)
             size = f.tell()
-        if data.nbytes != header.n_bytes:
-            raise ValueError("it is truncated")
+        check_cells(header, data)
         return tokens, data, size

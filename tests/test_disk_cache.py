@@ -5,7 +5,9 @@ then servers on the embedded model in exact mode, where a reused cell is the
 same bits as a fresh prefill: a conversation's next turn after a restart
 (SIGTERM of the server, SIGKILL of the engine, SIGKILL while a file is
 being written) reuses its cells from disk and gives the greedy text it gives
-without the restart; a server with other settings never uses the files.
+without the restart; a server with other settings never uses the files. The
+default mode across a restart, and damaged files, are
+tests/test_damaged_cache_files.py's.
 Its streams are in host memory, so the new engine warms nothing (warming
 into device streams is tests/unit/test_scheduler.py's): each lookup reads
 its file into the stream its sequence takes.
@@ -131,7 +133,7 @@ def test_the_cap_counts_every_fingerprint_in_the_folder(tmp_path):
     assert not list((tmp_path / fingerprint({"other": 1})).glob("*" + SUFFIX))  # the least recent, another engine's
 
 
-def test_broken_and_foreign_files_are_skipped_with_a_line_each(tmp_path, caplog):
+def test_broken_and_foreign_files_are_dropped_with_a_line_each(tmp_path, caplog):
     good, other = toks(1000), toks(2000)
     write(tmp_path, (good, cells(4000, 1)))
     write(tmp_path, (other, cells(4000, 2)), ident={"model": "b", "kv": "f16"})
@@ -152,13 +154,13 @@ def test_broken_and_foreign_files_are_skipped_with_a_line_each(tmp_path, caplog)
     assert any("truncated" in w and "length is wrong" in w for w in warned)
     assert any("garbage" in w and "not a cllm prefix cache file" in w for w in warned)
     assert any("did not finish" in w for w in warned) and not torn.exists()
-    assert disk.stats() == (1, 4000)
+    assert disk.stats() == (1, 4000) and disk.rejected == 3 and files(tmp_path) == sorted([str(real), str(foreign)])
     assert disk.lookup(other, 199, 1) == (None, 0)  # the foreign file's tokens are never served
     assert (disk.load(disk.lookup(good, 199, 1)[0]) == 1).all()
     disk.close()
 
 
-def test_a_file_that_changed_since_the_start_is_skipped_at_load(tmp_path, caplog):
+def test_a_file_that_changed_since_the_start_is_dropped_at_load(tmp_path, caplog):
     write(tmp_path, (toks(1000), cells(4000, 1)))
     disk = DiskCache(str(tmp_path), 64 * MIB, IDENT)
     entry, _ = disk.lookup(toks(1000), 199, 1)
@@ -167,8 +169,9 @@ def test_a_file_that_changed_since_the_start_is_skipped_at_load(tmp_path, caplog
         f.truncate(os.path.getsize(path) - 10)
     with caplog.at_level(logging.WARNING, "cllm.engine"):
         assert disk.load(entry) is None
-    assert len(caplog.records) == 1 and "truncated" in caplog.records[0].getMessage()
+    assert len(caplog.records) == 1 and f"{path} dropped: it is truncated" in caplog.records[0].getMessage()
     assert disk.lookup(toks(1000), 199, 1) == (None, 0) and disk.stats() == (0, 0)
+    assert disk.rejected == 1 and not os.path.exists(path)
     disk.close()
 
 
@@ -264,14 +267,14 @@ def test_a_conversation_goes_on_after_restarts(cache_dir):
     (written,) = files(cache_dir)  # p2's entry, which holds p1's cells too
     broken = os.path.join(os.path.dirname(written), "broken" + SUFFIX)
     with open(written, "rb") as f, open(broken, "wb") as g:
-        g.write(f.read(50_000))  # torn: skipped at start, with a line
+        g.write(f.read(50_000))  # torn: dropped at start, with a line
 
     with start_server(*args) as srv, srv.client() as http:
         assert health(http)["prefix_cache"]["cells"] == 0 and disk_figures(http)["disk_hits"] == 0
         assert complete(http, p2) == (t2, blocks(p2))  # the cells came from disk, bit for bit
         figures = disk_figures(http)
         assert figures["disk_hits"] == 1 and figures["disk_entries"] == 1 and figures["disk_load_seconds"] > 0
-        assert sum(f"{broken} skipped" in line for line in srv.stderr_lines) == 1
+        assert sum(f"{broken} dropped" in line for line in srv.stderr_lines) == 1 and not os.path.exists(broken)
 
         # SIGKILL of the engine once the turn's entry is on disk: the supervisor's restart finds it.
         p3 = p2 + encode(http, turn(3))

@@ -37,6 +37,7 @@ FAMILIES = {
     "cllm_prefix_cache_disk_entries": "gauge",
     "cllm_prefix_cache_disk_bytes": "gauge",
     "cllm_prefix_cache_disk_load_seconds": "counter",
+    "cllm_prefix_cache_disk_rejected": "counter",
     "cllm_decode_steps": "counter",
     "cllm_decode_steps_graph_reused": "counter",
     "cllm_spec_drafted_tokens": "counter",
@@ -216,11 +217,11 @@ def test_engine_ready_after_the_first_counts_as_a_restart():
 def test_prefix_cache_counters_follow_the_engine_counts_across_a_restart():
     m = Metrics()
     m.engine_ready(now=0.0, generation=0)
-    for hits, misses, hit_tokens, cells, restored in ((1, 2, 128, 256, 0), (3, 2, 512, 384, 2)):
-        cache = PrefixCacheStats(hits, misses, hit_tokens, cells, restored, host_bytes=1000)
+    for hits, misses, hit_tokens, cells, restored, rejected in ((1, 2, 128, 256, 0, 1), (3, 2, 512, 384, 2, 2)):
+        cache = PrefixCacheStats(hits, misses, hit_tokens, cells, restored, host_bytes=1000, disk_rejected=rejected)
         m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=cache), kv_total=1024, now=1.0)
     m.engine_ready(now=2.0, generation=1)  # the new engine counts from zero
-    m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(1, 1, 128, 128, 1, host_bytes=500)), kv_total=1024, now=3.0)
+    m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(1, 1, 128, 128, 1, host_bytes=500, disk_rejected=1)), kv_total=1024, now=3.0)
     text = m.exposition().decode()
     engine = 'model="",replica="0"'
     assert f'cllm_prefix_cache_lookups_total{{{engine},result="hit"}} 4.0' in text
@@ -229,6 +230,7 @@ def test_prefix_cache_counters_follow_the_engine_counts_across_a_restart():
     assert f"cllm_prefix_cache_cells{{{engine}}} 128.0" in text
     assert f"cllm_prefix_cache_restored_total{{{engine}}} 3.0" in text
     assert f"cllm_prefix_cache_host_bytes{{{engine}}} 500.0" in text
+    assert f"cllm_prefix_cache_disk_rejected_total{{{engine}}} 3.0" in text
 
 
 def test_token_rate_over_the_last_minute():

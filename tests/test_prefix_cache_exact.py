@@ -210,7 +210,7 @@ def test_health_and_metrics_report_the_cache(pair):
     on.generate(doc("depth") + " Two.")
     after = on.cache()
     assert set(after) == {"enabled", "hits", "misses", "hit_tokens", "cells", "restored", "host_cells", "host_bytes",
-                          "disk_hits", "disk_entries", "disk_bytes", "disk_load_seconds"}
+                          "disk_hits", "disk_entries", "disk_bytes", "disk_load_seconds", "disk_rejected"}
     assert after["enabled"] is True and after["hits"] == before["hits"] + 1 and after["cells"] > 0
     assert off.cache()["enabled"] is False
     assert off.cache()["hits"] == off.cache()["misses"] == 0

@@ -6,13 +6,14 @@ ends. Save writes that entry to a file in the disk cache's format, restore
 makes a file's cells a slot's entry again (in another server too), erase
 drops it: the next /completion of the same prompt then reports its cached
 tokens (all but the last, which is always prefilled) and gives the same
-greedy text. Bad requests and foreign or torn files are refused as
+greedy text. Bad requests and foreign, torn or damaged files are refused as
 llama-server refuses them, and the answers have llama-server's keys and types.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 
 import httpx
 import numpy as np
@@ -22,6 +23,7 @@ from engine_proc.kv_file import file_head
 from tests.conftest import running, start_server
 from tests.test_native_routes import llama_server_on, refused, same_shape
 from tests.test_prefix_cache_exact import doc
+from tests.unit.test_kv_file import damage, places
 
 ARGS = ("--parallel", "2", "--ctx-size", "2048")
 PROMPT = "The capital of France is Paris. The capital of Germany is"
@@ -106,11 +108,14 @@ def test_foreign_torn_and_other_files_are_refused_and_the_slot_still_serves(slot
     data = (folder / "good.bin").read_bytes()
     (folder / "torn.bin").write_bytes(data[: len(data) // 2])
     (folder / "garbage.bin").write_bytes(b"\x00" * 100)
+    shutil.copy(folder / "good.bin", folder / "changed.bin")
+    damage(str(folder / "changed.bin"), *places(str(folder / "changed.bin"))["cells middle"])
     tokens, cells = np.arange(10, dtype=np.int32), np.zeros(64, np.uint8)
     (folder / "foreign.bin").write_bytes(file_head("another model's fingerprint", tokens, cells) + tokens.tobytes() + cells.tobytes())
     for name, why in (
         ("torn.bin", "length is wrong"),
         ("garbage.bin", "not a cllm prefix cache file"),
+        ("changed.bin", "its cells do not match their checksum"),
         ("foreign.bin", "another model's or other settings' cells"),
         ("missing.bin", "no file missing.bin"),
     ):

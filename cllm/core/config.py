@@ -157,7 +157,9 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "a folder where prefix-cache entries are also written, so that a restarted engine (a deploy, a crash, a model "
         "unloaded and loaded again) finds them, and with KV streams in GPU memory copies the newest into its empty "
         "streams before its first request; the files are kept per model and per setting that changes their cells or "
-        "KV streams (`--parallel` and `--cache-slots` included; docs/internals.md: Prefix cache)", PREFIX_CACHE,
+        "KV streams (`--parallel` and `--cache-slots` included; docs/internals.md: Prefix cache); a file whose hashes "
+        "do not match its cells or tokens (damaged, cut short) or of an older format is removed with a warning and "
+        "counted, never used (docs/operations.md: Damaged cache files)", PREFIX_CACHE,
         metavar="DIR",
     )] = None
     cache_dir_max: Annotated[int, setting(

@@ -155,6 +155,7 @@ class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):
     disk_entries: int = 0  # entries in files now
     disk_bytes: int = 0  # their cells' bytes
     disk_load_seconds: float = 0.0  # spent reading files for hits
+    disk_rejected: int = 0  # files dropped as damaged or not of this format: their cells never used
 
 
 class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):

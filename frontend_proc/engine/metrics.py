@@ -86,6 +86,10 @@ class Metrics:
         self.cache_disk_load_seconds = Counter(
             "cllm_prefix_cache_disk_load_seconds", "Time spent reading files for prefix cache hits (--cache-dir)", ENGINE, registry=r
         )
+        self.cache_disk_rejected = Counter(
+            "cllm_prefix_cache_disk_rejected_total",
+            "Prefix cache files dropped as damaged or not of this format (--cache-dir): removed, their cells never used", ENGINE, registry=r,
+        )
         self.drafted = Counter(
             "cllm_spec_drafted_tokens_total", "Tokens drafted by speculative decoding and verified", ENGINE, registry=r
         )
@@ -159,6 +163,7 @@ class Metrics:
         self.cache_disk_entries.labels(*key).set(cache.disk_entries)
         self.cache_disk_bytes.labels(*key).set(cache.disk_bytes)
         self.cache_disk_load_seconds.labels(*key).inc(max(0.0, cache.disk_load_seconds - last.disk_load_seconds))
+        self.cache_disk_rejected.labels(*key).inc(cache.disk_rejected - last.disk_rejected)
         seen.cache = cache
         self.drafted.labels(*key).inc(stats.drafted_tokens - seen.drafted)
         self.accepted.labels(*key).inc(stats.accepted_tokens - seen.accepted)

@@ -74,6 +74,7 @@ async def health(request: Request) -> Response:
         )
         data.prefix_cache.disk_hits, data.prefix_cache.disk_entries = cache.disk_hits, cache.disk_entries
         data.prefix_cache.disk_bytes, data.prefix_cache.disk_load_seconds = cache.disk_bytes, round(cache.disk_load_seconds, 6)
+        data.prefix_cache.disk_rejected = cache.disk_rejected
     return json_response(Ok(data=data), 200 if healthy else 503)
 
 

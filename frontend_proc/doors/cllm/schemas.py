@@ -93,6 +93,7 @@ class PrefixCacheFigures(msgspec.Struct):
     disk_entries: int = 0  # entries in files
     disk_bytes: int = 0
     disk_load_seconds: float = 0.0  # spent reading files for hits
+    disk_rejected: int = 0  # files dropped as damaged or not of this format (removed, never used)
 
 
 class EngineStatus(msgspec.Struct):
