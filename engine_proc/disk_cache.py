@@ -50,7 +50,16 @@ import msgspec
 import numpy as np
 
 from cllm.core.config import ServeConfig
-from engine_proc.kv_file import TMP, check_cells, check_tokens, file_head, read_header, read_tokens, remove_quietly, write_file
+from engine_proc.kv_file import (
+    TMP,
+    check_cells,
+    check_tokens,
+    file_head,
+    read_header,
+    read_tokens,
+    remove_quietly,
+    write_file,
+)
 from engine_proc.sequence import common_prefix, starts_with
 
 log = logging.getLogger("cllm.engine")
@@ -65,6 +74,9 @@ MIN_CELLS = 128
 MAX_PENDING = 1 << 30
 # Seconds the writer gets to finish when the engine stops (the supervisor waits 5).
 CLOSE_WAIT = 3.0
+# For tests only (read once, when the engine starts): while the file this names exists, the writer holds
+# each whole temporary file before renaming it into place, so that a test can kill the engine mid-write.
+HOLD_WRITES = "CLLM_TEST_HOLD_WRITES"
 
 
 @dataclass(slots=True, eq=False)
@@ -125,6 +137,7 @@ class DiskCache:
         self._pending = 0  # bytes handed to the writer and not written yet
         self._pending_lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
+        self._hold = os.environ.get(HOLD_WRITES)
         try:
             os.makedirs(self.dir, exist_ok=True)
             self._check_writable()
@@ -336,12 +349,16 @@ class DiskCache:
         head = file_head(self.fingerprint, entry.tokens, data)
         try:
             self._make_room(len(head) + entry.tokens.nbytes + data.nbytes)
-            write_file(os.path.join(self.dir, entry.name), head, entry.tokens, data)
+            write_file(os.path.join(self.dir, entry.name), head, entry.tokens, data, self._held if self._hold else None)
         except OSError as e:
             self._gone.append(entry.name)
             self._degrade(e)
             return
         entry.written = True
+
+    def _held(self) -> None:
+        while os.path.exists(self._hold):  # HOLD_WRITES: a test's, which removes the file or kills the engine
+            time.sleep(0.01)
 
     def _make_room(self, size: int) -> None:
         """Remove the least recently used files of the whole folder until ``size`` more bytes fit the cap."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -49,8 +50,9 @@ def check_tokens(header: Header, tokens: np.ndarray) -> None:
 
 
 def check_cells(header: Header, data: np.ndarray) -> None:
-    """ValueError unless ``data`` are the header's cells. A mapped file is hashed where its pages are, no copy:
-    the pages the hash reads in are the ones the copy into a stream then reads (perf/results/2026-11-27-cache-checksum.md)."""
+    """ValueError unless ``data`` are the header's cells. A mapped file is hashed where its pages are, no copy: the
+    pages the hash reads in are the ones the copy into a stream then reads (perf/results/2026-11-27-cache-checksum.md).
+    """
     if data.nbytes != header.n_bytes or _hash(data) != header.cells_hash:
         raise ValueError("its cells do not match their checksum")
 
@@ -59,9 +61,11 @@ def _hash(a: np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(a).data.cast("B"))
 
 
-def write_file(path: str, head: bytes, tokens: np.ndarray, data: np.ndarray) -> int:
+def write_file(
+    path: str, head: bytes, tokens: np.ndarray, data: np.ndarray, before_rename: Callable[[], None] | None = None
+) -> int:
     """Write a file under a temporary name, fsync it, rename it into place; its size. OSError: nothing at ``path``
-    changed."""
+    changed. ``before_rename``: called once the temporary file is whole (the disk cache's hold for tests)."""
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}{TMP}")
     try:
@@ -71,6 +75,8 @@ def write_file(path: str, head: bytes, tokens: np.ndarray, data: np.ndarray) -> 
             f.write(memoryview(data))
             f.flush()
             os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except OSError:
         remove_quietly(tmp)

@@ -12,6 +12,7 @@ are in exact mode). The same damage at the store level, every place in one file:
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -64,7 +65,7 @@ def test_a_damaged_file_is_dropped_and_its_prompt_served_as_without_it(tmp_path,
             place, bad = damaged[k]
             assert got == fresh[k], place  # the reply without any cache, nothing reused
             path = written[k]
-            assert not os.path.exists(path) or open(path, "rb").read() != bad, place  # gone (or written anew)
+            assert not os.path.exists(path) or Path(path).read_bytes() != bad, place  # gone (or written anew)
             assert sum(f"{path} dropped" in line for line in srv.stderr_lines) == 1, place
         # the engine's figures reach the frontend as it goes idle, after the last reply
         figures = wait_until(lambda: (f := health(http)["prefix_cache"])["disk_rejected"] == len(damaged) and f, 10)

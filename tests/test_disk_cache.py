@@ -4,9 +4,9 @@ The store alone first (bytes stand in for cells: it never looks into them),
 then servers on the embedded model in exact mode, where a reused cell is the
 same bits as a fresh prefill: a conversation's next turn after a restart
 (SIGTERM of the server, SIGKILL of the engine, SIGKILL while a file is
-being written) reuses its cells from disk and gives the greedy text it gives
-without the restart; a server with other settings never uses the files. The
-default mode across a restart, and damaged files, are
+being written, its writer held for the test) reuses its cells from disk and gives
+the greedy text it gives without the restart; a server with other settings never
+uses the files. The default mode across a restart, and damaged files, are
 tests/test_damaged_cache_files.py's.
 Its streams are in host memory, so the new engine warms nothing (warming
 into device streams is tests/unit/test_scheduler.py's): each lookup reads
@@ -27,7 +27,7 @@ import pytest
 
 from cllm.core.config import ServeConfig
 from cllm.core.model_file import resolve_model
-from engine_proc.disk_cache import SUFFIX, TMP, DiskCache, fingerprint, identity
+from engine_proc.disk_cache import HOLD_WRITES, SUFFIX, TMP, DiskCache, fingerprint, identity
 from tests.conftest import child, health, start_server, wait_until
 from tests.test_prefix_cache_exact import doc
 
@@ -246,6 +246,10 @@ def disk_figures(http) -> dict:
 
 def engine_killed(engine, http, restarts: int) -> None:
     engine.send_signal(signal.SIGKILL)
+    restarted(http, restarts)
+
+
+def restarted(http, restarts: int) -> None:
     wait_until(lambda: (h := health(http, "detailed"))["healthy"] and h["restarts"]["engine"] == restarts, 120)
 
 
@@ -254,9 +258,10 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("kv")
 
 
-def test_a_conversation_goes_on_after_restarts(cache_dir):
+def test_a_conversation_goes_on_after_restarts(cache_dir, tmp_path):
     args = (*ARGS, "--cache-dir", str(cache_dir))
-    with start_server(*args) as srv, srv.client() as http:
+    hold = tmp_path / "hold"  # while it exists, an engine's writer holds its whole temporary file before the rename
+    with start_server(*args, env={HOLD_WRITES: str(hold)}) as srv, srv.client() as http:
         p1 = encode(http, doc("harbour", 20))
         complete(http, p1)
         p2 = p1 + encode(http, turn(2))
@@ -284,17 +289,21 @@ def test_a_conversation_goes_on_after_restarts(cache_dir):
         assert complete(http, p3) == (t3, blocks(p3))
         assert disk_figures(http)["disk_hits"] == 1  # the new engine's count
 
-        # SIGKILL while the next entry is being written: a torn temporary file, the last whole one loads.
+        # SIGKILL while the next entry is being written (its writer held before the rename): the new engine
+        # removes the temporary file, and the turn reuses the last whole file's cells, none of the held one's.
         p4 = p3 + encode(http, turn(4))
         engine, before = child(srv, "engine_proc"), files(cache_dir)
+        hold.write_bytes(b"")
         t4, _ = complete(http, p4)
-        torn = wait_until(lambda: list(cache_dir.rglob("*" + TMP)) or files(cache_dir) != before and ["none"], 60, 0.002)
-        engine_killed(engine, http, 2)
-        assert not list(cache_dir.rglob("*" + TMP))
+        (held,) = wait_until(lambda: list(cache_dir.rglob("*" + TMP)), 60)
+        engine.send_signal(signal.SIGKILL)
+        engine.wait(30)
+        hold.unlink()  # the next engine writes as usual
+        restarted(http, 2)
+        assert files(cache_dir) == before and not held.exists()
+        assert sum(f"removed {held}, a file its writer did not finish" in line for line in srv.stderr_lines) == 1
         t, cached = complete(http, p4)
-        assert t == t4 and cached >= blocks(p3)
-        if torn != ["none"]:  # caught mid-write (else just after)
-            assert sum("did not finish" in line for line in srv.stderr_lines) == 1
+        assert t == t4 and blocks(p3) <= cached < blocks(p4)
     assert sum(os.path.getsize(f) for f in files(cache_dir)) > 0
 
 

@@ -88,7 +88,9 @@ class Metrics:
         )
         self.cache_disk_rejected = Counter(
             "cllm_prefix_cache_disk_rejected_total",
-            "Prefix cache files dropped as damaged or not of this format (--cache-dir): removed, their cells never used", ENGINE, registry=r,
+            "Prefix cache files dropped as damaged or not of this format (--cache-dir): removed, their cells never used",
+            ENGINE,
+            registry=r,
         )
         self.drafted = Counter(
             "cllm_spec_drafted_tokens_total", "Tokens drafted by speculative decoding and verified", ENGINE, registry=r

@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import struct
+import time
 import zlib
 
 import msgspec
@@ -21,9 +22,10 @@ import pytest
 
 from cllm.core.protocol import SamplingParams
 from engine_proc import kv_file
-from engine_proc.disk_cache import SUFFIX, DiskCache, fingerprint
+from engine_proc.disk_cache import HOLD_WRITES, SUFFIX, DiskCache, fingerprint
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Sequence
+from tests.conftest import wait_until
 from tests.unit.test_scheduler import TokenFiles, run
 
 IDENT = {"model": "a", "kv": "f16"}
@@ -44,7 +46,7 @@ def written(root) -> str:
 def header(path: str) -> tuple[kv_file.Header, int]:
     """A file's header, read with no fingerprint to match, and its length."""
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<I", f.read(len(kv_file.MAGIC) + 4)[len(kv_file.MAGIC):])
+        (n,) = struct.unpack("<I", f.read(len(kv_file.MAGIC) + 4)[len(kv_file.MAGIC) :])
         return msgspec.msgpack.decode(f.read(n), type=kv_file.Header), n
 
 
@@ -107,7 +109,9 @@ def test_a_file_of_format_1_is_dropped(tmp_path, caplog):
     old.write_bytes(b"CLLMKV\x00\x01" + struct.pack("<I", len(header)) + header + TOKENS.tobytes() + CELLS.tobytes())
     with caplog.at_level(logging.WARNING, "cllm.engine"):
         disk = DiskCache(str(tmp_path), 64 * MIB, IDENT)
-    assert [r.getMessage() for r in caplog.records] == [f"prefix cache file {old} dropped: not a cllm prefix cache file of this version"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"prefix cache file {old} dropped: not a cllm prefix cache file of this version"
+    ]
     assert disk.rejected == 1 and not old.exists() and disk.lookup(TOKENS, 299, 1) == (None, 0)
     disk.close()
 
@@ -131,6 +135,23 @@ def test_the_reader_checks_tokens_and_cells_against_the_header(tmp_path):
         kv_file.check_tokens(header, TOKENS + 1)
 
 
+def test_a_held_writer_leaves_only_its_temporary_file_until_the_hold_goes(tmp_path, monkeypatch):
+    """HOLD_WRITES, for tests only: the writer waits with a whole temporary file while the named file exists."""
+    hold = tmp_path / "hold"
+    hold.write_bytes(b"")
+    monkeypatch.setenv(HOLD_WRITES, str(hold))
+    disk = DiskCache(str(tmp_path / "kv"), 64 * MIB, IDENT)
+    disk.put(TOKENS, CELLS)
+    folder = tmp_path / "kv" / fingerprint(IDENT)
+    tmp = wait_until(lambda: list(folder.glob("*" + kv_file.TMP)), 10, 0.01)
+    time.sleep(0.3)  # held: not renamed, however long it waits
+    assert list(folder.glob("*" + kv_file.TMP)) == tmp and os.path.getsize(tmp[0]) > CELLS.nbytes
+    assert not list(folder.glob("*" + SUFFIX)) and disk.writing()
+    hold.unlink()
+    disk.close()
+    assert not list(folder.glob("*" + kv_file.TMP)) and len(list(folder.glob("*" + SUFFIX))) == 1
+
+
 def test_a_prompt_whose_best_file_is_dropped_is_served_as_if_it_had_never_been_there(tmp_path):
     """Two files share a conversation's start, the longer damaged: the scheduler's lookup drops it and looks
     again, and the shorter one serves the prompt, as it would have without the damaged file."""
@@ -143,7 +164,9 @@ def test_a_prompt_whose_best_file_is_dropped_is_served_as_if_it_had_never_been_t
     path = str(tmp_path / fingerprint(IDENT) / next(e.name for e in disk.entries.values() if len(e.tokens) == 300))
     damage(path, *places(path)["cells middle"])
     kv = TokenFiles(2)
-    sched = Scheduler(2, 2, 64, 4096, kv, prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 64 * MIB, IDENT))
+    sched = Scheduler(
+        2, 2, 64, 4096, kv, prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 64 * MIB, IDENT)
+    )
     turn = Sequence(0, np.concatenate((conv, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=2), None)
     run(sched, kv, [turn], random.Random(1))
     stats = sched.cache.stats()
