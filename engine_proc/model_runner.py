@@ -204,9 +204,9 @@ class ModelRunner:
         """Whether saving and restoring the cells of the ``moved`` streams costs less than ``whole_copies``
         whole-stream copies; only between ``settled`` streams in host memory.
 
-        Both copy the same K and V rows; measured here (the embedded model), a
-        cell saved and restored through a used scratch buffer cost 3.0-3.5 us,
-        a cell of a whole-stream copy 1.6-1.9 us: about 1.8x, counted as 2.
+        Both copy the same K and V rows; a cell saved and restored through a used
+        scratch buffer passes through host memory twice where a whole-stream copy
+        moves it once, so a cell of the first is counted as 2 of the second.
         """
         if not self.can_move_at_once(settled):
             return False
