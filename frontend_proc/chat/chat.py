@@ -74,6 +74,7 @@ def prompt(st: AppState, req: ChatRequest) -> ChatPrompt:
 async def start(st: AppState, req: ChatRequest, chat: ChatPrompt) -> Generation:
     """Generate the replies down the one path."""
     generation.engine_info(st)
+    assert req.sampling is not None  # a door sets it; only counting tokens goes without
     check_logit_bias(req.sampling, st.tokenizer.n_vocab)
     grammar, triggers = constraint(st, req.output, chat.tool_plan, req.sampling.ignore_eos, req.fields)
     sampling = msgspec.structs.replace(req.sampling, grammar=grammar, grammar_triggers=triggers)

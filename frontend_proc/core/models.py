@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import psutil
@@ -147,8 +147,9 @@ class ModelPool:
                 await self._stopped(model)
             if model.state is None:
                 tokenizer = await asyncio.to_thread(Tokenizer, model.spec.path)
+                # A ReplicaSet has an EngineClient's face: the state holds either.
                 model.state = dataclasses.replace(
-                    self._base, client=model.client, tokenizer=tokenizer,  # type: ignore[arg-type]  # a ReplicaSet is an EngineClient's face chat_template=tokenizer.chat_template(), model_id=model.id
+                    self._base, client=cast(EngineClient, model.client), tokenizer=tokenizer, chat_template=tokenizer.chat_template(), model_id=model.id
                 )
             self._check_memory(model)
             await self._make_room(model)
