@@ -124,28 +124,25 @@ def test_a_pull_stopped_in_an_earlier_run_resumes(hub, tmp_path):
     assert (f"/lfs/{sha}", f"bytes={2 * MIB}-") in hub.downloads()
 
 
-def test_a_corrupted_byte_is_refused_and_removed_never_served(hub, tmp_path):
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ("corrupt", "does not match the hub's checksum.*removed and not served"),  # one byte flipped, same length
+        ("short", "tiny-Q8_0.gguf of cllm-test/tiny-GGUF did not download whole.*removed"),  # one byte less
+    ],
+)
+def test_a_corrupted_or_short_file_is_refused_and_removed_never_served(hub, tmp_path, fault, said):
     h = client(hub, tmp_path)
-    hub.corrupt = True
-    with pytest.raises(HubError, match="does not match the hub's checksum.*removed and not served"):
+    setattr(hub, fault, True)
+    with pytest.raises(HubError, match=said):
         h.pull("cllm-test/tiny-GGUF:Q8_0")
     folder = repo_folder(h.cache_dir, "cllm-test/tiny-GGUF")
     left = [os.path.join(d, n) for d, _, names in os.walk(folder) for n in names]
     assert not [p for p in left if "/blobs/" in p or "/snapshots/" in p], left
     with pytest.raises(HubError):
         Hub(cache_dir=h.cache_dir, offline=True).pull("cllm-test/tiny-GGUF:Q8_0")
-    hub.corrupt = False
+    setattr(hub, fault, False)
     assert read(h.pull("cllm-test/tiny-GGUF:Q8_0").path) == TINY["tiny-Q8_0.gguf"]
-
-
-def test_a_short_file_is_refused_and_removed(hub, tmp_path):
-    h = client(hub, tmp_path)
-    hub.short = True
-    with pytest.raises(HubError, match="tiny-Q8_0.gguf of cllm-test/tiny-GGUF did not download whole.*removed"):
-        h.pull("cllm-test/tiny-GGUF:Q8_0")
-    folder = repo_folder(h.cache_dir, "cllm-test/tiny-GGUF")
-    left = [n for d, _, names in os.walk(folder) for n in names]
-    assert left == [], left
 
 
 def test_a_gated_repo_says_to_accept_its_terms(hub, tmp_path):
