@@ -52,12 +52,12 @@ class Hub:
         *,
         endpoint: str | None = None,
         cache_dir: str | None = None,
-        token: str | None = None,
+        token: str | bool | None = None,
         offline: bool | None = None,
     ):
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
         self.cache_dir = cache_dir or default_cache()
-        self.token = token  # None: HF_TOKEN, else the one `hf auth login` stored
+        self.token = token  # None: HF_TOKEN, else the one `hf auth login` stored; False: none
         self.offline = constants.HF_HUB_OFFLINE if offline is None else offline
 
     def pull(self, name: str) -> Model:

@@ -43,6 +43,7 @@ TINY = {
 def hub(monkeypatch):
     # huggingface_hub's User-Agent telemetry would ask the default endpoint (huggingface.co) for its agent list
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)  # the stand-in is reachable
     repos = {
         "cllm-test/tiny-GGUF": Repo(dict(TINY)),
         "cllm-test/private-GGUF": Repo(dict(TINY), private=True),
@@ -58,7 +59,8 @@ def read(path: str) -> bytes:
 
 
 def client(hub: FakeHub, tmp_path, **kw) -> Hub:
-    return Hub(endpoint=hub.endpoint, cache_dir=str(tmp_path / "hub"), **kw)
+    """A client of the stand-in that ignores this machine's HF_TOKEN, stored token and HF_HUB_OFFLINE."""
+    return Hub(endpoint=hub.endpoint, cache_dir=str(tmp_path / "hub"), **{"token": False, "offline": False, **kw})
 
 
 def test_a_pull_lands_in_the_cache_layout_with_mmproj_and_a_second_downloads_nothing(hub, tmp_path):
@@ -187,7 +189,7 @@ def test_offline_serves_the_cache_and_says_what_it_lacks(hub, tmp_path):
 
 def test_an_unreachable_hub_falls_back_to_the_cache(hub, tmp_path):
     pulled = client(hub, tmp_path).pull("cllm-test/tiny-GGUF:Q8_0")
-    gone = Hub(endpoint="http://127.0.0.1:9", cache_dir=pulled.path.split("/models--")[0])
+    gone = Hub(endpoint="http://127.0.0.1:9", cache_dir=pulled.path.split("/models--")[0], token=False, offline=False)
     assert gone.pull("cllm-test/tiny-GGUF:Q8_0").path == pulled.path
     with pytest.raises(HubError, match="cannot reach http://127.0.0.1:9 for cllm-test/tiny-GGUF.*no copy"):
         gone.pull("cllm-test/tiny-GGUF:Q4_K_M")
