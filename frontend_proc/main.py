@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+from typing import cast
 
 import anyio
 import msgspec
@@ -22,10 +23,11 @@ from cllm.core.log import setup_logging
 from cllm.core.protocol import EngineExited
 from cllm.core.registry import is_pool
 from frontend_proc.core.models import ModelPool
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Tokenizer
 from frontend_proc.doors.anthropic import messages as anthropic
 from frontend_proc.doors.cllm import routes as cllm
+from frontend_proc.doors.cllm import status as cllm_status
 from frontend_proc.doors.embeddings import routes as embeddings
 from frontend_proc.doors.llama_server import completion as llama_server_completion
 from frontend_proc.doors.llama_server import models as llama_server_models
@@ -42,6 +44,7 @@ from frontend_proc.doors.responses.store import ResponseStore
 from frontend_proc.engine.client import EngineClient
 from frontend_proc.engine.metrics import Metrics
 from frontend_proc.http.app import build_app
+from frontend_proc.http.server import ServerState
 
 log = logging.getLogger("cllm.frontend")
 
@@ -76,26 +79,29 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
     ]
     default = launch.models[0].spec
     tokenizer = Tokenizer(default.path)
-    app_state = AppState(
+    default_state = ModelState(
         config=config,
         client=clients[0][0],
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template(_read(config.chat_template_file)),
+        model_id=default.id,
+    )
+    pool = ModelPool(launch.models, default_state, clients, launch.control, metrics, multi=is_pool(config))
+    if len(clients[0]) > 1:
+        default_state.client = cast(EngineClient, pool.default.client)  # a ReplicaSet has an EngineClient's face
+    srv = ServerState(
+        config=config,
+        metrics=metrics,
+        pool=pool,
         operations=[
-            *cllm.operations, *openai_models.operations, *openai.operations, *openai_chat.operations, *embeddings.operations,
+            *cllm_status.operations, *cllm.operations, *openai_models.operations, *openai.operations, *openai_chat.operations, *embeddings.operations,
             *llama_server.operations, *llama_server_completion.operations, *llama_server_models.operations, *anthropic.operations,
             *responses.operations, *ollama_models.operations, *ollama_chat.operations,
             *ollama_embed.operations, *ollama_loading.operations,
         ],
         api_key=os.environ.pop("CLLM_API_KEY", None),
-        metrics=metrics,
-        model_id=default.id,
-        responses=ResponseStore(metrics.registry),
         generation=launch.generation,
     )
-    pool = app_state.pool = ModelPool(launch.models, app_state, clients, launch.control, multi=is_pool(config))
-    if len(clients[0]) > 1:
-        app_state.client = pool.default.client  # type: ignore[assignment]  # a ReplicaSet is an EngineClient's face
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -111,7 +117,9 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         loop.remove_reader(launch.lifeline)
         pool.stop()
 
-    return build_app(app_state, lifespan), pool
+    app = build_app(srv, default_state, lifespan)
+    app.state.responses = ResponseStore(metrics.registry)  # the Responses API's, every model's (responses.store)
+    return app, pool
 
 
 def main() -> int:

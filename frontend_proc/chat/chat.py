@@ -22,7 +22,7 @@ from frontend_proc.core import generation
 from frontend_proc.core.generation import Generation
 from frontend_proc.core.output import GrammarOutput, JsonOutput, check_ignore_eos, output_grammar
 from frontend_proc.core.sampling import check_logit_bias
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.core.template import ChatTemplate, ChatTemplateError
 from frontend_proc.core.tokenizer import Tokenizer
 
@@ -52,7 +52,7 @@ def render(template: ChatTemplate, req: ChatRequest, tool_plan: ToolPlan) -> str
 class ChatPrompt:
     """A rendered conversation: its tokens, and how to read the reply."""
 
-    def __init__(self, st: AppState, text: str, tool_plan: ToolPlan):
+    def __init__(self, st: ModelState, text: str, tool_plan: ToolPlan):
         self.tokens = st.tokenizer.encode(text)
         self.tool_plan = tool_plan
         harmony = is_harmony(st.chat_template.source)
@@ -66,15 +66,14 @@ class ChatPrompt:
         return Reply(self._new_splitter() if self._new_splitter is not None else None, self.tool_plan)
 
 
-def prompt(st: AppState, req: ChatRequest) -> ChatPrompt:
+def prompt(st: ModelState, req: ChatRequest) -> ChatPrompt:
     tools = tool_plan(req, st.chat_template, st.tokenizer.vocab)
     return ChatPrompt(st, render(st.chat_template, req, tools), tools)
 
 
-async def start(st: AppState, req: ChatRequest, chat: ChatPrompt) -> Generation:
+async def start(st: ModelState, req: ChatRequest, chat: ChatPrompt) -> Generation:
     """Generate the replies down the one path."""
     generation.engine_info(st)
-    assert req.sampling is not None  # a door sets it; only counting tokens goes without
     check_logit_bias(req.sampling, st.tokenizer.n_vocab)
     grammar, triggers = constraint(st, req.output, chat.tool_plan, req.sampling.ignore_eos, req.fields)
     sampling = msgspec.structs.replace(req.sampling, grammar=grammar, grammar_triggers=triggers)
@@ -86,7 +85,7 @@ async def start(st: AppState, req: ChatRequest, chat: ChatPrompt) -> Generation:
 
 
 def constraint(
-    st: AppState, output: JsonOutput | GrammarOutput | None, plan: ToolPlan | None, ignore_eos: bool, fields: Fields
+    st: ModelState, output: JsonOutput | GrammarOutput | None, plan: ToolPlan | None, ignore_eos: bool, fields: Fields
 ) -> tuple[str | None, list[str] | None]:
     """The grammar and its triggers: the JSON output's, the client's own, or the tools' (one grammar per sequence)."""
     grammar, triggers = output_grammar(st.tokenizer.vocab, output, fields.output), None
@@ -106,7 +105,7 @@ def shown_tokens(tool_plan: ToolPlan, tokenizer: Tokenizer) -> frozenset[int]:
     return frozenset(() if token is None else (token,))
 
 
-def reasoning_tokens(st: AppState, gen: Generation, text: str) -> int:
+def reasoning_tokens(st: ModelState, gen: Generation, text: str) -> int:
     """The tokens of a reply's reasoning text, counted once the reply is over (0, at no cost, without reasoning)."""
     if not text:
         return 0

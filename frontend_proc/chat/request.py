@@ -38,8 +38,8 @@ class Fields:
 class ChatRequest:
     messages: list[dict]
     # The door's sampling fields (Sampling.params; max_tokens REST: what the sequence holds); the chat layer adds
-    # the grammar. None only to count tokens.
-    sampling: SamplingParams | None
+    # the grammar.
+    sampling: SamplingParams
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str = "auto"  # none, auto, required, or a tool's name
     parallel_tool_calls: bool = True

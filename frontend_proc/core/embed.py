@@ -13,17 +13,17 @@ from starlette.requests import Request
 
 from cllm.core.errors import ApiError
 from frontend_proc.core import generation
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 
 
-async def embed(st: AppState, request: Request, value: str | list) -> tuple[np.ndarray, int]:
+async def embed(st: ModelState, request: Request, value: str | list) -> tuple[np.ndarray, int]:
     """The vectors of the inputs (one row each) and their tokens in all."""
     inputs = _inputs(st, value, generation.engine_info(st).max_embedding_tokens)
     vectors = np.frombuffer(await _engine_vectors(st, request, inputs), np.float32).reshape(len(inputs), -1)
     return vectors, sum(map(len, inputs))
 
 
-async def _engine_vectors(st: AppState, request: Request, inputs: list[list[int]]) -> bytes:
+async def _engine_vectors(st: ModelState, request: Request, inputs: list[list[int]]) -> bytes:
     """The engine's vectors; a client hanging up first cancels the request."""
     job = asyncio.ensure_future(st.client.embed(inputs))
     hangup = asyncio.ensure_future(generation.disconnected(request))
@@ -41,7 +41,7 @@ def _invalid(message: str, param: str = "input") -> ApiError:
     return ApiError(400, "invalid request", message, param=param)
 
 
-def _inputs(st: AppState, value: str | list, max_tokens: int) -> list[list[int]]:
+def _inputs(st: ModelState, value: str | list, max_tokens: int) -> list[list[int]]:
     """One token list per input, each checked: not empty, in the vocabulary, not longer than one decode holds."""
     if isinstance(value, str):
         value = [value]

@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from cllm.core.errors import ApiError
 from cllm.core.protocol import ModelInfo, SamplingParams
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Detokenizer
 from frontend_proc.engine.client import EngineClient, RequestStream, not_ready
 
@@ -26,7 +26,7 @@ from frontend_proc.engine.client import EngineClient, RequestStream, not_ready
 watched: ContextVar[list[Generation] | None] = ContextVar("cllm_generations", default=None)
 
 
-def engine_info(st: AppState) -> ModelInfo:
+def engine_info(st: ModelState) -> ModelInfo:
     info = st.client.info
     if info is None:
         raise not_ready()
@@ -34,7 +34,7 @@ def engine_info(st: AppState) -> ModelInfo:
 
 
 async def start(
-    st: AppState,
+    st: ModelState,
     prompts: list[list[int]],
     sampling: SamplingParams,
     *,

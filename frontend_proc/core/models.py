@@ -8,14 +8,13 @@ it reports every process gone, so a later load never races the old engines.
 With one model (today's `cllm serve`), nothing of this runs per request: the
 default model is loaded at start and any model name is taken as it.
 
-Each model has its own AppState (its client, tokenizer and chat template on
+Each model has its own ModelState (its client, tokenizer and chat template on
 the shared settings), so the routes need one lookup and nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -29,7 +28,7 @@ from cllm.core.launch import ModelSlot
 from cllm.core.model_file import model_bytes
 from cllm.core.model_meta import kv_cache_bytes
 from cllm.core.protocol import EngineExited, LoadModel, UnloadModel
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Tokenizer
 from frontend_proc.engine.client import EngineClient
 from frontend_proc.engine.metrics import Metrics
@@ -49,7 +48,7 @@ class Model:
         self.id = slot.spec.id
         self.clients = clients
         self.client: EngineClient | ReplicaSet = clients[0] if len(clients) == 1 else ReplicaSet(clients)
-        self.state: AppState | None = None  # once its tokenizer is loaded
+        self.state: ModelState | None = None  # once its tokenizer is loaded
         self.status = "unloaded"  # loading, loaded, unloading, failed
         self.error = ""  # why the last load failed
         self.last_used = time.monotonic()
@@ -69,17 +68,18 @@ class Model:
 
 
 class ModelPool:
-    def __init__(self, slots: list[ModelSlot], base: AppState, clients: list[list[EngineClient]], control_fd: int, multi: bool):
+    def __init__(
+        self, slots: list[ModelSlot], default: ModelState, clients: list[list[EngineClient]], control_fd: int, metrics: Metrics, multi: bool
+    ):
         self.models = [Model(slot, c) for slot, c in zip(slots, clients)]
         self.default = self.models[0]
-        self.default.state = base
+        self.default.state = default
         self.multi = multi  # a registry: unknown names are 404, models load and unload
         self.by_name = {name: m for m in self.models for name in (m.id, *m.spec.aliases)}
         self._expiring: asyncio.Task | None = None  # the keep-alive watch, once a model has one
-        self.metrics: Metrics = base.metrics
-        self._config = base.config
+        self.metrics = metrics
+        self._config = default.config
         self._control = control_fd
-        self._base = base
         self._slots = slots
         self._tasks: set[asyncio.Task] = set()
 
@@ -118,12 +118,13 @@ class ModelPool:
             raise ApiError(404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found")
         return model
 
-    async def state_for(self, name: str | None) -> AppState:
-        """The AppState of the model a request names (absent: the default), loading it if need be."""
+    async def state_for(self, name: str | None) -> ModelState:
+        """The state of the model a request names (absent: the default), loading it if need be."""
         model = self.find(name)
         model.last_used = time.monotonic()
         if model.status != "loaded" and self.multi:
             await self.load(model)
+            model.last_used = time.monotonic()  # idle from when it serves: a slow load must not eat its keep-alive
         assert model.state is not None  # made by its first load
         return model.state
 
@@ -148,9 +149,7 @@ class ModelPool:
             if model.state is None:
                 tokenizer = await asyncio.to_thread(Tokenizer, model.spec.path)
                 # A ReplicaSet has an EngineClient's face: the state holds either.
-                model.state = dataclasses.replace(
-                    self._base, client=cast(EngineClient, model.client), tokenizer=tokenizer, chat_template=tokenizer.chat_template(), model_id=model.id
-                )
+                model.state = ModelState(self._config, cast(EngineClient, model.client), tokenizer, tokenizer.chat_template(), model.id)
             self._check_memory(model)
             await self._make_room(model)
             model.status, model.error = "loading", ""

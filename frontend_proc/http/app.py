@@ -16,11 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.http.errors import error_response, json_response
 from frontend_proc.http.guard import OPEN_PATHS, Guard
 from frontend_proc.http.observe import ObserveMiddleware
 from frontend_proc.http.openapi import Operation, document
+from frontend_proc.http.server import ServerState
 
 
 def ok(data) -> Response:
@@ -35,38 +36,43 @@ async def _on_http_error(request: Request, exc: HTTPException) -> Response:
     return error_response(request.url.path, ApiError(exc.status_code, exc.detail.lower(), f"{request.method} {request.url.path}", dict(exc.headers or {})))
 
 
-def state(request: Request) -> AppState:
-    return request.app.state.cllm
+def state(request: Request) -> ModelState:
+    """The default model's state, for a route that names no model."""
+    return request.app.state.default
 
 
-async def model_state(request: Request, model: str | None) -> AppState:
+async def model_state(request: Request, model: str | None) -> ModelState:
     """The state of the model a request names (None: the default), loaded; 404 for an unknown name."""
-    return await request.app.state.cllm.pool.state_for(model)
+    return await request.app.state.server.pool.state_for(model)
+
+
+def server(request: Request) -> ServerState:
+    """What the process holds for every model, for a route that answers for the whole server."""
+    return request.app.state.server
 
 
 async def _openapi(request: Request) -> Response:
-    st = state(request)
-    if not st.openapi:
-        st.openapi = msgspec.json.encode(
-            document("cllm", st.operations, OPEN_PATHS, secured=st.api_key is not None, maxima=st.client.limits.maxima())
-        )
-    return Response(st.openapi, media_type="application/json")
+    srv = server(request)
+    if not srv.openapi:
+        maxima = state(request).client.limits.maxima()
+        srv.openapi = msgspec.json.encode(document("cllm", srv.operations, OPEN_PATHS, secured=srv.api_key is not None, maxima=maxima))
+    return Response(srv.openapi, media_type="application/json")
 
 
-def build_app(app_state: AppState, lifespan) -> Starlette:
-    app_state.operations = [
-        *app_state.operations,
+def build_app(srv: ServerState, default: ModelState, lifespan) -> Starlette:
+    srv.operations = [
+        *srv.operations,
         Operation("GET", "/openapi.json", _openapi, "this API as an OpenAPI 3.1 document", response=dict),
     ]
     app = Starlette(
-        routes=[op.route() for op in app_state.operations],
+        routes=[op.route() for op in srv.operations],
         lifespan=lifespan,
         middleware=[
             # Outermost, so that a request the guard refuses is counted too.
-            Middleware(ObserveMiddleware, metrics=app_state.metrics),
-            Middleware(Guard, api_key=app_state.api_key, config=app_state.config),
+            Middleware(ObserveMiddleware, metrics=srv.metrics),
+            Middleware(Guard, api_key=srv.api_key, config=srv.config),
         ],
         exception_handlers={ApiError: _on_api_error, HTTPException: _on_http_error},  # type: ignore[dict-item]
     )
-    app.state.cllm = app_state
+    app.state.server, app.state.default = srv, default
     return app

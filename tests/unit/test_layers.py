@@ -225,13 +225,8 @@ def test_the_layer_rules_find_what_they_should():
     ]
 
 
-# AppState still holds the process's state beside one model's (the routes, the Responses API's store): split
-# next, and this list emptied with it.
-NOT_YET = [("frontend_proc.core.state", "frontend_proc.doors.responses.store"), ("frontend_proc.core.state", "frontend_proc.http.openapi")]
-
-
 def test_the_frontend_imports_only_the_layers_below():
-    assert against_the_layers(graph()) == NOT_YET
+    assert against_the_layers(graph()) == []
 
 
 def test_the_shared_bottom_imports_no_web_framework():

@@ -16,25 +16,32 @@ from starlette.responses import Response
 
 from cllm.core.errors import ApiError
 from frontend_proc.chat import chat
-from frontend_proc.chat.reply import CALL, CONTENT, REASONING, Blocks, Reply
+from frontend_proc.chat.reply import CALL, CONTENT
 from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call
-from frontend_proc.chat.tool_parser import ToolCallDelta
 from frontend_proc.chat.tools import Tool
-from frontend_proc.core.generation import Choice, Generation
 from frontend_proc.core.output import JsonOutput
+from frontend_proc.core.sampling import REST
+from frontend_proc.doors.anthropic.reply import Stream, arguments, content_block, message_object, stop_reason
 from frontend_proc.doors.anthropic.schemas import (
-    CountTokensRequest, DocumentBlock, ImageBlock, MessagesRequest, TextBlock, ThinkingDisabled, ToolChoiceAny, ToolChoiceNone,
-    ToolChoiceTool, ToolResultBlock, ToolUseBlock,
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    MessagesRequest,
+    TextBlock,
+    ThinkingDisabled,
+    ToolChoiceAny,
+    ToolChoiceNone,
+    ToolChoiceTool,
+    ToolResultBlock,
+    ToolUseBlock,
 )
 from frontend_proc.http import lifecycle
 from frontend_proc.http.app import model_state
 from frontend_proc.http.body import decode_body
-from frontend_proc.http.errors import error_body, json_response
+from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
-from frontend_proc.http.sse import sse_event
 
 _PATH = "/v1/messages"
-_PING = sse_event("ping", {"type": "ping"})  # while a stream waits for its first token, as Anthropic keeps idle streams alive
 _FIELDS = Fields(output="output_config.format", tool_schema="tools[{}]")
 
 
@@ -82,12 +89,13 @@ def template_messages(body: CountTokensRequest) -> list[dict]:
     return out
 
 
-def chat_request(body: CountTokensRequest) -> ChatRequest:
+def chat_request(body: CountTokensRequest, max_tokens: int = REST) -> ChatRequest:
+    """max_tokens: /v1/messages's (count_tokens samples nothing)."""
     choice = body.tool_choice
     fmt = body.output_config.format if body.output_config else None
     return ChatRequest(
         messages=template_messages(body),
-        sampling=None,  # counting tokens samples nothing; messages() sets it
+        sampling=body.params(max_tokens),
         tools=[Tool(t.name, t.description, json.dumps(t.input_schema)) for t in body.tools or ()],
         tool_choice={ToolChoiceAny: "required", ToolChoiceTool: getattr(choice, "name", None), ToolChoiceNone: "none"}.get(type(choice), "auto"),
         parallel_tool_calls=choice is None or not getattr(choice, "disable_parallel_tool_use", False),
@@ -98,131 +106,24 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
     )
 
 
-def _stop_reason(choice: Choice, reply: Reply) -> str:
-    finish = reply.finish(choice.finish)
-    if finish == "length":
-        return "max_tokens"
-    if finish == "tool_calls":
-        return "tool_use"
-    return "stop_sequence" if choice.stop_string is not None else "end_turn"
-
-
-def _message(gen: Generation, model: str) -> dict:
-    """The message object, without content or stop reason yet."""
-    return {
-        "id": f"msg_{gen.choices[0].stream.id}",
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": _usage(gen),
-    }
-
-
-def _usage(gen: Generation) -> dict:
-    """Anthropic's usage: input_tokens are only those the prefix cache did not serve, which it reports apart.
-
-    Nothing is written to a cache on request (cache_control is not needed
-    here: every prompt's prefix is reused), so cache_creation_input_tokens is 0.
-    """
-    cached = gen.cached_tokens
-    return {
-        "input_tokens": gen.prompt_tokens - cached,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-        "output_tokens": gen.completion_tokens,
-    }
-
-
-def _block(kind: str, part) -> dict:
-    if kind == REASONING:
-        return {"type": "thinking", "thinking": part, "signature": ""}
-    if kind == CALL:
-        return {"type": "tool_use", "id": part.id, "name": part.name, "input": {}}
-    return {"type": "text", "text": part}
-
-
-_DELTA = {REASONING: ("thinking_delta", "thinking"), CALL: ("input_json_delta", "partial_json"), CONTENT: ("text_delta", "text")}
-
-
 async def messages(request: Request) -> Response:
     body = await decode_body(request, MessagesRequest)
     st = await model_state(request, body.model)
-    req = chat_request(body)
-    req.sampling = body.params(body.max_tokens)
+    req = chat_request(body, body.max_tokens)
     req.stops, req.stream = body.stop_sequences or (), body.stream
     prompt = chat.prompt(st, req)
     gen = await chat.start(st, req, prompt)
     if body.stream:
-        return lifecycle.stream(gen, _Stream(gen, prompt.reply(), st.model_id))
+        return lifecycle.stream(gen, Stream(gen, prompt.reply(), st.model_id))
     (text,) = await lifecycle.whole(request, gen)
     choice, reply = gen.choices[0], prompt.reply()
-    message = _message(gen, st.model_id)
+    message = message_object(gen, st.model_id)
     parts = reply.whole(text)
-    blocks = [_block(kind, part) for kind, part in parts if kind != CALL and not (reply.calls and kind == CONTENT and not part.strip())]
-    blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments(c.arguments)} for c in reply.calls]
+    blocks = [content_block(kind, part) for kind, part in parts if kind != CALL and not (reply.calls and kind == CONTENT and not part.strip())]
+    blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": arguments(c.arguments)} for c in reply.calls]
     message["content"] = blocks
-    message["stop_reason"], message["stop_sequence"] = _stop_reason(choice, reply), choice.stop_string
+    message["stop_reason"], message["stop_sequence"] = stop_reason(choice, reply), choice.stop_string
     return json_response(message)
-
-
-def _arguments(arguments: str) -> dict:
-    """A call's input: an object (the grammar makes it one; {} if the model wrote none)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-class _Blocks(Blocks):
-    """Content blocks, each as content_block_start, its deltas, content_block_stop."""
-
-    def __init__(self):
-        super().__init__()
-        self.index = -1
-
-    def open(self, kind: str, call: ToolCallDelta | None) -> list[bytes]:
-        self.index += 1
-        block = _block(kind, "" if call is None else call)
-        return [sse_event("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})]
-
-    def delta(self, kind: str, text: str) -> list[bytes]:
-        type_, key = _DELTA[kind]
-        return [sse_event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": {"type": type_, key: text}})]
-
-    def close(self) -> list[bytes]:
-        return [sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
-
-
-class _Stream(lifecycle.Stream):
-    """message_start, ping, per block start/deltas/stop, message_delta, message_stop; pings while the reply waits."""
-
-    ping = _PING
-
-    def __init__(self, gen: Generation, reply: Reply, model: str):
-        self.gen, self.reply, self.model = gen, reply, model
-        self.blocks = _Blocks()
-
-    def start(self) -> bytes:
-        start = _message(self.gen, self.model)
-        start["usage"]["output_tokens"] = 0
-        return sse_event("message_start", {"type": "message_start", "message": start}) + _PING
-
-    def piece(self, choice: Choice, text: str | None) -> bytes:
-        return b"".join(self.blocks.feed(self.reply.feed(text)))
-
-    def end(self) -> bytes:
-        choice = self.gen.choices[0]
-        delta = {"stop_reason": _stop_reason(choice, self.reply), "stop_sequence": choice.stop_string}
-        # Cumulative, as Anthropic sends it: the cache's hit is known only once the prompt was read, after message_start.
-        end = [sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": _usage(self.gen)})]
-        return b"".join([*self.blocks.end(), *end, sse_event("message_stop", {"type": "message_stop"})])
-
-    def error(self, e: ApiError) -> bytes:
-        return sse_event("error", error_body(_PATH, e))
 
 
 async def count_tokens(request: Request) -> Response:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from cllm.core.errors import ApiError
 from cllm.core.protocol import SamplingParams
 from frontend_proc.core.generation import Choice, Generation
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.doors.llama_server.schemas import CompletionFields
 from frontend_proc.http import lifecycle
 from frontend_proc.http.errors import error_body
@@ -69,7 +69,7 @@ def stop_type(choice: Choice) -> str:
     return "word" if choice.stop_string is not None else "eos"
 
 
-def probabilities(st: AppState, choice: Choice, start: int, end: int) -> list[dict]:
+def probabilities(st: ModelState, choice: Choice, start: int, end: int) -> list[dict]:
     """completion_probabilities of the tokens [start, end): each token's logprob and its likeliest rivals'."""
     piece = st.tokenizer.piece
 
@@ -105,7 +105,7 @@ def pick(fields: list[str] | None, result: dict) -> dict:
 class Answer:
     """Builds llama-server's objects for the choices of one request."""
 
-    def __init__(self, st: AppState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]], gen: Generation):
+    def __init__(self, st: ModelState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]], gen: Generation):
         self.st, self.body, self.gen, self.prompts = st, body, gen, prompts
         applied = gen.choices[0].stream.sampling  # as the generation core submitted it, --max-tokens applied
         self.settings = settings(applied, body, capped=applied.max_tokens != st.client.limits.asked(params.max_tokens))
@@ -171,7 +171,7 @@ class Stream(lifecycle.Stream):
         return sse(error_body(self.path, e))
 
 
-def nothing(st: AppState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]]) -> list[dict]:
+def nothing(st: ModelState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]]) -> list[dict]:
     """n_predict 0: every result empty, at once (the prompts are checked as any other)."""
     st.client.limits.check(prompts, 0, body.count, "prompt")
     keys = ("cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",

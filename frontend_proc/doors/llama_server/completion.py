@@ -25,7 +25,7 @@ from cllm.core.protocol import SamplingParams
 from frontend_proc.core import generation
 from frontend_proc.core.output import GrammarOutput, JsonOutput, grammar_for
 from frontend_proc.core.sampling import REST
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import fim_tokens
 from frontend_proc.doors.llama_server.answer import Answer, Stream, nothing, settings
 from frontend_proc.doors.llama_server.infill import infill_prompt, missing_fim
@@ -43,7 +43,7 @@ _ID = re.compile(r"-?[0-9]+")  # a token id written as an object key
 # ---- the request in cLLM's terms ---------------------------------------------
 
 
-def prompts_of(st: AppState, prompt) -> list[list[int]]:
+def prompts_of(st: ModelState, prompt) -> list[list[int]]:
     """Token lists as llama-server reads `prompt`: an array holding a number is one prompt (ids and text mixed),
     any other array is a list of prompts."""
     if isinstance(prompt, list) and not any(type(p) is int for p in prompt):
@@ -53,7 +53,7 @@ def prompts_of(st: AppState, prompt) -> list[list[int]]:
     return [mixed(st, prompt, "prompt")]
 
 
-def mixed(st: AppState, prompt, param: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+def mixed(st: ModelState, prompt, param: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
     """One prompt: text, token ids, or both in a list (special tokens only before text that comes first)."""
     tokenizer = st.tokenizer
     if isinstance(prompt, str):
@@ -71,7 +71,7 @@ def mixed(st: AppState, prompt, param: str, add_special: bool = True, parse_spec
     return tokens
 
 
-def logit_bias(st: AppState, bias) -> dict[int, float] | None:
+def logit_bias(st: ModelState, bias) -> dict[int, float] | None:
     """llama-server's two forms, {"id or text": bias} and [[id or text, bias], ...]; false bans a token."""
     if not bias:
         return None
@@ -109,7 +109,7 @@ def output(body: CompletionFields) -> JsonOutput | GrammarOutput | None:
     return None
 
 
-def sampling(st: AppState, body: CompletionFields) -> SamplingParams:
+def sampling(st: ModelState, body: CompletionFields) -> SamplingParams:
     if body.post_sampling_probs:
         raise invalid(
             "post_sampling_probs is not supported: cLLM reports the model's probabilities, before sampling", "post_sampling_probs"
@@ -137,7 +137,7 @@ def summary(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k not in ("stop", "logit_bias", "grammar")}
 
 
-async def answer(request: Request, st: AppState, body: CompletionFields, prompts: list[list[int]]) -> Response:
+async def answer(request: Request, st: ModelState, body: CompletionFields, prompts: list[list[int]]) -> Response:
     params = sampling(st, body)
     if params.max_tokens == 0:  # llama-server evaluates the prompt into its cache; cLLM has nothing to give back
         results = nothing(st, body, params, prompts)

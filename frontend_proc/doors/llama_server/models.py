@@ -11,9 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError
-from frontend_proc.core.models import Model, card
-from frontend_proc.core.state import AppState
-from frontend_proc.http.app import state
+from frontend_proc.core.models import Model, ModelPool, card
+from frontend_proc.http.app import server
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import Operation
@@ -23,29 +22,29 @@ class ModelRequest(msgspec.Struct, forbid_unknown_fields=True):
     model: str
 
 
-def _model(st: AppState, name: str) -> Model:
-    if not st.pool.multi:
+def _model(pool: ModelPool, name: str) -> Model:
+    if not pool.multi:
         raise ApiError(400, "invalid request", "this server serves one model; --models-dir or a models: list lets it load and unload")
-    return st.pool.find(name)
+    return pool.find(name)
 
 
 async def list_models(request: Request) -> Response:
-    return json_response({"object": "list", "data": [card(m, True) for m in state(request).pool.models]})
+    return json_response({"object": "list", "data": [card(m, True) for m in server(request).pool.models]})
 
 
 async def load(request: Request) -> Response:
-    st = state(request)
-    model = _model(st, (await decode_body(request, ModelRequest)).model)
-    await st.pool.load(model)
+    pool = server(request).pool
+    model = _model(pool, (await decode_body(request, ModelRequest)).model)
+    await pool.load(model)
     return json_response({"success": True})
 
 
 async def unload(request: Request) -> Response:
-    st = state(request)
-    model = _model(st, (await decode_body(request, ModelRequest)).model)
+    pool = server(request).pool
+    model = _model(pool, (await decode_body(request, ModelRequest)).model)
     if model.status not in ("loaded", "loading"):
         raise ApiError(400, "model is not running", f"the model `{model.id}` is {model.status}", param="model")
-    await st.pool.unload(model, "request")
+    await pool.unload(model, "request")
     return json_response({"success": True})
 
 

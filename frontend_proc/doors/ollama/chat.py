@@ -8,46 +8,38 @@ lines, the last one done with the timings in nanoseconds. Errors take Ollama's s
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
 import llama_cpp as L
-import msgspec
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError, invalid
+from cllm.core.errors import invalid
 from cllm.core.protocol import SamplingParams
 from frontend_proc.chat import chat
-from frontend_proc.chat.reply import CONTENT, REASONING, Reply, join
+from frontend_proc.chat.reply import CONTENT, REASONING, join
 from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call, tool
 from frontend_proc.core import generation
-from frontend_proc.core.generation import Generation
 from frontend_proc.core.models import Model
 from frontend_proc.core.output import JsonOutput
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import fim_tokens
 from frontend_proc.doors.ollama.loading import keep_alive, load_only, loaded_state, unloads
-from frontend_proc.doors.ollama.models import find, now
+from frontend_proc.doors.ollama.models import find
+from frontend_proc.doors.ollama.reply import NDJSON, Stream, Writer, done, tool_calls
 from frontend_proc.doors.ollama.schemas import NO_OPTIONS, ChatBody, GenerateBody, Message, Options
 from frontend_proc.http import lifecycle
-from frontend_proc.http.app import state
+from frontend_proc.http.app import server
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
 
-NDJSON = "application/x-ndjson"
 _FIELDS = Fields(output="format", tool_schema="tools[{}].function.parameters", max_tokens="options.num_predict")
 _GENERATE_FIELDS = Fields(messages="prompt", output="format", max_tokens="options.num_predict")
-_json = msgspec.json.Encoder()
 
 log = logging.getLogger("cllm.frontend")
-
-
-def _line(obj) -> bytes:
-    return _json.encode(obj) + b"\n"
 
 
 # ---- a request in cllm's terms ------------------------------------------------
@@ -59,7 +51,7 @@ def _output(fmt) -> JsonOutput | None:
     return JsonOutput(None if fmt == "json" else fmt)
 
 
-def _sampling(st: AppState, options: Options) -> SamplingParams:
+def _sampling(st: ModelState, options: Options) -> SamplingParams:
     seq_ctx = generation.engine_info(st).seq_ctx
     if options.num_ctx is not None and options.num_ctx > seq_ctx:
         # The slot's size is set at launch; a longer prompt still gets the usual 400, never a silent cut.
@@ -94,7 +86,7 @@ def _thinking(think) -> tuple[bool | None, str | None]:
     return (True, think) if isinstance(think, str) else (think, None)
 
 
-def _request(body: ChatBody | GenerateBody, messages: list[dict], st: AppState, tools=()) -> ChatRequest:
+def _request(body: ChatBody | GenerateBody, messages: list[dict], st: ModelState, tools=()) -> ChatRequest:
     options = body.options or NO_OPTIONS
     thinking, effort = _thinking(body.think)
     return ChatRequest(
@@ -103,7 +95,7 @@ def _request(body: ChatBody | GenerateBody, messages: list[dict], st: AppState, 
     )
 
 
-def _generate_prompt(body: GenerateBody, st: AppState, req: ChatRequest) -> chat.ChatPrompt:
+def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest) -> chat.ChatPrompt:
     """The prompt of /api/generate: the chat template around it, or (raw, suffix) its text as it is."""
     if body.template:
         raise invalid(
@@ -125,95 +117,18 @@ def _generate_prompt(body: GenerateBody, st: AppState, req: ChatRequest) -> chat
     return chat.ChatPrompt(st, text, chat.tool_plan(req, st.chat_template, st.tokenizer.vocab))
 
 
-# ---- the reply ----------------------------------------------------------------
-
-
-def _calls(reply: Reply) -> list[dict]:
-    out: list[dict] = []
-    for c in reply.calls:
-        try:
-            arguments = json.loads(c.arguments)
-        except ValueError:
-            arguments = {}
-        out.append({"id": c.id, "function": {"index": len(out), "name": c.name, "arguments": arguments if isinstance(arguments, dict) else {}}})
-    return out
-
-
-def _done(gen: Generation, reply: Reply, t0: int, load_ns: int) -> dict:
-    """The last object's fields: why it ended, and its counts and timings in nanoseconds."""
-    rs = gen.choices[0].stream
-    first = rs.t_first or rs.t_done or time.perf_counter()
-    last = rs.t_done or time.perf_counter()
-    finish = reply.finish(gen.choices[0].finish)
-    return {
-        "done": True,
-        "done_reason": "length" if finish == "length" else "stop",
-        "total_duration": time.perf_counter_ns() - t0,
-        "load_duration": load_ns,
-        "prompt_eval_count": gen.prompt_tokens,
-        "prompt_eval_duration": int((first - rs.t_submit) * 1e9),
-        "eval_count": gen.completion_tokens,
-        "eval_duration": int((last - first) * 1e9),
-    }
-
-
-class _Writer:
-    """One route's objects: a chat message, or a generate response."""
-
-    def __init__(self, name: str, chat_route: bool):
-        self.name, self.chat_route = name, chat_route
-
-    def obj(self, content: str, thinking: str, calls: list[dict] | None = None) -> dict:
-        out: dict = {"model": self.name, "created_at": now()}
-        if self.chat_route:
-            message: dict = {"role": "assistant", "content": content}
-            if thinking:
-                message["thinking"] = thinking
-            if calls:
-                message["tool_calls"] = calls
-            out["message"] = message
-        else:
-            out["response"] = content
-            if thinking:
-                out["thinking"] = thinking
-        return out
-
-
-class _Stream(lifecycle.Stream):
-    """A JSON object a line: each piece of the answer and thinking, the calls once read, then the done object."""
-
-    media_type = NDJSON
-
-    def __init__(self, gen: Generation, reply: Reply, writer: _Writer, t0: int, load_ns: int):
-        self.gen, self.reply, self.writer, self.t0, self.load_ns = gen, reply, writer, t0, load_ns
-
-    def piece(self, choice, text: str | None) -> bytes:
-        parts = self.reply.feed(text)
-        content, thinking = join(parts, CONTENT), join(parts, REASONING)
-        out = _line({**self.writer.obj(content, thinking), "done": False}) if content or thinking else b""
-        if text is None and self.reply.calls:
-            out += _line({**self.writer.obj("", "", _calls(self.reply)), "done": False})
-        return out
-
-    def end(self) -> bytes:
-        return _line({**self.writer.obj("", ""), **_done(self.gen, self.reply, self.t0, self.load_ns)})
-
-    def error(self, e: ApiError) -> bytes:
-        return _line({"error": e.message or e.error})
-
-
-async def _respond(request: Request, body, st: AppState, req: ChatRequest, prompt: chat.ChatPrompt, model: Model, keep, t0: int, load_ns: int):
+async def _respond(request: Request, body, st: ModelState, req: ChatRequest, prompt: chat.ChatPrompt, model: Model, keep, t0: int, load_ns: int):
     gen = await chat.start(st, req, prompt)
-    writer, reply = _Writer(body.model, isinstance(body, ChatBody)), prompt.reply()
-    after = BackgroundTask(state(request).pool.unload, model, "keep-alive") if unloads(request, model, keep) else None
+    writer, reply = Writer(body.model, isinstance(body, ChatBody)), prompt.reply()
+    after = BackgroundTask(server(request).pool.unload, model, "keep-alive") if unloads(request, model, keep) else None
     if body.stream:
-        response = lifecycle.stream(gen, _Stream(gen, reply, writer, t0, load_ns))
+        response = lifecycle.stream(gen, Stream(gen, reply, writer, t0, load_ns))
     else:
         (text,) = await lifecycle.whole(request, gen)
         parts = reply.whole(text)
         content = join(parts, CONTENT)
-        calls = _calls(reply)
-        response = json_response({**writer.obj(content if not calls or content.strip() else "", join(parts, REASONING), calls), **_done(gen, reply, t0, load_ns)})
+        calls = tool_calls(reply)
+        response = json_response({**writer.obj(content if not calls or content.strip() else "", join(parts, REASONING), calls), **done(gen, reply, t0, load_ns)})
     response.background = after
     return response
 

@@ -10,10 +10,10 @@ from starlette.responses import Response
 
 from cllm.core.errors import ApiError, invalid
 from frontend_proc.core.models import Model
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.doors.ollama.models import now
 from frontend_proc.doors.ollama.schemas import seconds
-from frontend_proc.http.app import state
+from frontend_proc.http.app import server
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import Operation
 
@@ -30,10 +30,10 @@ def keep_alive(value) -> float | None:
         raise invalid(str(e), "keep_alive") from None
 
 
-async def loaded_state(request: Request, model: Model, keep: float | None) -> tuple[AppState, int]:
+async def loaded_state(request: Request, model: Model, keep: float | None) -> tuple[ModelState, int]:
     """The model's state, loaded (and kept as long as keep_alive says), and the nanoseconds its load took."""
     t0 = time.perf_counter_ns()
-    pool = state(request).pool
+    pool = server(request).pool
     if keep:
         pool.keep(model, keep)
     st = await pool.state_for(model.id)
@@ -42,12 +42,12 @@ async def loaded_state(request: Request, model: Model, keep: float | None) -> tu
 
 def unloads(request: Request, model: Model, keep: float | None) -> bool:
     """keep_alive 0 lets the model go once the request is answered (only a registry's models load and unload)."""
-    return keep == 0 and state(request).pool.multi
+    return keep == 0 and server(request).pool.multi
 
 
 async def load_only(request: Request, model: Model, keep: float | None, name: str, chat_route: bool) -> Response:
     """A request with nothing to generate: load the model, or with keep_alive 0 unload it (`ollama stop`)."""
-    pool = state(request).pool
+    pool = server(request).pool
     if unloads(request, model, keep):
         if model.status in ("loaded", "loading"):
             await pool.unload(model, "keep-alive")

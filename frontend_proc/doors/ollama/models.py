@@ -29,7 +29,7 @@ from frontend_proc.core.models import Model
 from frontend_proc.core.sampling import Sampling
 from frontend_proc.core.tokenizer import fim_tokens
 from frontend_proc.doors.ollama.schemas import ShowBody
-from frontend_proc.http.app import state
+from frontend_proc.http.app import server
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import Operation
@@ -56,7 +56,7 @@ def not_found(name: str) -> ApiError:
 
 def find(request: Request, name: str) -> Model:
     """The model an Ollama name means: a registry id or alias, with or without `:latest`; else a 404."""
-    by_name = state(request).pool.by_name
+    by_name = server(request).pool.by_name
     model = by_name.get(name)
     if model is None and name.endswith(":latest"):
         model = by_name.get(name[: -len(":latest")])
@@ -171,18 +171,18 @@ async def version(request: Request) -> Response:
 
 
 async def tags(request: Request) -> Response:
-    return json_response({"models": [await _entry(m) for m in state(request).pool.models]})
+    return json_response({"models": [await _entry(m) for m in server(request).pool.models]})
 
 
 async def ps(request: Request) -> Response:
     models = []
-    for model in state(request).pool.models:
+    for model in server(request).pool.models:
         info = model.client.info
         if model.status != "loaded" or info is None:
             continue
         entry = await _entry(model)
         size = info.model_bytes + info.kv_bytes
-        keep = model.keep_alive if state(request).pool.multi else 0
+        keep = model.keep_alive if server(request).pool.multi else 0
         entry.update(
             expires_at=rfc3339(time.time() + keep - (time.monotonic() - model.last_used)) if keep else FOREVER,
             size=size,

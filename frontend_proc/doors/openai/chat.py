@@ -16,16 +16,15 @@ from cllm.core.errors import invalid
 from frontend_proc.chat import chat
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, Reply, join
 from frontend_proc.chat.request import ChatRequest, Fields, tool
-from frontend_proc.core.sampling import REST
 from frontend_proc.core.generation import Choice
-from frontend_proc.core.state import AppState
+from frontend_proc.core.sampling import REST
+from frontend_proc.core.state import ModelState
 from frontend_proc.doors.openai.schemas import ChatCompletionRequest, MessageError
 from frontend_proc.doors.openai.shared import output, respond_openai, response_head
 from frontend_proc.http.app import model_state, state
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
-
 
 _FIELDS = Fields()
 _NEWER_LIMIT = Fields(max_tokens="max_completion_tokens")  # the client's name, in the 400 of a limit too large
@@ -53,7 +52,7 @@ def chat_request(body: ChatCompletionRequest) -> ChatRequest:
     )
 
 
-def _chat_logprobs(st: AppState, choice: Choice, start: int, end: int) -> dict:
+def _chat_logprobs(st: ModelState, choice: Choice, start: int, end: int) -> dict:
     piece = st.tokenizer.piece
 
     def entry(token: int, logprob: float) -> dict:

@@ -18,7 +18,7 @@ from frontend_proc.core import generation
 from frontend_proc.core.generation import Choice
 from frontend_proc.core.output import grammar_for
 from frontend_proc.core.sampling import check_logit_bias
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.doors.openai.schemas import CompletionRequest
 from frontend_proc.doors.openai.shared import output, respond_openai, response_head
 from frontend_proc.http.app import model_state
@@ -28,7 +28,7 @@ from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-def _completion_prompts(st: AppState, prompt: str | list) -> list[list[int]]:
+def _completion_prompts(st: ModelState, prompt: str | list) -> list[list[int]]:
     """A string, token ids, or a list of strings and token-id lists: one token list per prompt."""
     if isinstance(prompt, str):
         return [st.tokenizer.encode(prompt)]
@@ -49,7 +49,7 @@ def _completion_prompts(st: AppState, prompt: str | list) -> list[list[int]]:
     return prompts
 
 
-def _legacy_logprobs(st: AppState, token_ids: list[int], entries: list[TokenLogprobs | None], offset: int) -> dict:
+def _legacy_logprobs(st: ModelState, token_ids: list[int], entries: list[TokenLogprobs | None], offset: int) -> dict:
     """Legacy completions logprobs of the tokens (None: a token without, the prompt's first); text_offset counts from offset."""
     token_str = st.tokenizer.token_str
     tokens = [token_str(t) for t in token_ids]
@@ -61,12 +61,12 @@ def _legacy_logprobs(st: AppState, token_ids: list[int], entries: list[TokenLogp
     }
 
 
-def _completion_logprobs(st: AppState, choice: Choice, start: int, end: int, offset: int) -> dict:
+def _completion_logprobs(st: ModelState, choice: Choice, start: int, end: int, offset: int) -> dict:
     """Logprobs of the choice's tokens [start, end)."""
     return _legacy_logprobs(st, choice.stream.tokens[start:end], choice.stream.logprobs[start:end], offset)
 
 
-def _echo_logprobs(st: AppState, prompt: list[int], choice: Choice) -> dict:
+def _echo_logprobs(st: ModelState, prompt: list[int], choice: Choice) -> dict:
     """The prompt's logprobs, then the completion's."""
     lp = _legacy_logprobs(st, prompt, [None, *choice.stream.prompt_logprobs], 0)
     rest = _completion_logprobs(st, choice, 0, choice.n_tokens, sum(map(len, lp["tokens"])))

@@ -8,27 +8,27 @@ from starlette.responses import Response
 from cllm.core.errors import ApiError
 from frontend_proc.core import generation
 from frontend_proc.core.models import card
-from frontend_proc.http.app import state
+from frontend_proc.http.app import server, state
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import Operation
 
 
 async def list_models(request: Request) -> Response:
-    st = state(request)
-    if not st.pool.multi:
-        generation.engine_info(st)
-    return json_response({"object": "list", "data": [card(m, st.pool.multi) for m in st.pool.models]})
+    pool = server(request).pool
+    if not pool.multi:
+        generation.engine_info(state(request))
+    return json_response({"object": "list", "data": [card(m, pool.multi) for m in pool.models]})
 
 
 async def retrieve_model(request: Request) -> Response:
-    st = state(request)
+    pool = server(request).pool
     name = request.path_params["model"]
-    model = st.pool.by_name.get(name)
+    model = pool.by_name.get(name)
     if model is None:
         raise ApiError(404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found")
-    if not st.pool.multi:
-        generation.engine_info(st)
-    return json_response(card(model, st.pool.multi))
+    if not pool.multi:
+        generation.engine_info(state(request))
+    return json_response(card(model, pool.multi))
 
 
 # The response bodies are OpenAI's objects, built in place: the document calls them objects.

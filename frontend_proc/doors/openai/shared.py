@@ -13,7 +13,7 @@ from starlette.responses import Response
 from cllm.core.errors import ApiError, invalid
 from frontend_proc.core.generation import Choice, Generation
 from frontend_proc.core.output import GrammarOutput, JsonOutput
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.doors.openai.schemas import JsonObjectFormat, JsonSchemaFormat, OpenAIRequest, TextFormat
 from frontend_proc.http import lifecycle
 from frontend_proc.http.errors import error_body, json_response
@@ -78,5 +78,5 @@ async def respond_openai(request: Request, gen: Generation, head: dict, body: Op
     return json_response({**head, "choices": choices, "usage": usage(gen)})
 
 
-def response_head(gen: Generation, prefix: str, obj: str, st: AppState) -> dict:
+def response_head(gen: Generation, prefix: str, obj: str, st: ModelState) -> dict:
     return {"id": f"{prefix}-{gen.choices[0].stream.id}", "object": obj, "created": int(time.time()), "model": st.model_id}

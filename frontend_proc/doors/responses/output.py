@@ -11,9 +11,9 @@ from frontend_proc.chat.reply import CALL, REASONING
 from frontend_proc.chat.request import template_call
 from frontend_proc.chat.tool_parser import ToolCall, ToolCallDelta
 from frontend_proc.core.generation import Generation
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.doors.responses.schemas import ResponsesRequest
-from frontend_proc.doors.responses.store import Stored
+from frontend_proc.doors.responses.store import ResponseStore, Stored
 
 
 def response_object(rid: str, body: ResponsesRequest, model: str) -> dict:
@@ -58,7 +58,7 @@ def output_item(rid: str, index: int, kind: str, text: str, status: str, call: T
     return {"id": f"msg_{rid[5:]}_{index}", "type": "message", "status": status, "role": "assistant", "content": [part]}
 
 
-def finish(st: AppState, response: dict, gen: Generation, output: list[dict], conversation: list[dict]) -> None:
+def finish(st: ModelState, store: ResponseStore, response: dict, gen: Generation, output: list[dict], conversation: list[dict]) -> None:
     """Fill in how it ended and store it (if asked to) with the conversation and the reply."""
     choice = gen.choices[0]
     incomplete = choice.finish == "length"
@@ -81,4 +81,4 @@ def finish(st: AppState, response: dict, gen: Generation, output: list[dict], co
         calls = [template_call(o["call_id"], o["name"], o["arguments"]) for o in output if o["type"] == "function_call"]
         if calls:
             reply["tool_calls"] = calls
-        st.responses.put(response["id"], Stored(response, [*conversation, reply]))
+        store.put(response["id"], Stored(response, [*conversation, reply]))

@@ -35,10 +35,10 @@ from frontend_proc.doors.responses.schemas import (
     ResponsesRequest,
     item,
 )
-from frontend_proc.doors.responses.store import Stored
+from frontend_proc.doors.responses.store import Stored, store
 from frontend_proc.doors.responses.stream import Stream
 from frontend_proc.http import lifecycle
-from frontend_proc.http.app import model_state, state
+from frontend_proc.http.app import model_state
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
@@ -94,10 +94,11 @@ def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatReques
 
 async def create(request: Request) -> Response:
     body = await decode_body(request, ResponsesRequest)
-    st = await model_state(request, body.model)  # its responses are the one store every model shares
+    st = await model_state(request, body.model)
+    stored = store(request)  # every model's responses
     conversation: list[dict] = []
     if body.previous_response_id is not None:
-        previous = st.responses.get(body.previous_response_id)
+        previous = stored.get(body.previous_response_id)
         if previous is None:
             raise ApiError(404, "not found", f"no stored response has the id {body.previous_response_id!r}", param="previous_response_id")
         conversation = list(previous.messages)
@@ -109,7 +110,7 @@ async def create(request: Request) -> Response:
     gen = await chat.start(st, req, prompt)
     response = response_object(f"resp_{secrets.token_hex(12)}", body, st.model_id)
     if body.stream:
-        return lifecycle.stream(gen, Stream(st, gen, prompt.reply(), response, conversation))
+        return lifecycle.stream(gen, Stream(st, stored, gen, prompt.reply(), response, conversation))
     (text,) = await lifecycle.whole(request, gen)
     reply = prompt.reply()
     parts = reply.whole(text)
@@ -121,13 +122,13 @@ async def create(request: Request) -> Response:
         output.append(output_item(response["id"], len(output), CONTENT, answer, "completed"))
     for call in reply.calls:
         output.append(output_item(response["id"], len(output), CALL, call.arguments, "completed", call))
-    finish(st, response, gen, output, conversation)
+    finish(st, stored, response, gen, output, conversation)
     return json_response(response)
 
 
 def _stored(request: Request) -> Stored:
     rid = request.path_params["response_id"]
-    stored = state(request).responses.get(rid)
+    stored = store(request).get(rid)
     if stored is None:
         raise ApiError(404, "not found", f"no stored response has the id {rid!r}", param="response_id")
     return stored
@@ -139,7 +140,7 @@ async def retrieve(request: Request) -> Response:
 
 async def delete(request: Request) -> Response:
     rid = _stored(request).response["id"]
-    state(request).responses.delete(rid)
+    store(request).delete(rid)
     return json_response({"id": rid, "object": "response.deleted", "deleted": True})
 
 

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
+from starlette.requests import Request
 
 MAX_RESPONSES = 1024
 MAX_AGE = 3600.0  # seconds
@@ -68,3 +69,8 @@ class ResponseStore:
         now = time.monotonic()
         for id_ in [i for i, s in self._items.items() if now - s.created > self.max_age]:
             del self._items[id_]
+
+
+def store(request: Request) -> ResponseStore:
+    """The process's store (every model's; frontend_proc.main puts it on the app)."""
+    return request.app.state.responses

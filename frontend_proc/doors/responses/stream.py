@@ -7,8 +7,9 @@ from cllm.core.errors import ApiError
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, Blocks, Reply
 from frontend_proc.chat.tool_parser import ToolCallDelta
 from frontend_proc.core.generation import Choice, Generation
-from frontend_proc.core.state import AppState
+from frontend_proc.core.state import ModelState
 from frontend_proc.doors.responses.output import finish, output_item
+from frontend_proc.doors.responses.store import ResponseStore
 from frontend_proc.http import lifecycle
 from frontend_proc.http.errors import error_body
 from frontend_proc.http.sse import sse_event
@@ -75,8 +76,8 @@ class Items(Blocks):
 class Stream(lifecycle.Stream):
     """created, in_progress, per item added/deltas/done, then completed (or incomplete)."""
 
-    def __init__(self, st: AppState, gen: Generation, reply: Reply, response: dict, conversation: list[dict]):
-        self.st, self.gen, self.reply, self.response, self.conversation = st, gen, reply, response, conversation
+    def __init__(self, st: ModelState, store: ResponseStore, gen: Generation, reply: Reply, response: dict, conversation: list[dict]):
+        self.st, self.store, self.gen, self.reply, self.response, self.conversation = st, store, gen, reply, response, conversation
         self.items = Items(response["id"])
 
     def start(self) -> bytes:
@@ -91,7 +92,7 @@ class Stream(lifecycle.Stream):
         out = items.end()
         if not any(o["type"] in ("message", "function_call") for o in items.output):  # every response has a message, unless it calls tools
             out += items.open(CONTENT, None) + items.close()
-        finish(self.st, self.response, self.gen, items.output, self.conversation)
+        finish(self.st, self.store, self.response, self.gen, items.output, self.conversation)
         out.append(items.ev(f"response.{self.response['status']}", response=self.response))
         return b"".join(out)
 
