@@ -9,8 +9,9 @@ the greedy text it gives without the restart; a server with other settings never
 uses the files. The default mode across a restart, and damaged files, are
 tests/test_damaged_cache_files.py's.
 Its streams are in host memory, so the new engine warms nothing (warming
-into device streams is tests/unit/test_scheduler.py's): each lookup reads
-its file into the stream its sequence takes.
+into device streams: tests/unit/test_scheduler.py on fake streams,
+tests/test_cache_warming.py on llama.cpp): each lookup reads its file into
+the stream its sequence takes.
 """
 
 from __future__ import annotations
