@@ -13,7 +13,7 @@ import msgspec
 
 from cllm.core.config import GROUPS, LISTEN, PROCESS, ConfigError, ServeConfig, load_config
 from cllm.core.model_file import ModelFileError
-from cllm.core.registry import build_registry, is_pool
+from cllm.core.registry import asks_hub, build_registry, is_pool
 from cllm.core.settings import Setting, default_words, meaning, names, plain, setting, settings
 
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             config = load_config(args.config, serve_overrides(args), os.environ)
             hub = None
-            if args.ray is None and (config.hf_repo or config.pulled or any(m.hf_repo for m in config.models)):
+            if args.ray is None and asks_hub(config):
                 from cllm.hub.commands import HubModels
 
                 hub = HubModels(offline=config.offline)

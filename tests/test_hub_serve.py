@@ -110,11 +110,13 @@ def test_offline_serves_every_pulled_model_loading_on_demand(hub, env):
     assert hub.log == []
 
 
-def test_rm_removes_a_model_and_offline_then_says_what_is_missing(hub, env):
+def test_rm_removes_a_model_and_offline_then_says_what_is_missing(hub, env, tmp_path):
     gone = cllm(env, "rm", f"{SPLIT}:Q4_1")
     assert gone.returncode == 0 and f"removed {SPLIT}:Q4_1" in gone.stdout
     assert SPLIT not in cllm(env, "ls").stdout
-    refused = cllm({**env, "HF_HUB_OFFLINE": "1"}, "serve", "-hf", SPLIT, *SMALL)
+    settings = tmp_path / "cllm.yaml"
+    settings.write_text(f"model: {SPLIT}\n")  # a model: that is no file but a name means the repo, as -hf does
+    refused = cllm({**env, "HF_HUB_OFFLINE": "1"}, "serve", "--config", str(settings), *SMALL)
     assert (
         refused.returncode == 2
         and "cannot be fetched offline" in refused.stderr

