@@ -101,7 +101,9 @@ class Supervisor:
     def run(self) -> int:
         host, port = self.config.host, self.config.port
         try:
-            self.listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=2048)
+            self.listener = socket.create_server(
+                (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=2048
+            )
         except OSError as e:
             print(f"cllm: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
             return 2
@@ -152,7 +154,9 @@ class Supervisor:
         slots = [
             ModelSlot(
                 spec=spec,
-                rings=[EngineRings(*(ring.spec for ring in self.engines[spec.id, r].rings)) for r in range(spec.replicas)],
+                rings=[
+                    EngineRings(*(ring.spec for ring in self.engines[spec.id, r].rings)) for r in range(spec.replicas)
+                ],
                 loaded=self._running(spec.id),
             )
             for spec in self.models
@@ -215,7 +219,10 @@ class Supervisor:
                 elif not self.serving:
                     self.serving = True
                     port = self.listener.getsockname()[1]
-                    print(f"cllm: serving {os.path.basename(self.models[0].path)} at http://{self.config.host}:{port}", flush=True)
+                    print(
+                        f"cllm: serving {os.path.basename(self.models[0].path)} at http://{self.config.host}:{port}",
+                        flush=True,
+                    )
             for engine in self.engines.values():
                 proc = engine.proc
                 if engine.stop_by is not None and time.monotonic() >= engine.stop_by and proc and proc.poll() is None:
@@ -229,7 +236,13 @@ class Supervisor:
             log.error("the %s process exited during start-up (%s)", child.name, how)
             return False
         if not child.may_restart():
-            log.error("the %s process died (%s) after %d restarts in %g s; giving up", child.name, how, MAX_RESTARTS, RESTART_WINDOW)
+            log.error(
+                "the %s process died (%s) after %d restarts in %g s; giving up",
+                child.name,
+                how,
+                MAX_RESTARTS,
+                RESTART_WINDOW,
+            )
             return False
         log.error("the %s process died (%s); starting it again", child.name, how)
         return True

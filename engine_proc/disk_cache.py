@@ -95,7 +95,9 @@ def open_disk_cache(model_path: str, config: ServeConfig, runner) -> DiskCache |
     return DiskCache(config.cache_dir, config.cache_dir_max << 20, ident)
 
 
-def identity(model_path: str, config: ServeConfig, seq_ctx: int, token_budget: int, gpu_layers: int, streams: int) -> dict:
+def identity(
+    model_path: str, config: ServeConfig, seq_ctx: int, token_budget: int, gpu_layers: int, streams: int
+) -> dict:
     """What a KV cell's bits depend on, besides the tokens before it, and what a saved stream fits into.
 
     The model file (path, size, mtime), llama.cpp's build and this CPU's
@@ -326,7 +328,11 @@ class DiskCache:
     def _degrade(self, error: OSError) -> None:
         """The folder cannot be written (read-only, full): the cache goes on in RAM, and reads what files it has."""
         if self.writable:
-            log.warning("prefix cache folder %s cannot be written (%s): new entries stay in RAM only", self.dir, error.strerror or error)
+            log.warning(
+                "prefix cache folder %s cannot be written (%s): new entries stay in RAM only",
+                self.dir,
+                error.strerror or error,
+            )
         self.writable = False
 
     # ---- the writer's thread ---------------------------------------------------

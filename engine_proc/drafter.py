@@ -73,7 +73,9 @@ class Drafter:
             if d.rate < need:
                 d.rate += (1 - d.rate) / 8  # drift back, to try again once the text may have turned to copying
                 continue
-            room = min(d.want, self.draft_max, budget, seq.params.max_tokens - len(seq.output) - 1, self.seq_ctx - chunk.end)
+            room = min(
+                d.want, self.draft_max, budget, seq.params.max_tokens - len(seq.output) - 1, self.seq_ctx - chunk.end
+            )
             if room > 0 and (draft := lookup(seq.known(len(seq.prompt) + len(seq.output)), room)) is not None:
                 chunk.draft = draft
                 budget -= len(draft)

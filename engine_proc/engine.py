@@ -47,7 +47,9 @@ class LLMEngine:
         self.runner = ModelRunner(model_path, config)
         # Sampling on the device: with --device-sampling on, or auto and GPU layers; never beside drafts, whose rows
         # are verified one by one.
-        device = config.device_sampling == "on" or (config.device_sampling == "auto" and self.runner.info.gpu_layers > 0)
+        device = config.device_sampling == "on" or (
+            config.device_sampling == "auto" and self.runner.info.gpu_layers > 0
+        )
         device = device and config.spec_type == "none"
         self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens, device)
         disk = open_disk_cache(model_path, config, self.runner)  # None without --cache-dir
@@ -93,7 +95,9 @@ class LLMEngine:
             sampler = self.sampler.new(req.sampling, req.prompt)
         except GrammarError:
             return SeqOutput(req.id, finish="error")
-        self.scheduler.add(Sequence(req.id, np.array(req.prompt, np.int32), req.sampling, sampler, per_step=req.per_step))
+        self.scheduler.add(
+            Sequence(req.id, np.array(req.prompt, np.int32), req.sampling, sampler, per_step=req.per_step)
+        )
         return None
 
     def embed(self, req: Embed) -> None:
@@ -105,7 +109,9 @@ class LLMEngine:
 
     def drop_all(self) -> None:
         self.slots.pending.clear()
-        self.abort([s.id for s in (*self.scheduler.running, *self.scheduler.waiting)] + [j.id for j in self.embedder.jobs])
+        self.abort(
+            [s.id for s in (*self.scheduler.running, *self.scheduler.waiting)] + [j.id for j in self.embedder.jobs]
+        )
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self.embedder.jobs)
@@ -232,8 +238,11 @@ class LLMEngine:
         if plain:
             tokens = self.sampler.sample_rows([c.seq.sampler for c in chunks], rows)
         else:  # for the chunks _postprocess takes a sampled token for
-            picks = [(c.seq.sampler, row) for c, row in zip(chunks, rows)
-                     if c.draft is None and c.samples and not (c.scores and c.seq.params.max_tokens == 0)]
+            picks = [
+                (c.seq.sampler, row)
+                for c, row in zip(chunks, rows)
+                if c.draft is None and c.samples and not (c.scores and c.seq.params.max_tokens == 0)
+            ]
             tokens = self.sampler.sample_rows([s for s, _ in picks], [row for _, row in picks]) if picks else []
         if timer:
             timer.lap("sampling")
@@ -241,8 +250,14 @@ class LLMEngine:
         if timer:
             timer.lap("retire")
 
-    def _postprocess(self, chunks: list[Chunk], rows: list[int | None], tokens: list[int], outputs: list[SeqOutput],
-                     done: list[Sequence]) -> None:
+    def _postprocess(
+        self,
+        chunks: list[Chunk],
+        rows: list[int | None],
+        tokens: list[int],
+        outputs: list[SeqOutput],
+        done: list[Sequence],
+    ) -> None:
         """Record the run's tokens (``tokens``: those sampled for its sampling chunks, in order), verify its drafts."""
         picked = iter(tokens)
         for chunk, row in zip(chunks, rows):

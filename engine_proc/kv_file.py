@@ -101,7 +101,7 @@ def read_header(f, fp: str) -> Header:
     start = f.read(len(MAGIC) + _LEN.size)
     if len(start) < len(MAGIC) + _LEN.size or start[: len(MAGIC)] != MAGIC:
         raise ValueError("not a cllm prefix cache file of this version")
-    (n,) = _LEN.unpack(start[len(MAGIC):])
+    (n,) = _LEN.unpack(start[len(MAGIC) :])
     header = msgspec.msgpack.decode(f.read(n), type=Header)
     if header.fingerprint != fp:
         raise ValueError("another model's or other settings' cells")

@@ -143,13 +143,26 @@ def main() -> int:
 def _log_start(info: ModelInfo, name: str) -> None:
     log.info(
         "engine %s, model %s: %s %s, %.0fM parameters, %.1f MiB",
-        name, info.model_path, info.model_family, info.quantization, info.n_params / 1e6, info.model_bytes / MIB,
+        name,
+        info.model_path,
+        info.model_family,
+        info.quantization,
+        info.n_params / 1e6,
+        info.model_bytes / MIB,
     )
     log.info(
         "KV cache: %d cells (%d sequences of %d) and %d cache slots, %.1f MiB reserved; %d threads, %d-token steps;"
         " K %s, V %s; %d GPU layers",
-        info.ctx_size, info.parallel, info.seq_ctx, info.cache_slots, info.kv_bytes / MIB, info.threads, info.batch_size,
-        info.cache_type_k, info.cache_type_v, info.gpu_layers,
+        info.ctx_size,
+        info.parallel,
+        info.seq_ctx,
+        info.cache_slots,
+        info.kv_bytes / MIB,
+        info.threads,
+        info.batch_size,
+        info.cache_type_k,
+        info.cache_type_v,
+        info.gpu_layers,
     )
 
 

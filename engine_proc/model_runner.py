@@ -122,7 +122,8 @@ class ModelRunner:
             batch_size=self.token_budget,
             threads=config.n_threads,
             gpu_layers=min(mparams.n_gpu_layers, L.llama_model_n_layer(self.model)),
-            use_mmap=mparams.load_mode in (L.LLAMA_LOAD_MODE_AUTO, L.LLAMA_LOAD_MODE_MMAP, L.LLAMA_LOAD_MODE_MMAP_MLOCK),
+            use_mmap=mparams.load_mode
+            in (L.LLAMA_LOAD_MODE_AUTO, L.LLAMA_LOAD_MODE_MMAP, L.LLAMA_LOAD_MODE_MMAP_MLOCK),
             cache_type_k=config.cache_type_k,
             cache_type_v=config.cache_type_v,
         )
@@ -182,7 +183,9 @@ class ModelRunner:
         so in any case (the caller checked can_move_at_once), since it is about
         to write ``src``'s cells itself.
         """
-        if not ((at_once or self._cheaper_at_once((src,), (src, dst), 1)) and self.restore(dst, self.save(src, scratch=0))):
+        if not (
+            (at_once or self._cheaper_at_once((src,), (src, dst), 1)) and self.restore(dst, self.save(src, scratch=0))
+        ):
             L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
             self._moving.update((src, dst))
         L.llama_memory_seq_rm(self.memory, dst, keep, -1)

@@ -124,7 +124,11 @@ class Sampler:
         penalize = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
         greedy = params.temperature < MIN_TEMPERATURE
         s.device = self.device and not (
-            penalize or params.logit_bias or s.grammar or params.logprobs is not None or params.prompt_logprobs is not None
+            penalize
+            or params.logit_bias
+            or s.grammar
+            or params.logprobs is not None
+            or params.prompt_logprobs is not None
         )
         if greedy and not (penalize or params.logit_bias or s.grammar or s.device):
             return s
@@ -134,14 +138,22 @@ class Sampler:
         if params.ignore_eos:  # never end: ban end-of-generation tokens outright
             bias.update(self._ban_eog)
         if bias:
-            add(L.llama_sampler_init_logit_bias(self.n_vocab, len(bias), (L.llama_logit_bias * len(bias))(*bias.items())))
+            add(
+                L.llama_sampler_init_logit_bias(
+                    self.n_vocab, len(bias), (L.llama_logit_bias * len(bias))(*bias.items())
+                )
+            )
         # Top-k goes before the penalties, as llama.h advises: they look every
         # candidate up in their history, ~1 ms a step over the whole vocabulary.
         if params.top_k > 0 and (penalize or not greedy):
             add(L.llama_sampler_init_top_k(params.top_k))
         if penalize:
             penalties = L.llama_sampler_init_penalties(
-                self.n_vocab, PENALTY_LAST_N, params.repetition_penalty, params.frequency_penalty, params.presence_penalty
+                self.n_vocab,
+                PENALTY_LAST_N,
+                params.repetition_penalty,
+                params.frequency_penalty,
+                params.presence_penalty,
             )
             for t in prompt[-PENALTY_LAST_N:]:
                 L.llama_sampler_accept(penalties, t)

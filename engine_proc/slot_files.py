@@ -50,7 +50,9 @@ class SlotFiles:
     def _act(self, msg: SlotAction) -> SlotDone:
         cache = self.scheduler.cache
         if cache is None:
-            return SlotDone(msg.id, status=501, error="slot actions need the prefix cache: this model's engine runs without it")
+            return SlotDone(
+                msg.id, status=501, error="slot actions need the prefix cache: this model's engine runs without it"
+            )
         t0 = time.perf_counter()
         name = os.path.basename(msg.path)
         if msg.action == "save":
@@ -70,11 +72,15 @@ class SlotFiles:
             except FileNotFoundError:
                 return SlotDone(msg.id, status=400, error=f"Unable to restore slot: no file {name}")
             except (OSError, ValueError) as e:
-                return SlotDone(msg.id, status=400, error=f"Unable to restore slot from {name}: {getattr(e, 'strerror', None) or e}")
+                return SlotDone(
+                    msg.id, status=400, error=f"Unable to restore slot from {name}: {getattr(e, 'strerror', None) or e}"
+                )
             cache.entries.pop(msg.slot, None)  # its cells are overwritten, as in llama-server
             if not self.kv.restore(msg.slot, data):
                 self.kv.clear(msg.slot)
-                return SlotDone(msg.id, status=400, error=f"Unable to restore slot from {name}: llama.cpp could not load its cells")
+                return SlotDone(
+                    msg.id, status=400, error=f"Unable to restore slot from {name}: llama.cpp could not load its cells"
+                )
             if len(tokens):
                 cache.keep(msg.slot, tokens)
         elif msg.action == "erase":

@@ -104,7 +104,12 @@ class Threads:
         if self._trying:
             self._wait = min(2 * self._wait, LONGEST_WAIT)
         else:
-            log.info("the engine's %d threads got %.0f%% of their CPUs: decoding on %d while others run", self.n, 100 * share, fewer)
+            log.info(
+                "the engine's %d threads got %.0f%% of their CPUs: decoding on %d while others run",
+                self.n,
+                100 * share,
+                fewer,
+            )
         self._trying = False
         self._since = self._clock()
         self._set(fewer)

@@ -61,8 +61,10 @@ def main() -> None:
     runs = [r for r in servers.variants(ap, args) if not (args.no_peer and r[1] == "llama-server")]
     settings = servers.settings_of(args)
     prompt = handbook(3, 32)[:3000]
-    print(f"# one busy neighbour, c=1, {args.tokens} tokens a streamed request; {args.threads} threads; "
-          f"llama-server's environment: {' '.join(args.peer_env) or 'as is'}\n")
+    print(
+        f"# one busy neighbour, c=1, {args.tokens} tokens a streamed request; {args.threads} threads; "
+        f"llama-server's environment: {' '.join(args.peer_env) or 'as is'}\n"
+    )
     print("| server | idle tok/s | beside the neighbour, tok/s | share of idle |")
     print("|---|---|---|---|")
     for i, (name, system, words) in enumerate(runs):

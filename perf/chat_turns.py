@@ -51,7 +51,12 @@ def chat(client: httpx.Client, conversations: int, turns: int, max_tokens: int, 
         rng = random.Random(seed * 1000 + i)
         history, ttfts = [system], []
         for turn in range(turns):
-            history.append({"role": "user", "content": f"Customer {rng.randrange(10**6)} asks about {rng.choice(TOPICS)}: what applies?"})
+            history.append(
+                {
+                    "role": "user",
+                    "content": f"Customer {rng.randrange(10**6)} asks about {rng.choice(TOPICS)}: what applies?",
+                }
+            )
             reply = stream(client, "/v1/chat/completions", {"messages": history, "max_tokens": max_tokens})
             history.append({"role": "assistant", "content": reply.text})
             if turn:
@@ -62,7 +67,9 @@ def chat(client: httpx.Client, conversations: int, turns: int, max_tokens: int, 
         return [t for ttfts in pool.map(converse, range(conversations)) for t in ttfts]
 
 
-def tok_per_s(clients: dict[str, httpx.Client], order: tuple[str, ...], prompts: list[str], max_tokens: int) -> dict[str, float]:
+def tok_per_s(
+    clients: dict[str, httpx.Client], order: tuple[str, ...], prompts: list[str], max_tokens: int
+) -> dict[str, float]:
     """Each server's output tokens per second over the requests, at c=1.
 
     The servers take each prompt in turn, their order alternating request by
@@ -89,8 +96,10 @@ def alternate(rounds: int, systems: tuple[str, ...] = SYSTEMS) -> list[tuple[str
 def run_chat(clients: dict, args) -> str:
     """A row per conversation count and cllm server: its TTFT of turns 2+ against llama-server's; then each round's
     means."""
-    lines = ["| conversations | llama-server TTFT mean / p90 | cllm TTFT mean / p90 | cllm ÷ llama-server: mean / p90 |",
-             "|---|---|---|---|"]
+    lines = [
+        "| conversations | llama-server TTFT mean / p90 | cllm TTFT mean / p90 | cllm ÷ llama-server: mean / p90 |",
+        "|---|---|---|---|",
+    ]
     cllms = [s for s in clients if s != "llama-server"]
     rounds = []
     for c in args.conversations:
@@ -101,28 +110,39 @@ def run_chat(clients: dict, args) -> str:
                 ttfts = chat(clients[system], c, args.turns, args.max_tokens, seed=c * 100 + r)
                 got[system] += ttfts
                 means[system] = statistics.mean(ttfts)
-            rounds.append(f"- {c} conversations, round {r + 1}, mean TTFT: "
-                          + ", ".join(f"{s} {means[s]:.3f} s" for s in clients)
-                          + "".join(f"; {s} ÷ cllm {means[s] / means['cllm']:.3f}" for s in cllms[1:]))
+            rounds.append(
+                f"- {c} conversations, round {r + 1}, mean TTFT: "
+                + ", ".join(f"{s} {means[s]:.3f} s" for s in clients)
+                + "".join(f"; {s} ÷ cllm {means[s] / means['cllm']:.3f}" for s in cllms[1:])
+            )
         l_mean, l_p90 = statistics.mean(got["llama-server"]), p90(got["llama-server"])
         for s in cllms:
             c_mean, c_p90 = statistics.mean(got[s]), p90(got[s])
             name = "" if len(cllms) == 1 else f"{s}: "
-            lines.append(f"| {c} | {l_mean:.3f} / {l_p90:.3f} s | {name}{c_mean:.3f} / {c_p90:.3f} s | {c_mean / l_mean:.2f} / {c_p90 / l_p90:.2f} |")
+            lines.append(
+                f"| {c} | {l_mean:.3f} / {l_p90:.3f} s | {name}{c_mean:.3f} / {c_p90:.3f} s | {c_mean / l_mean:.2f} / "
+                f"{c_p90 / l_p90:.2f} |"
+            )
     return "\n".join([*lines, "", *rounds])
 
 
 def run_rate(clients: dict, args, prompts_of_round, max_tokens: int) -> str:
     """A row per round: each server's tok/s, and each cllm server's ratio to llama-server's; then the median ratios."""
     cllms = [s for s in clients if s != "llama-server"]
-    lines = ["| round | llama-server tok/s | " + " | ".join(f"{s} tok/s | {s} ÷ llama-server" for s in cllms) + " |",
-             "|---|---|" + "---|---|" * len(cllms)]
+    lines = [
+        "| round | llama-server tok/s | " + " | ".join(f"{s} tok/s | {s} ÷ llama-server" for s in cllms) + " |",
+        "|---|---|" + "---|---|" * len(cllms),
+    ]
     ratios: dict[Any, list[float]] = {s: [] for s in cllms}
     for r, order in enumerate(alternate(args.rounds, tuple(clients))):
         rate = tok_per_s(clients, order, prompts_of_round(r), max_tokens)
         for s in cllms:
             ratios[s].append(rate[s] / rate["llama-server"])
-        lines.append(f"| {r + 1} | {rate['llama-server']:.1f} | " + " | ".join(f"{rate[s]:.1f} | {ratios[s][-1]:.3f}" for s in cllms) + " |")
+        lines.append(
+            f"| {r + 1} | {rate['llama-server']:.1f} | "
+            + " | ".join(f"{rate[s]:.1f} | {ratios[s][-1]:.3f}" for s in cllms)
+            + " |"
+        )
     lines.append("| median | | " + " | ".join(f"| {statistics.median(ratios[s]):.3f}" for s in cllms) + " |")
     return "\n".join(lines)
 
@@ -147,13 +167,19 @@ def main() -> None:
         for i, (name, system, words) in enumerate(runs):
             env, extra = servers.env_and_args(words)
             tree, extra = servers.tree_and_args(extra)
-            server = stack.enter_context(servers.start(system, settings, env=env, args=extra, tree=tree,
-                                                       label=f"{system}-{i}" if args.also else None))
+            server = stack.enter_context(
+                servers.start(
+                    system, settings, env=env, args=extra, tree=tree, label=f"{system}-{i}" if args.also else None
+                )
+            )
             clients[name] = stack.enter_context(httpx.Client(base_url=server.url, timeout=TIMEOUT))
         for client in clients.values():  # the first decodes build llama.cpp's graphs; the long prompt is cached
             stream(client, "/v1/completions", {"prompt": long_prompt, "max_tokens": 4})
-        print(f"# {os.path.basename(settings.model)}: --parallel {args.parallel}, {args.seq_ctx} cells a sequence, "
-              f"{args.threads} threads, {args.rounds} rounds; llama-server's environment: {' '.join(args.peer_env) or 'as is'}\n")
+        print(
+            f"# {os.path.basename(settings.model)}: --parallel {args.parallel}, {args.seq_ctx} cells a sequence, "
+            f"{args.threads} threads, {args.rounds} rounds; llama-server's environment: "
+            f"{' '.join(args.peer_env) or 'as is'}\n"
+        )
         if "chat" in workloads:
             print(f"## chat: {args.turns} turns of up to {args.max_tokens} tokens, TTFT of turns 2+\n")
             print(run_chat(clients, args), "\n")

@@ -50,7 +50,13 @@ async def embed_all(url: str, inputs: list[str], batch: int, concurrency: int) -
 
 async def generations(url: str, n: int, gen_tokens: int, load: bool) -> tuple[float, float]:
     """(tok/s of n streaming generations at once, inputs/s embedded meanwhile by a load client; 0 without)."""
-    body = {"prompt": "Once upon a time", "max_tokens": gen_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+    body = {
+        "prompt": "Once upon a time",
+        "max_tokens": gen_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     done = asyncio.Event()
     embedded = 0
     async with httpx.AsyncClient(base_url=url, timeout=1800) as http:
@@ -93,9 +99,12 @@ def main() -> None:
     settings = servers.settings_of(args)
     inputs = texts(256)
     rates: dict[str, list[float]] = {"cllm": [], "llama-server": []}
-    with servers.start("cllm", settings) as cllm, servers.start(
-        "llama-server", settings, args=("--embeddings", "--pooling", "mean"), label="llama-server-embeddings"
-    ) as peer:
+    with (
+        servers.start("cllm", settings) as cllm,
+        servers.start(
+            "llama-server", settings, args=("--embeddings", "--pooling", "mean"), label="llama-server-embeddings"
+        ) as peer,
+    ):
         for url in (cllm.url, peer.url):  # warm-up
             asyncio.run(embed_all(url, inputs[:8], 8, 1))
         for _ in range(args.rounds):
@@ -103,13 +112,21 @@ def main() -> None:
                 rates[name].append(asyncio.run(embed_all(server.url, inputs, 32, 8)))
         peer.stop()  # (b) is cllm's alone
         ours, theirs = statistics.median(rates["cllm"]), statistics.median(rates["llama-server"])
-        print(f"(a) 256 inputs of ~64 tokens, 32 a request, 8 requests at once, {args.rounds} round(s), {args.threads} threads:")
-        print(f"    cllm {ours:.1f} inputs/s, llama-server --embeddings {theirs:.1f} inputs/s, ratio {ours / theirs:.2f}", flush=True)
+        print(
+            f"(a) 256 inputs of ~64 tokens, 32 a request, 8 requests at once, {args.rounds} round(s), {args.threads} "
+            "threads:"
+        )
+        print(
+            f"    cllm {ours:.1f} inputs/s, llama-server --embeddings {theirs:.1f} inputs/s, ratio {ours / theirs:.2f}",
+            flush=True,
+        )
         alone, _ = asyncio.run(generations(cllm.url, 8, args.gen_tokens, load=False))
         loaded, beside = asyncio.run(generations(cllm.url, 8, args.gen_tokens, load=True))
     print(f"(b) 8 streaming generations of {args.gen_tokens} tokens on cllm:")
-    print(f"    alone {alone:.1f} tok/s; beside an embeddings load {loaded:.1f} tok/s ({loaded / alone:.2f}x),"
-          f" while {beside:.1f} inputs/s were embedded")
+    print(
+        f"    alone {alone:.1f} tok/s; beside an embeddings load {loaded:.1f} tok/s ({loaded / alone:.2f}x),"
+        f" while {beside:.1f} inputs/s were embedded"
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,19 @@ def wait_quiet(max_others: float, patience: float) -> None:
         pass
 
 
-def measured_cell(url: str, pid: int, route: str, dialect: http_load.Dialect, c: int, requests: int, prompt_tokens: int, gen_tokens: int,
-                  max_others: float, tries: int, patience: float) -> dict:
+def measured_cell(
+    url: str,
+    pid: int,
+    route: str,
+    dialect: http_load.Dialect,
+    c: int,
+    requests: int,
+    prompt_tokens: int,
+    gen_tokens: int,
+    max_others: float,
+    tries: int,
+    patience: float,
+) -> dict:
     """One cell, repeated (up to `tries` times) while other work used more than `max_others` cores during it.
 
     Records with it the 1-minute load average at its end (what `uptime` shows:
@@ -62,13 +73,17 @@ def measured_cell(url: str, pid: int, route: str, dialect: http_load.Dialect, c:
     for attempt in range(tries):
         wait_quiet(max_others, patience)
         busy0 = _busy_seconds()
-        cell = http_load.run_cell(url, dialect, c, requests, prompt_tokens, gen_tokens, True, pids=[pid], progress=False)
+        cell = http_load.run_cell(
+            url, dialect, c, requests, prompt_tokens, gen_tokens, True, pids=[pid], progress=False
+        )
         ours = sum(cell["cpu_seconds"].values()) + cell["client_cpu_seconds"]
         cell["others_cores"] = max(0.0, (_busy_seconds() - busy0 - ours) / cell["seconds"])
         cell["load1"] = os.getloadavg()[0]
         cell["attempts"] = attempt + 1
         if cell["errors"] or cell["short"]:
-            raise RuntimeError(f"{route} c={c}: {cell['errors']} errors, {cell['short']} short answers ({cell['first_error']})")
+            raise RuntimeError(
+                f"{route} c={c}: {cell['errors']} errors, {cell['short']} short answers ({cell['first_error']})"
+            )
         if cell["others_cores"] <= max_others:
             break
     return cell
@@ -79,8 +94,18 @@ def ollama_name(url: str) -> str:
     return httpx.get(f"{url}/api/tags", timeout=60).json()["models"][0]["model"]
 
 
-def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, gen_tokens: int, prompt_tokens: int,
-                   max_others: float, tries: int, patience: float, min_requests: int) -> dict:
+def compare_routes(
+    url: str,
+    pid: int,
+    concurrencies: list[int],
+    rounds: int,
+    gen_tokens: int,
+    prompt_tokens: int,
+    max_others: float,
+    tries: int,
+    patience: float,
+    min_requests: int,
+) -> dict:
     results: dict = {}
     for c in concurrencies:
         requests = max(4 * c, min_requests)
@@ -89,11 +114,27 @@ def compare_routes(url: str, pid: int, concurrencies: list[int], rounds: int, ge
         for r in range(rounds):
             order = ROUTES[r % len(ROUTES) :] + ROUTES[: r % len(ROUTES)]  # each route goes first in turn
             for route in order:
-                cells[route].append(measured_cell(url, pid, route, dialects[route], c, requests, prompt_tokens, gen_tokens, max_others, tries, patience))
+                cells[route].append(
+                    measured_cell(
+                        url,
+                        pid,
+                        route,
+                        dialects[route],
+                        c,
+                        requests,
+                        prompt_tokens,
+                        gen_tokens,
+                        max_others,
+                        tries,
+                        patience,
+                    )
+                )
         results[c] = {
             route: {
                 # Each round's ratio to chat completions, then their median: the machine's drift between rounds cancels.
-                "tps_ratio": statistics.median(x["tokens_per_second"] / b["tokens_per_second"] for x, b in zip(cs, cells["chat"])),
+                "tps_ratio": statistics.median(
+                    x["tokens_per_second"] / b["tokens_per_second"] for x, b in zip(cs, cells["chat"])
+                ),
                 "ttft_ratio": statistics.median(x["ttft"]["p50"] / b["ttft"]["p50"] for x, b in zip(cs, cells["chat"])),
                 "tokens_per_second": statistics.mean(x["tokens_per_second"] for x in cs),
                 "ttft_p50": statistics.mean(x["ttft"]["p50"] for x in cs),
@@ -131,7 +172,9 @@ def _ttft(client: httpx.Client, body: dict) -> tuple[float, str, str | None, tup
 
 
 def compare_continuation(url: str, turns: int, gen_tokens: int) -> list[dict]:
-    questions = [f"Question {i + 1}: tell me one more fact about rivers, in a calm and precise voice." for i in range(turns)]
+    questions = [
+        f"Question {i + 1}: tell me one more fact about rivers, in a calm and precise voice." for i in range(turns)
+    ]
     rows = []
     with httpx.Client(base_url=url, timeout=600) as client:
         previous, history = None, []
@@ -146,8 +189,16 @@ def compare_continuation(url: str, turns: int, gen_tokens: int) -> list[dict]:
             resent = {**common, "instructions": "[B] You are a helpful assistant.", "input": history, "store": False}
             t_resend, reply, _, resent_tokens = _ttft(client, resent)
             history.append({"role": "assistant", "content": reply})
-            rows.append({"turn": i + 1, "previous_response_id": t_chain, "resent": t_resend, "chain_tokens": chain_tokens,
-                         "resent_tokens": resent_tokens, "load1": os.getloadavg()[0]})
+            rows.append(
+                {
+                    "turn": i + 1,
+                    "previous_response_id": t_chain,
+                    "resent": t_resend,
+                    "chain_tokens": chain_tokens,
+                    "resent_tokens": resent_tokens,
+                    "load1": os.getloadavg()[0],
+                }
+            )
     return rows
 
 
@@ -161,32 +212,61 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=26)
     ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--max-others", type=float, default=0.5, help="a cell during which other work kept more cores busy is run again")
+    ap.add_argument(
+        "--max-others", type=float, default=0.5, help="a cell during which other work kept more cores busy is run again"
+    )
     ap.add_argument("--tries", type=int, default=3, help="most runs of one cell")
-    ap.add_argument("--patience", type=float, default=60.0, help="seconds to wait for a quiet machine before each run of a cell")
+    ap.add_argument(
+        "--patience", type=float, default=60.0, help="seconds to wait for a quiet machine before each run of a cell"
+    )
     args = ap.parse_args(argv)
     settings = servers.Settings(resolve_model(args.model), args.threads, 8, 2048)
     with servers.start("cllm", settings, label="cllm-front-doors") as server:
         http_load.warm_up(server.url, http_load.make_dialect("chat"), 8)
-        routes = compare_routes(server.url, server.proc.pid, [int(c) for c in args.concurrency.split(",")], args.rounds, args.gen_tokens, args.prompt_tokens,
-                                args.max_others, args.tries, args.patience, args.min_requests)
+        routes = compare_routes(
+            server.url,
+            server.proc.pid,
+            [int(c) for c in args.concurrency.split(",")],
+            args.rounds,
+            args.gen_tokens,
+            args.prompt_tokens,
+            args.max_others,
+            args.tries,
+            args.patience,
+            args.min_requests,
+        )
         turns = compare_continuation(server.url, args.turns, args.gen_tokens)
-    print(f"\n{args.rounds} rounds, {args.gen_tokens} tokens, streamed, {args.threads} threads; load average {os.getloadavg()[0]:.1f}\n")
+    print(
+        f"\n{args.rounds} rounds, {args.gen_tokens} tokens, streamed, {args.threads} threads; load average "
+        f"{os.getloadavg()[0]:.1f}\n"
+    )
     print("x chat: the median over rounds of the route's figure ÷ chat completions' in the same round.\n")
-    print("| c | route | tok/s | x chat | TTFT p50 (s) | x chat | frontend CPU ms/token | x chat | load (1 min) | others' cores | runs |")
+    print(
+        "| c | route | tok/s | x chat | TTFT p50 (s) | x chat | frontend CPU ms/token | x chat | load (1 min) | "
+        "others' cores | runs |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c, by_route in routes.items():
         base = by_route["chat"]
         for route, r in by_route.items():
-            print(f"| {c} | {http_load.CHAT_PATHS[route]} | {r['tokens_per_second']:.1f} | {r['tps_ratio']:.3f}"
-                  f" | {r['ttft_p50']:.3f} | {r['ttft_ratio']:.3f}"
-                  f" | {r['frontend_ms']:.3f} | {r['frontend_ms'] / base['frontend_ms']:.3f}"
-                  f" | {', '.join(map(str, r['load1']))} | {', '.join(map(str, r['others_cores']))} | {r['attempts']} |")
-    print("\n| turn | TTFT previous_response_id (s) | cached/input tokens | TTFT resent (s) | cached/input tokens | ratio | load (1 min) |")
+            print(
+                f"| {c} | {http_load.CHAT_PATHS[route]} | {r['tokens_per_second']:.1f} | {r['tps_ratio']:.3f}"
+                f" | {r['ttft_p50']:.3f} | {r['ttft_ratio']:.3f}"
+                f" | {r['frontend_ms']:.3f} | {r['frontend_ms'] / base['frontend_ms']:.3f}"
+                f" | {', '.join(map(str, r['load1']))} | {', '.join(map(str, r['others_cores']))} | {r['attempts']} |"
+            )
+    print(
+        "\n| turn | TTFT previous_response_id (s) | cached/input tokens | TTFT resent (s) | cached/input tokens | "
+        "ratio | load (1 min) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for row in turns:
-        print(f"| {row['turn']} | {row['previous_response_id']:.3f} | {'/'.join(map(str, row['chain_tokens']))} | {row['resent']:.3f}"
-              f" | {'/'.join(map(str, row['resent_tokens']))} | {row['previous_response_id'] / row['resent']:.3f} | {row['load1']:.2f} |")
+        print(
+            f"| {row['turn']} | {row['previous_response_id']:.3f} | {'/'.join(map(str, row['chain_tokens']))} | "
+            f"{row['resent']:.3f}"
+            f" | {'/'.join(map(str, row['resent_tokens']))} | {row['previous_response_id'] / row['resent']:.3f} | "
+            f"{row['load1']:.2f} |"
+        )
     return 0
 
 

@@ -14,8 +14,19 @@ ALIGNMENT = 32
 
 # metadata value types
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
-_SCALAR = {UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<I", INT32: "<i", FLOAT32: "<f",
-           BOOL: "<?", UINT64: "<Q", INT64: "<q", FLOAT64: "<d"}
+_SCALAR = {
+    UINT8: "<B",
+    INT8: "<b",
+    UINT16: "<H",
+    INT16: "<h",
+    UINT32: "<I",
+    INT32: "<i",
+    FLOAT32: "<f",
+    BOOL: "<?",
+    UINT64: "<Q",
+    INT64: "<q",
+    FLOAT64: "<d",
+}
 
 
 def _read_str(f: BinaryIO) -> str:
@@ -77,7 +88,9 @@ def pad(n: int, align: int = ALIGNMENT) -> int:
     return (n + align - 1) // align * align
 
 
-def header(metadata: dict[str, tuple[int, object]], tensors: list[tuple[str, tuple[int, ...], int, int]]) -> tuple[bytes, list[int]]:
+def header(
+    metadata: dict[str, tuple[int, object]], tensors: list[tuple[str, tuple[int, ...], int, int]]
+) -> tuple[bytes, list[int]]:
     """A GGUF file's bytes up to its data section, and each tensor's offset in the file.
 
     tensors: (name, dims innermost first, ggml type, size in bytes), in file order.
@@ -86,8 +99,12 @@ def header(metadata: dict[str, tuple[int, object]], tensors: list[tuple[str, tup
     parts += [_str(k) + struct.pack("<I", kind) + _value(kind, v) for k, (kind, v) in metadata.items()]
     offsets, at = [], 0
     for name, dims, ggml_type, nbytes in tensors:
-        parts.append(_str(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
-                     + struct.pack("<IQ", ggml_type, at))
+        parts.append(
+            _str(name)
+            + struct.pack("<I", len(dims))
+            + struct.pack(f"<{len(dims)}Q", *dims)
+            + struct.pack("<IQ", ggml_type, at)
+        )
         offsets.append(at)
         at = pad(at + nbytes)
     head = b"".join(parts)

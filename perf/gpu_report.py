@@ -1,6 +1,6 @@
 """The table (results.md) and the plot (plot.png, when matplotlib is there) of a perf/gpu_run.py run.
 
-    python -m perf.gpu_report OUTDIR    # again from OUTDIR/results.json, e.g. on a machine with matplotlib
+python -m perf.gpu_report OUTDIR    # again from OUTDIR/results.json, e.g. on a machine with matplotlib
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ OTHER = "cllm device sampling"  # cllm --device-sampling on: a column of its own
 
 def _rate(rows: list[dict], system: str, c: int, sampled: bool) -> float | None:
     for r in rows:
-        if r.get("system") == system and r.get("concurrency") == c and r.get("sampled") == sampled and "tokens_per_second" in r:
+        if (
+            r.get("system") == system
+            and r.get("concurrency") == c
+            and r.get("sampled") == sampled
+            and "tokens_per_second" in r
+        ):
             return r["tokens_per_second"] if not r.get("errors") else None
     return None
 
@@ -29,32 +34,44 @@ def _num(x: float | None) -> str:
 
 
 def table(doc: dict) -> str:
-    lines = [f"# cllm on {doc['device']}", "",
-             f"{doc['date']}; `{doc['command']}`{' (DRY RUN: tiny shapes, short counts)' if doc['dry'] else ''}.",
-             "", "Synthetic models (perf/synth_model.py: random weights, the embedded model's tokenizer): these figures are "
-             "for SPEED only. Every request: a fresh prompt of about "
-             f"{doc['prompt_tokens']} tokens, exactly {doc['gen_tokens']} generated tokens (ignore_eos), non-streamed; "
-             "greedy, or sampled at temperature 0.7 and top-p 0.9. tok/s = generated tokens / wall time of the cell. "
-             f"Servers: --parallel {doc['parallel']}, {doc['seq_ctx']} KV cells a sequence, {doc['threads']} threads, "
-             "every layer on the GPU, flash attention on. raw = llama-batched-bench with the same prompt length and "
-             "generated tokens (all prompts prefilled in one batch, then decoded together; tok/s over both; it samples "
-             "nothing, so its figure is the ceiling of the sampled rows too).", ""]
+    lines = [
+        f"# cllm on {doc['device']}",
+        "",
+        f"{doc['date']}; `{doc['command']}`{' (DRY RUN: tiny shapes, short counts)' if doc['dry'] else ''}.",
+        "",
+        "Synthetic models (perf/synth_model.py: random weights, the embedded model's tokenizer): these figures are "
+        "for SPEED only. Every request: a fresh prompt of about "
+        f"{doc['prompt_tokens']} tokens, exactly {doc['gen_tokens']} generated tokens (ignore_eos), non-streamed; "
+        "greedy, or sampled at temperature 0.7 and top-p 0.9. tok/s = generated tokens / wall time of the cell. "
+        f"Servers: --parallel {doc['parallel']}, {doc['seq_ctx']} KV cells a sequence, {doc['threads']} threads, "
+        "every layer on the GPU, flash attention on. raw = llama-batched-bench with the same prompt length and "
+        "generated tokens (all prompts prefilled in one batch, then decoded together; tok/s over both; it samples "
+        "nothing, so its figure is the ceiling of the sampled rows too).",
+        "",
+    ]
     for preset, m in doc["models"].items():
         rows = m.get("results", [])
         lines += [f"## {preset}" + (f" (synthesized in {m['synth_seconds']} s)" if "synth_seconds" in m else ""), ""]
         if rows:
-            lines += ["| c | sampling | raw | llama-server | llama-server -bs | cllm | cllm ÷ raw | cllm ÷ best llama-server | cllm ÷ llama-server |",
-                      "|---|---|---|---|---|---|---|---|---|"]
+            lines += [
+                "| c | sampling | raw | llama-server | llama-server -bs | cllm | cllm ÷ raw | cllm ÷ best llama-server "
+                "| cllm ÷ llama-server |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
         other = any(r.get("system") == OTHER for r in rows)
         if other:
             lines[-2:] = [lines[-2] + " cllm device sampling | its ÷ best llama-server |", lines[-1] + "---|---|"]
-        cells = sorted({(r["concurrency"], r["sampled"]) for r in rows if "concurrency" in r}, key=lambda x: (x[1], x[0]))
+        cells = sorted(
+            {(r["concurrency"], r["sampled"]) for r in rows if "concurrency" in r}, key=lambda x: (x[1], x[0])
+        )
         for c, sampled in cells:
             rawv = _rate(rows, "raw", c, False)
             ls, bs, cl = (_rate(rows, s, c, sampled) for s in SERVERS)
             best = max([x for x in (ls, bs) if x] or [0]) or None
-            line = (f"| {c} | {'0.7 / 0.9' if sampled else 'greedy'} | {_num(rawv)} | {_num(ls)} | {_num(bs)} | "
-                    f"{_num(cl)} | {_ratio(cl, rawv)} | {_ratio(cl, best)} | {_ratio(cl, ls)} |")
+            line = (
+                f"| {c} | {'0.7 / 0.9' if sampled else 'greedy'} | {_num(rawv)} | {_num(ls)} | {_num(bs)} | "
+                f"{_num(cl)} | {_ratio(cl, rawv)} | {_ratio(cl, best)} | {_ratio(cl, ls)} |"
+            )
             if other:
                 dv = _rate(rows, OTHER, c, sampled)
                 line += f" {_num(dv)} | {_ratio(dv, best)} |"
@@ -62,22 +79,37 @@ def table(doc: dict) -> str:
         mem = [r for r in rows if "memory" in r]
         if mem:
             lines += ["", "| server | RSS MiB (process tree) | VRAM MiB |", "|---|---|---|"]
-            lines += [f"| {r['system']} | {r['memory']['rss_mib']} | {r['memory']['vram_mib'] if r['memory']['vram_mib'] is not None else '-'} |"
-                      for r in mem]
+            lines += [
+                f"| {r['system']} | {r['memory']['rss_mib']} | "
+                f"{r['memory']['vram_mib'] if r['memory']['vram_mib'] is not None else '-'} |"
+                for r in mem
+            ]
         if m.get("engine"):
-            lines += ["", "`cllm bench engine --sweep` (in-process, no HTTP): host µs per step = the step's work outside "
-                      "llama_decode, engine thread CPU [wall]; decode = llama_decode's wall time per step (on a GPU it "
-                      "includes waiting for the device); reused = decode steps whose compute graph llama.cpp reused "
-                      "(staggered: arrivals spread, generation lengths uniform in [g/2, 3g/2]).", "",
-                      "| arrivals | c | sampling | on | tok/s | ms/step | decode ms | reused | host µs | schedule | batch | sampling | retire | other | host share |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines += [
+                "",
+                "`cllm bench engine --sweep` (in-process, no HTTP): host µs per step = the step's work outside "
+                "llama_decode, engine thread CPU [wall]; decode = llama_decode's wall time per step (on a GPU it "
+                "includes waiting for the device); reused = decode steps whose compute graph llama.cpp reused "
+                "(staggered: arrivals spread, generation lengths uniform in [g/2, 3g/2]).",
+                "",
+                "| arrivals | c | sampling | on | tok/s | ms/step | decode ms | reused | host µs | schedule | batch | "
+                "sampling | retire | other | host share |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            ]
             for r in m["engine"]:
                 cpu, wall = r["host_us_per_step"]["cpu"], r["host_us_per_step"]["wall"]
-                parts = " | ".join(f"{cpu[k]:.0f} [{wall[k]:.0f}]" for k in ("host", "schedule", "batch", "sampling", "retire", "other"))
+                parts = " | ".join(
+                    f"{cpu[k]:.0f} [{wall[k]:.0f}]"
+                    for k in ("host", "schedule", "batch", "sampling", "retire", "other")
+                )
                 reused = f"{r['reused_steps'] / r['decode_steps']:.0%}" if r.get("decode_steps") else "-"
-                lines.append(f"| {r.get('arrivals', 'lockstep')} | {r['concurrency']} | {'0.7 / 0.9' if r['sampled'] else 'greedy'} | "
-                             f"{'device' if r['device_sampling'] else 'host'} | {r['tokens_per_second']:,.0f} | {r['step_ms']:.2f} | "
-                             f"{r['decode_ms']:.2f} | {reused} | {parts} | {wall['host'] / (1000 * r['step_ms']):.0%} |")
+                lines.append(
+                    f"| {r.get('arrivals', 'lockstep')} | {r['concurrency']} | "
+                    f"{'0.7 / 0.9' if r['sampled'] else 'greedy'} | "
+                    f"{'device' if r['device_sampling'] else 'host'} | {r['tokens_per_second']:,.0f} | "
+                    f"{r['step_ms']:.2f} | "
+                    f"{r['decode_ms']:.2f} | {reused} | {parts} | {wall['host'] / (1000 * r['step_ms']):.0%} |"
+                )
         errs = [r for r in rows if r.get("errors")]
         for r in errs:
             lines.append(f"\n{r['system']} c={r['concurrency']}: {r['errors']} errors, the first: {r['first_error']}")
@@ -86,7 +118,10 @@ def table(doc: dict) -> str:
         lines.append("")
     spec = doc.get("speculation")
     if spec:
-        lines += [f"## Speculation on copy tasks ({spec['model']}, real weights; perf/speculative.py's copy workload, tok/s)", ""]
+        lines += [
+            f"## Speculation on copy tasks ({spec['model']}, real weights; perf/speculative.py's copy workload, tok/s)",
+            "",
+        ]
         lines += [r["table"] for r in spec["results"] if "table" in r] or ["(no result)"]
         lines.append("")
     for title, items in (("Left out", doc.get("skipped")), ("Failures", doc.get("notes"))):
@@ -112,8 +147,11 @@ def plot(doc: dict, path: str) -> bool:
     for ax, (preset, m) in zip(axes[0], models):
         rows = m["results"]
         for system in ("raw", *SERVERS):
-            pts = sorted((r["concurrency"], r["tokens_per_second"]) for r in rows
-                         if r.get("system") == system and not r.get("sampled") and "tokens_per_second" in r)
+            pts = sorted(
+                (r["concurrency"], r["tokens_per_second"])
+                for r in rows
+                if r.get("system") == system and not r.get("sampled") and "tokens_per_second" in r
+            )
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=system)
         ax.set_title(f"{preset} (synthetic), greedy")

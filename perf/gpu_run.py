@@ -39,8 +39,11 @@ from perf.gpu_report import render
 
 DRY = os.environ.get("GPU_RUN_DRY") == "1"
 # (models, greedy c, sampled c, generated tokens, prompt tokens, seconds for the whole run)
-PLAN: dict[str, Any] = dict(models=["tiny"], greedy=[1, 4], sampled=[4], gen=8, budget=240) if DRY else \
-    dict(models=["smollm2", "8b", "1b"], greedy=[1, 32, 64, 8], sampled=[32, 64], gen=256, budget=480)
+PLAN: dict[str, Any] = (
+    dict(models=["tiny"], greedy=[1, 4], sampled=[4], gen=8, budget=240)
+    if DRY
+    else dict(models=["smollm2", "8b", "1b"], greedy=[1, 32, 64, 8], sampled=[32, 64], gen=256, budget=480)
+)
 PROMPT = 26
 REQUEST_TIMEOUT = 120.0
 
@@ -62,13 +65,48 @@ def launch(label: str, cmd: list[str], port: int, logs: str) -> servers.Server:
     return servers.launch(system, cmd, port, "/health", label=label, logs=logs, new_session=True)
 
 
-def server_cmd(label: str, args, model: str, parallel: int, ctx: int, port: int, extra: tuple[str, ...] = ()) -> list[str]:
-    common = ["--model", model, "--port", str(port), "--threads", str(args.threads), "--parallel", str(parallel),
-              "--ctx-size", str(ctx)]
+def server_cmd(
+    label: str, args, model: str, parallel: int, ctx: int, port: int, extra: tuple[str, ...] = ()
+) -> list[str]:
+    common = [
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--threads",
+        str(args.threads),
+        "--parallel",
+        str(parallel),
+        "--ctx-size",
+        str(ctx),
+    ]
     if label.startswith("cllm"):
-        return [sys.executable, "-m", "cllm.cli", "serve", *common, "--n-gpu-layers", "999", "--flash-attn", "on", *extra]
-    return [os.path.join(args.bin, "llama-server"), *common, "--host", "127.0.0.1", "--threads-batch", str(args.threads),
-            "--n-gpu-layers", "999", "--flash-attn", "on", "--no-webui", *extra]
+        return [
+            sys.executable,
+            "-m",
+            "cllm.cli",
+            "serve",
+            *common,
+            "--n-gpu-layers",
+            "999",
+            "--flash-attn",
+            "on",
+            *extra,
+        ]
+    return [
+        os.path.join(args.bin, "llama-server"),
+        *common,
+        "--host",
+        "127.0.0.1",
+        "--threads-batch",
+        str(args.threads),
+        "--n-gpu-layers",
+        "999",
+        "--flash-attn",
+        "on",
+        "--no-webui",
+        *extra,
+    ]
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -92,8 +130,12 @@ def memory(pid: int, baseline: int) -> dict:
     vram = None
     if shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=20).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout
             used = {int(a): int(b) for a, b in (line.split(",") for line in out.strip().splitlines() if "," in line)}
             # A VM or container may list no processes: then the device's use less what it used before any server.
             vram = sum(used.get(p, 0) for p in pids) if any(p in used for p in pids) else gpu_used() - baseline
@@ -104,8 +146,12 @@ def memory(pid: int, baseline: int) -> dict:
 
 def gpu_used() -> int:
     """MiB in use on the GPU, all processes together."""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=20).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    ).stdout
     return int(out.strip().splitlines()[0])
 
 
@@ -132,25 +178,58 @@ class Sampled(http_load.Dialect):
 def raw(args, model: str, conc: list[int], record) -> None:
     """llama-batched-bench at every concurrency in one process."""
     ctx = max(conc) * (PROMPT + args.gen + 8)
-    cmd = [os.path.join(args.bin, "llama-batched-bench"), "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512",
-           "-npp", str(PROMPT), "-ntg", str(args.gen), "-npl", ",".join(map(str, conc)), "-ngl", "999", "-fa", "on",
-           "-t", str(args.threads), "--output-format", "jsonl"]
+    cmd = [
+        os.path.join(args.bin, "llama-batched-bench"),
+        "-m",
+        model,
+        "-c",
+        str(ctx),
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-npp",
+        str(PROMPT),
+        "-ntg",
+        str(args.gen),
+        "-npl",
+        ",".join(map(str, conc)),
+        "-ngl",
+        "999",
+        "-fa",
+        "on",
+        "-t",
+        str(args.threads),
+        "--output-format",
+        "jsonl",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.part_timeout)
     if out.returncode:
         raise RuntimeError(f"llama-batched-bench failed: {out.stderr[-1500:]}")
     for line in out.stdout.splitlines():
         if line.startswith("{"):
             r = json.loads(line)
-            record({"system": "raw", "concurrency": r["pl"], "sampled": False,
-                    "tokens_per_second": r["pl"] * r["tg"] / r["t"], "decode_tokens_per_second": r["speed_tg"],
-                    "generated_tokens": r["pl"] * r["tg"], "seconds": r["t"], "errors": 0})
+            record(
+                {
+                    "system": "raw",
+                    "concurrency": r["pl"],
+                    "sampled": False,
+                    "tokens_per_second": r["pl"] * r["tg"] / r["t"],
+                    "decode_tokens_per_second": r["speed_tg"],
+                    "generated_tokens": r["pl"] * r["tg"],
+                    "seconds": r["t"],
+                    "errors": 0,
+                }
+            )
 
 
 def http(args, label: str, model: str, record, budget: Budget, extra: tuple[str, ...] = ()) -> None:
     """One server: started, warmed up, loaded at every cell (greedy, then sampled), measured, stopped."""
     parallel = max(args.greedy + args.sampled)
     port = servers.free_port()
-    server = launch(label, server_cmd(label, args, model, parallel, parallel * args.seq_ctx, port, extra), port, args.logs)
+    server = launch(
+        label, server_cmd(label, args, model, parallel, parallel * args.seq_ctx, port, extra), port, args.logs
+    )
     try:
         base = http_load.make_dialect("cllm" if label.startswith("cllm") else "llama-server")
         http_load.warm_up(server.url, base, parallel, REQUEST_TIMEOUT)
@@ -159,8 +238,18 @@ def http(args, label: str, model: str, record, budget: Budget, extra: tuple[str,
             if budget.left() < 5:
                 print(f"  {label}: out of time, cells left out", flush=True)
                 break
-            r = http_load.run_cell(server.url, Sampled(base) if sampled else base, c, args.requests(c), PROMPT,
-                                   args.gen, False, [server.proc.pid], REQUEST_TIMEOUT, progress=False)
+            r = http_load.run_cell(
+                server.url,
+                Sampled(base) if sampled else base,
+                c,
+                args.requests(c),
+                PROMPT,
+                args.gen,
+                False,
+                [server.proc.pid],
+                REQUEST_TIMEOUT,
+                progress=False,
+            )
             record({**r, "system": label, "sampled": sampled})
         record({"system": label, "memory": memory(server.proc.pid, args.gpu_baseline)})
     finally:
@@ -192,10 +281,13 @@ def speculation(args, model: str, record) -> None:
             system, extra = speculative.SYSTEMS[label]
             port = servers.free_port()
             parallel, seq = (2, 2048) if DRY else (8, 4096)
-            started.append(launch(label, server_cmd(system, args, model, parallel, parallel * seq, port, extra), port, args.logs))
+            started.append(
+                launch(label, server_cmd(system, args, model, parallel, parallel * seq, port, extra), port, args.logs)
+            )
         clients = {label: httpx.Client(base_url=s.url, timeout=REQUEST_TIMEOUT) for label, s in zip(labels, started)}
-        opts = argparse.Namespace(concurrency=[1, 8] if not DRY else [1], rounds=1 if DRY else 2,
-                                  max_tokens=16 if DRY else 256)
+        opts = argparse.Namespace(
+            concurrency=[1, 8] if not DRY else [1], rounds=1 if DRY else 2, max_tokens=16 if DRY else 256
+        )
         record({"system": "speculation", "table": speculative.run_copy(clients, labels, opts)})
     finally:
         for s in started:
@@ -208,15 +300,42 @@ def engine_sweep(args, model: str, record, seconds: float) -> None:
     at c = 1, 8, 32, 64, greedy and sampled."""
     end = time.monotonic() + seconds
     for arrivals in ("lockstep", "staggered"):
-        cmd = [sys.executable, "-m", "cllm.cli", "bench", "engine", "--sweep", "--json", "--model", model,
-               "--threads", str(args.threads), "-g", str(args.gen), "--arrivals", arrivals]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cllm.cli",
+            "bench",
+            "engine",
+            "--sweep",
+            "--json",
+            "--model",
+            model,
+            "--threads",
+            str(args.threads),
+            "-g",
+            str(args.gen),
+            "--arrivals",
+            arrivals,
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10.0, end - time.monotonic()))
         if out.returncode:
             raise RuntimeError(f"cllm bench engine --arrivals {arrivals} failed: {out.stderr[-1500:]}")
         for r in json.loads(out.stdout.strip().splitlines()[-1]):
-            keep = ("concurrency", "sampled", "device_sampling", "steps", "tokens_per_second", "step_ms", "host_us_per_step",
-                    "decode_steps", "reused_steps")
-            record({k: r[k] for k in keep} | {"arrivals": arrivals, "decode_ms": 1000 * r["parts_seconds"]["llama_decode"] / r["steps"]})
+            keep = (
+                "concurrency",
+                "sampled",
+                "device_sampling",
+                "steps",
+                "tokens_per_second",
+                "step_ms",
+                "host_us_per_step",
+                "decode_steps",
+                "reused_steps",
+            )
+            record(
+                {k: r[k] for k in keep}
+                | {"arrivals": arrivals, "decode_ms": 1000 * r["parts_seconds"]["llama_decode"] / r["steps"]}
+            )
 
 
 # ---- the run ------------------------------------------------------------------------------------------
@@ -225,15 +344,24 @@ def engine_sweep(args, model: str, record, seconds: float) -> None:
 def device() -> str:
     if shutil.which("nvidia-smi"):
         try:
-            return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                                  capture_output=True, text=True, timeout=20).stdout.strip()
+            return subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
         except subprocess.SubprocessError:
             pass
     return f"CPU only: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}"
 
 
-CONTESTANTS = [("raw", ()), ("llama-server", ()), ("llama-server -bs", ("-bs",)), ("cllm", ()),
-               ("cllm device sampling", ("--device-sampling", "on"))]
+CONTESTANTS = [
+    ("raw", ()),
+    ("llama-server", ()),
+    ("llama-server -bs", ("-bs",)),
+    ("cllm", ()),
+    ("cllm device sampling", ("--device-sampling", "on")),
+]
 # Seconds a server's part needs on the H100, about, at 256 generated tokens a request (64 took 35 / 40 / 50).
 ESTIMATE = {"tiny": 10, "smollm2": 80, "1b": 90, "8b": 120}
 
@@ -274,21 +402,35 @@ def real_model(args) -> tuple[str | None, str | None]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir")
-    ap.add_argument("--bin", default=os.environ.get("GPU_BIN", ".gpu/work/build/bin"), help="llama.cpp's built binaries")
+    ap.add_argument(
+        "--bin", default=os.environ.get("GPU_BIN", ".gpu/work/build/bin"), help="llama.cpp's built binaries"
+    )
     ap.add_argument("--models-dir", default=os.environ.get("GPU_MODELS", ".gpu/work/models"))
     ap.add_argument("--models", default=",".join(PLAN["models"]), help="synth_model presets, in order of importance")
-    ap.add_argument("--parts", default="servers,speculation,engine",
-                    help="of: servers (every contestant on every model), speculation (a real model's copy tasks), "
-                         "engine (cllm bench engine --sweep on each model)")
-    ap.add_argument("--contestants", default="raw,llama-server,llama-server -bs,cllm",
-                    help="of: " + ", ".join(label for label, _ in CONTESTANTS))
+    ap.add_argument(
+        "--parts",
+        default="servers,speculation,engine",
+        help="of: servers (every contestant on every model), speculation (a real model's copy tasks), "
+        "engine (cllm bench engine --sweep on each model)",
+    )
+    ap.add_argument(
+        "--contestants",
+        default="raw,llama-server,llama-server -bs,cllm",
+        help="of: " + ", ".join(label for label, _ in CONTESTANTS),
+    )
     ap.add_argument("--budget", type=float, default=PLAN["budget"], help="seconds for the whole run")
     ap.add_argument("--gen", type=int, default=PLAN["gen"], help="tokens each request generates")
     ap.add_argument("--threads", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
-    ap.add_argument("--real-model", default=os.environ.get("GPU_REAL_MODEL"),
-                    help="a real GGUF for the speculation part (default: the embedded model when installed)")
-    ap.add_argument("--real-model-sha256", default=os.environ.get("GPU_REAL_MODEL_SHA256"),
-                    help="its checksum: a model carried in parts is used only when whole")
+    ap.add_argument(
+        "--real-model",
+        default=os.environ.get("GPU_REAL_MODEL"),
+        help="a real GGUF for the speculation part (default: the embedded model when installed)",
+    )
+    ap.add_argument(
+        "--real-model-sha256",
+        default=os.environ.get("GPU_REAL_MODEL_SHA256"),
+        help="its checksum: a model carried in parts is used only when whole",
+    )
     args = ap.parse_args(argv)
     budget = Budget(args.budget)
     args.gpu_baseline = gpu_used() if shutil.which("nvidia-smi") else 0  # MiB in use before any server
@@ -302,10 +444,20 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a timeout around the run) ends it like an error: the finally blocks stop every server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    doc = {"device": device(), "dry": DRY, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "command": " ".join([os.path.basename(sys.argv[0]), *(argv or sys.argv[1:])]), "threads": args.threads,
-           "prompt_tokens": PROMPT, "gen_tokens": args.gen, "parallel": max(args.greedy + args.sampled),
-           "seq_ctx": args.seq_ctx, "models": {}, "skipped": [], "notes": []}
+    doc = {
+        "device": device(),
+        "dry": DRY,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join([os.path.basename(sys.argv[0]), *(argv or sys.argv[1:])]),
+        "threads": args.threads,
+        "prompt_tokens": PROMPT,
+        "gen_tokens": args.gen,
+        "parallel": max(args.greedy + args.sampled),
+        "seq_ctx": args.seq_ctx,
+        "models": {},
+        "skipped": [],
+        "notes": [],
+    }
 
     def save() -> None:
         with open(os.path.join(args.outdir, "results.json"), "w") as f:
@@ -317,7 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     presets = [p for p in args.models.split(",") if p]
     chosen = set(args.parts.split(","))
     contestants = [c for c in CONTESTANTS if c[0] in args.contestants.split(",")]
-    parts: list[tuple[str, Any]] = [(p, c) for p in presets if p != "1b" for c in contestants] if "servers" in chosen else []
+    parts: list[tuple[str, Any]] = (
+        [(p, c) for p in presets if p != "1b" for c in contestants] if "servers" in chosen else []
+    )
     parts += [("speculation", None)] if "speculation" in chosen else []
     parts += [(p, ("engine", ())) for p in presets if p != "1b"] if "engine" in chosen else []
     parts += [(p, c) for p in presets if p == "1b" for c in contestants] if "servers" in chosen else []
@@ -327,7 +481,9 @@ def main(argv: list[str] | None = None) -> int:
             if preset == "speculation":
                 need = 60 if DRY else 90
                 if not real or budget.left() < need:
-                    doc["skipped"].append(f"speculation: {why_not or f'{budget.left():.0f} s left, about {need} s needed'}")
+                    doc["skipped"].append(
+                        f"speculation: {why_not or f'{budget.left():.0f} s left, about {need} s needed'}"
+                    )
                     continue
                 spec: list[dict] = []
                 doc["speculation"] = {"model": os.path.basename(real), "results": spec}
@@ -350,12 +506,18 @@ def main(argv: list[str] | None = None) -> int:
                 model["synth_seconds"] = round(time.monotonic() - t0, 1)
             print(f"{preset}: {label}", flush=True)
             if label == "raw":
-                guarded(doc, f"{preset} raw", lambda: raw(args, path, sorted(set(args.greedy)), model["results"].append))
+                guarded(
+                    doc, f"{preset} raw", lambda: raw(args, path, sorted(set(args.greedy)), model["results"].append)
+                )
             elif label == "engine":
                 sweep = model.setdefault("engine", [])
-                guarded(doc, f"{preset} engine", lambda: engine_sweep(args, path, sweep.append, max(30.0, budget.left())))
+                guarded(
+                    doc, f"{preset} engine", lambda: engine_sweep(args, path, sweep.append, max(30.0, budget.left()))
+                )
             else:
-                guarded(doc, f"{preset} {label}", lambda: http(args, label, path, model["results"].append, budget, extra))
+                guarded(
+                    doc, f"{preset} {label}", lambda: http(args, label, path, model["results"].append, budget, extra)
+                )
             model["part_seconds"][label] = round(time.monotonic() - t0, 1)
             save()
     finally:

@@ -43,15 +43,26 @@ FIGURES = ("rss", "pss", "uss", "peak")
 
 def requests(n: int) -> list[list[dict]]:
     """n chat requests, each with a system prompt of its own (so each leaves a cache entry of its own)."""
-    return [[{"role": "system", "content": "You are the support desk. Answer from this handbook.\n" + handbook(500 + i, 8)},
-             {"role": "user", "content": f"A customer asks about {TOPICS[i % len(TOPICS)]}: what applies?"}] for i in range(n)]
+    return [
+        [
+            {
+                "role": "system",
+                "content": "You are the support desk. Answer from this handbook.\n" + handbook(500 + i, 8),
+            },
+            {"role": "user", "content": f"A customer asks about {TOPICS[i % len(TOPICS)]}: what applies?"},
+        ]
+        for i in range(n)
+    ]
 
 
 def send_all(url: str, chats: list[list[dict]], concurrency: int, max_tokens: int) -> int:
     """Send every chat, ``concurrency`` at a time; the prompt tokens in all."""
     with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
+
         def one(messages: list[dict]) -> int:
-            r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens, "temperature": 0})
+            r = client.post(
+                "/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+            )
             r.raise_for_status()
             return r.json()["usage"]["prompt_tokens"]
 
@@ -76,8 +87,12 @@ def _gpu_bytes() -> dict[int, int]:
     if shutil.which("nvidia-smi") is None:
         return {}
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
     used = {}
@@ -104,8 +119,17 @@ def measure(pid: int) -> list[dict]:
                     pss, uss = getattr(full, "pss", 0), full.uss
                 except psutil.AccessDenied:
                     full, pss, uss = p.memory_info(), 0, 0
-                rows.append({"pid": p.pid, "name": name[:40], "rss": full.rss, "pss": pss, "uss": uss, "peak": _peak(p),
-                             "gpu": gpu.get(p.pid, 0)})
+                rows.append(
+                    {
+                        "pid": p.pid,
+                        "name": name[:40],
+                        "rss": full.rss,
+                        "pss": pss,
+                        "uss": uss,
+                        "peak": _peak(p),
+                        "gpu": gpu.get(p.pid, 0),
+                    }
+                )
         except psutil.NoSuchProcess:  # a helper that ended while we looked
             continue
     return rows
@@ -122,16 +146,36 @@ def cllm_figures(url: str) -> dict:
         info = client.get("/model/info").json()["data"]
         health = client.get("/health", params={"level": "full"}).json()["data"]
     cache = health.get("prefix_cache") or {}
-    return {"kv": info["kv_bytes"], "host_cache": cache.get("host_bytes", 0), "cells": info["ctx_size"],
-            "slots": info.get("cache_slots", 0)}
+    return {
+        "kv": info["kv_bytes"],
+        "host_cache": cache.get("host_bytes", 0),
+        "cells": info["ctx_size"],
+        "slots": info.get("cache_slots", 0),
+    }
 
 
 def run_one(name: str, system: str, tree: str, words: tuple[str, ...], args, chats: list[list[dict]]) -> dict:
     """Start one server, send the requests, measure it idle, stop it."""
     port = servers.free_port()
     if system == "llama-server":
-        cmd = [args.llama_server, "--model", args.model, "--host", "127.0.0.1", "--port", str(port), "--threads", str(args.threads),
-               "--threads-batch", str(args.threads), "-c", str(args.ctx_size), "-np", str(args.parallel), "--no-webui"]
+        cmd = [
+            args.llama_server,
+            "--model",
+            args.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--threads",
+            str(args.threads),
+            "--threads-batch",
+            str(args.threads),
+            "-c",
+            str(args.ctx_size),
+            "-np",
+            str(args.parallel),
+            "--no-webui",
+        ]
     else:
         settings = servers.Settings(args.model, args.threads, args.parallel, args.ctx_size // args.parallel, words)
         cmd = servers.command("cllm", settings, port)[0]
@@ -141,7 +185,9 @@ def run_one(name: str, system: str, tree: str, words: tuple[str, ...], args, cha
         prompt_tokens = send_all(server.url, chats, args.concurrency, args.max_tokens)
         time.sleep(args.settle)  # the engine's last bookkeeping, the frontend's last reply
         rows = measure(server.proc.pid)
-        extra = cllm_figures(server.url) if system == "cllm" else {"kv": kv_of_llama_server(server.log), "host_cache": None}
+        extra = (
+            cllm_figures(server.url) if system == "cllm" else {"kv": kv_of_llama_server(server.log), "host_cache": None}
+        )
     return {"name": name, "rows": rows, "at_start": at_start, "prompt_tokens": prompt_tokens, **extra}
 
 
@@ -153,26 +199,45 @@ def markdown(results: list[dict], args, command: str) -> str:
     peer = next((r for r in results if r["name"] == "llama-server"), None)
     gpu = any(row["gpu"] for r in results for row in r["rows"])
     dirty = " (uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
-    lines = [f"<!-- `{command}`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, tree "
-             f"{_git('rev-parse', '--short', 'HEAD')}{dirty} -->",
-             "", f"# Memory after {args.requests} chat requests ({args.concurrency} at a time, {args.max_tokens} tokens each): "
-             f"{os.path.basename(args.model)}, --ctx-size {args.ctx_size}, --parallel {args.parallel}, {args.threads} threads", "",
-             "Sums over each server's processes, MiB. RSS counts shared pages once per process; PSS shares them out.", "",
-             "| server | processes | RSS | PSS | USS | peak RSS |" + (" GPU |" if gpu else "") + " RSS at start | KV reserved | host-RAM cache | RSS ÷ llama-server's |",
-             "|---|---|---|---|---|---|" + ("---|" if gpu else "") + "---|---|---|---|"]
+    lines = [
+        f"<!-- `{command}`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, tree "
+        f"{_git('rev-parse', '--short', 'HEAD')}{dirty} -->",
+        "",
+        f"# Memory after {args.requests} chat requests ({args.concurrency} at a time, {args.max_tokens} tokens each): "
+        f"{os.path.basename(args.model)}, --ctx-size {args.ctx_size}, --parallel {args.parallel}, {args.threads} "
+        "threads",
+        "",
+        "Sums over each server's processes, MiB. RSS counts shared pages once per process; PSS shares them out.",
+        "",
+        "| server | processes | RSS | PSS | USS | peak RSS |"
+        + (" GPU |" if gpu else "")
+        + " RSS at start | KV reserved | host-RAM cache | RSS ÷ llama-server's |",
+        "|---|---|---|---|---|---|" + ("---|" if gpu else "") + "---|---|---|---|",
+    ]
     for r in results:
         total = {k: sum(row[k] for row in r["rows"]) for k in (*FIGURES, "gpu")}
         r["total"] = total
         ratio = f"{total['rss'] / sum(row['rss'] for row in peer['rows']):.2f}" if peer else ""
-        lines.append(f"| {r['name']} | {len(r['rows'])} | " + " | ".join(_mib(total[k]) for k in FIGURES)
-                     + (f" | {_mib(total['gpu'])}" if gpu else "")
-                     + f" | {_mib(r['at_start'])} | {_mib(r['kv'])} | {_mib(r['host_cache'])} | {ratio} |")
-    lines += ["", "Each process, MiB:", "", "| server | pid | process | RSS | PSS | USS | peak RSS |" + (" GPU |" if gpu else ""),
-              "|---|---|---|---|---|---|---|" + ("---|" if gpu else "")]
+        lines.append(
+            f"| {r['name']} | {len(r['rows'])} | "
+            + " | ".join(_mib(total[k]) for k in FIGURES)
+            + (f" | {_mib(total['gpu'])}" if gpu else "")
+            + f" | {_mib(r['at_start'])} | {_mib(r['kv'])} | {_mib(r['host_cache'])} | {ratio} |"
+        )
+    lines += [
+        "",
+        "Each process, MiB:",
+        "",
+        "| server | pid | process | RSS | PSS | USS | peak RSS |" + (" GPU |" if gpu else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if gpu else ""),
+    ]
     for r in results:
         for row in r["rows"]:
-            lines.append(f"| {r['name']} | {row['pid']} | `{row['name']}` | " + " | ".join(_mib(row[k]) for k in FIGURES)
-                         + (f" | {_mib(row['gpu'])} |" if gpu else " |"))
+            lines.append(
+                f"| {r['name']} | {row['pid']} | `{row['name']}` | "
+                + " | ".join(_mib(row[k]) for k in FIGURES)
+                + (f" | {_mib(row['gpu'])} |" if gpu else " |")
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -190,8 +255,16 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--settle", type=float, default=2.0, help="seconds between the last reply and the measurement")
-    ap.add_argument("--rev", action="append", default=[], help="also a cllm of this git revision (unpacked as perf.revision does)")
-    ap.add_argument("--also", action="append", default=[], metavar="ARGS", help="also a cllm of this tree with these `cllm serve` options")
+    ap.add_argument(
+        "--rev", action="append", default=[], help="also a cllm of this git revision (unpacked as perf.revision does)"
+    )
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="also a cllm of this tree with these `cllm serve` options",
+    )
     ap.add_argument("--no-peer", action="store_true", help="leave llama-server out")
     ap.add_argument("--llama-server", default=servers.LLAMA_SERVER, metavar="PATH")
     ap.add_argument("--out", help="the Markdown file (default: perf/results/<date>-memory.md)")

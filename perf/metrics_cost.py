@@ -50,8 +50,17 @@ class Tally:
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds by process role
 
     def run(self, url: str, args, pid: int) -> None:
-        cell = http_load.run_cell(url, http_load.make_dialect("cllm"), args.concurrency, args.requests, 26, args.gen_tokens,
-                                  False, [pid], progress=False)
+        cell = http_load.run_cell(
+            url,
+            http_load.make_dialect("cllm"),
+            args.concurrency,
+            args.requests,
+            26,
+            args.gen_tokens,
+            False,
+            [pid],
+            progress=False,
+        )
         self.tokens += cell["generated_tokens"]
         self.seconds += cell["seconds"]
         self.errors += cell["errors"]
@@ -87,15 +96,23 @@ def main() -> None:
             scrapes += scraper.seconds
 
     name = re.sub(r"\.gguf$", "", os.path.basename(model))
-    print(f"{name}: {args.rounds} x 2 runs of {args.requests} requests x {args.gen_tokens} tokens, concurrency {args.concurrency}, {args.threads} threads")
+    print(
+        f"{name}: {args.rounds} x 2 runs of {args.requests} requests x {args.gen_tokens} tokens, concurrency "
+        f"{args.concurrency}, {args.threads} threads"
+    )
     for label, t in (("no scraping", plain), ("/metrics every 1 s", scraped)):
         print(
-            f"  {label:18} : {t.tokens / t.seconds:7.1f} tok/s  ({t.tokens} tokens in {t.seconds:.1f} s, {t.errors} errors;"
-            f" CPU: frontend {t.cpu['frontend'] / t.seconds * 1e3:.0f} ms/s, engine {t.cpu['engine'] / t.seconds * 1e3:.0f} ms/s,"
+            f"  {label:18} : {t.tokens / t.seconds:7.1f} tok/s  ({t.tokens} tokens in {t.seconds:.1f} s, {t.errors} "
+            "errors;"
+            f" CPU: frontend {t.cpu['frontend'] / t.seconds * 1e3:.0f} ms/s, engine "
+            f"{t.cpu['engine'] / t.seconds * 1e3:.0f} ms/s,"
             f" {t.tokens / t.cpu['engine']:.1f} tokens per engine CPU second)"
         )
     if scrapes:
-        print(f"  scrapes            : {len(scrapes)}, median {statistics.median(scrapes) * 1e3:.1f} ms, max {max(scrapes) * 1e3:.1f} ms")
+        print(
+            f"  scrapes            : {len(scrapes)}, median {statistics.median(scrapes) * 1e3:.1f} ms, max "
+            f"{max(scrapes) * 1e3:.1f} ms"
+        )
     print(f"  ratio              : {(scraped.tokens / scraped.seconds) / (plain.tokens / plain.seconds):.3f}")
 
 

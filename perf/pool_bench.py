@@ -1,15 +1,15 @@
 """Several models and replicas: the figures the engine pool is judged by.
 
-  cold     time from the first request to a model that is not loaded to its first token, cllm's registry
-           against llama-server's router mode (--models-dir), the same file, R rounds (unloaded in between)
-  routing  a multi-turn chat workload on 2 replicas: prefix-cache hit rate and time to first token with
-           prefix-affinity routing against round robin
-  kv       how many sequences of one size fit in the same KV memory with f16 and q8_0 caches, and the
-           throughput of each filled with that many clients
+cold     time from the first request to a model that is not loaded to its first token, cllm's registry
+         against llama-server's router mode (--models-dir), the same file, R rounds (unloaded in between)
+routing  a multi-turn chat workload on 2 replicas: prefix-cache hit rate and time to first token with
+         prefix-affinity routing against round robin
+kv       how many sequences of one size fit in the same KV memory with f16 and q8_0 caches, and the
+         throughput of each filled with that many clients
 
-    python -m perf.pool_bench cold --model FILE [-r 3]
-    python -m perf.pool_bench routing --model FILE [--conversations 8 --turns 4 -c 4]
-    python -m perf.pool_bench kv --model FILE [--kv-mib 48]
+  python -m perf.pool_bench cold --model FILE [-r 3]
+  python -m perf.pool_bench routing --model FILE [--conversations 8 --turns 4 -c 4]
+  python -m perf.pool_bench kv --model FILE [--kv-mib 48]
 """
 
 from __future__ import annotations
@@ -29,8 +29,16 @@ import httpx
 from cllm.bench.http_load import make_dialect, run_cell, warm_up
 from perf import servers
 
-QUESTIONS = ("What is a prime number?", "Give an example.", "Why does it matter?", "Say it in one line.", "And another?")
-SYSTEM = "You are a patient tutor. " + " ".join(f"Guideline {i}: be brief, be exact, show one example." for i in range(30))
+QUESTIONS = (
+    "What is a prime number?",
+    "Give an example.",
+    "Why does it matter?",
+    "Say it in one line.",
+    "And another?",
+)
+SYSTEM = "You are a patient tutor. " + " ".join(
+    f"Guideline {i}: be brief, be exact, show one example." for i in range(30)
+)
 
 
 def _first_token_seconds(url: str, model: str, messages: list[dict], max_tokens: int) -> tuple[float, str]:
@@ -96,12 +104,48 @@ def cold(args) -> dict:
     ask = [{"role": "user", "content": "Say hello."}]
     port = servers.free_port()
     systems = {
-        "cllm": ([sys.executable, "-m", "cllm.cli", "serve", "--models-dir", d, "--port", str(port), "--threads", threads,
-                  "--parallel", "4", "--ctx-size", "4096", "--log-level", "warning"], port),
+        "cllm": (
+            [
+                sys.executable,
+                "-m",
+                "cllm.cli",
+                "serve",
+                "--models-dir",
+                d,
+                "--port",
+                str(port),
+                "--threads",
+                threads,
+                "--parallel",
+                "4",
+                "--ctx-size",
+                "4096",
+                "--log-level",
+                "warning",
+            ],
+            port,
+        ),
     }
     port2 = servers.free_port()
-    systems["llama-server"] = ([servers.LLAMA_SERVER, "--models-dir", d, "--host", "127.0.0.1", "--port", str(port2),
-                                "--threads", threads, "--parallel", "4", "--ctx-size", "4096", "--no-webui"], port2)
+    systems["llama-server"] = (
+        [
+            servers.LLAMA_SERVER,
+            "--models-dir",
+            d,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port2),
+            "--threads",
+            threads,
+            "--parallel",
+            "4",
+            "--ctx-size",
+            "4096",
+            "--no-webui",
+        ],
+        port2,
+    )
     result: dict[str, Any] = {}
     for system, (cmd, p) in systems.items():
         with servers.launch(system, cmd, p, "/models", label=f"pool-cold-{system}") as srv:
@@ -132,8 +176,12 @@ def routing(args) -> dict:
     result: dict[str, Any] = {}
     for mode in ("prefix", "round-robin"):
         settings = servers.Settings(args.model, args.threads, args.parallel, args.seq_ctx)
-        with servers.start("cllm", settings, args=("--replicas", "2", "--replica-routing", mode, "--log-level", "warning"),
-                           label=f"pool-routing-{mode}") as srv:
+        with servers.start(
+            "cllm",
+            settings,
+            args=("--replicas", "2", "--replica-routing", mode, "--log-level", "warning"),
+            label=f"pool-routing-{mode}",
+        ) as srv:
             hit0, prompt0 = _prefix_counts(srv.url)
             ttfts = chats(srv.url, args.conversations, args.turns, args.concurrency, args.gen_tokens)
             time.sleep(2.5)  # the engines' figures arrive when they go idle
@@ -160,12 +208,30 @@ def kv(args) -> dict:
         fit = int(args.kv_mib * (1 << 20) // per_seq)
         # --no-prefix-cache: then the engine holds exactly its --parallel sequences' cells.
         settings = servers.Settings(args.model, args.threads, fit, args.seq_ctx)
-        with servers.start("cllm", settings, args=("--cache-type-k", cache, "--cache-type-v", cache, "--flash-attn", "on",
-                                                   "--no-prefix-cache", "--log-level", "warning"), label=f"pool-kv-{cache}") as srv:
+        with servers.start(
+            "cllm",
+            settings,
+            args=(
+                "--cache-type-k",
+                cache,
+                "--cache-type-v",
+                cache,
+                "--flash-attn",
+                "on",
+                "--no-prefix-cache",
+                "--log-level",
+                "warning",
+            ),
+            label=f"pool-kv-{cache}",
+        ) as srv:
             dialect = make_dialect("cllm")
             warm_up(srv.url, dialect, fit)
             cell = run_cell(srv.url, dialect, fit, 4 * fit, 26, args.gen_tokens, False, progress=False)
-        result[cache] = {"sequences": fit, "kv_bytes_per_sequence": per_seq, "tokens_per_second": cell["tokens_per_second"]}
+        result[cache] = {
+            "sequences": fit,
+            "kv_bytes_per_sequence": per_seq,
+            "tokens_per_second": cell["tokens_per_second"],
+        }
     return result
 
 

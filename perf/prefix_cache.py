@@ -27,7 +27,18 @@ import httpx
 from perf import servers
 
 TIMEOUT = 600.0
-TOPICS = ("billing", "shipping", "returns", "warranty", "accounts", "security", "repairs", "delivery", "stock", "payments")
+TOPICS = (
+    "billing",
+    "shipping",
+    "returns",
+    "warranty",
+    "accounts",
+    "security",
+    "repairs",
+    "delivery",
+    "stock",
+    "payments",
+)
 
 
 def handbook(seed: int, sections: int) -> str:
@@ -36,7 +47,10 @@ def handbook(seed: int, sections: int) -> str:
     lines = [f"Handbook {seed}: how the support desk of shop number {seed} works."]
     for i in range(sections):
         topic, days, fee = rng.choice(TOPICS), rng.randrange(2, 30), rng.randrange(1, 99)
-        lines.append(f"Rule {i + 1}. For {topic} cases, answer within {days} days; the fee is {fee} euros unless the customer is a member.")
+        lines.append(
+            f"Rule {i + 1}. For {topic} cases, answer within {days} days; the fee is {fee} euros unless the customer "
+            "is a member."
+        )
     return "\n".join(lines)
 
 
@@ -93,7 +107,10 @@ def shared_prefix(off: httpx.Client, on: httpx.Client, trials: int, sections: in
     rows = []
     for trial in range(trials):
         doc = handbook(1000 + trial, sections)
-        first, second = (f"{doc}\n\nQuestion: {q}\nAnswer:" for q in ("What is the fee for returns?", "How fast are repairs answered?"))
+        first, second = (
+            f"{doc}\n\nQuestion: {q}\nAnswer:"
+            for q in ("What is the fee for returns?", "How fast are repairs answered?")
+        )
         row: dict[str, Any] = {}
         for name, client in (("off", off), ("on", on)):
             row[f"cold_{name}"] = stream(client, "/v1/completions", {"prompt": first, "max_tokens": max_tokens}).ttft
@@ -105,15 +122,25 @@ def shared_prefix(off: httpx.Client, on: httpx.Client, trials: int, sections: in
     return rows
 
 
-def chat(off: httpx.Client, on: httpx.Client, conversations: int, turns: int, sections: int, max_tokens: int) -> list[dict]:
-    system = {"role": "system", "content": "You are the support desk. Answer from this handbook.\n" + handbook(7, sections)}
+def chat(
+    off: httpx.Client, on: httpx.Client, conversations: int, turns: int, sections: int, max_tokens: int
+) -> list[dict]:
+    system = {
+        "role": "system",
+        "content": "You are the support desk. Answer from this handbook.\n" + handbook(7, sections),
+    }
     rng = random.Random(7)
     histories = [[system] for _ in range(conversations)]
     rows = []
     with ThreadPoolExecutor(conversations) as pool:
         for turn in range(1, turns + 1):
             for history in histories:
-                history.append({"role": "user", "content": f"Customer {rng.randrange(1000)} asks about {rng.choice(TOPICS)}: what applies?"})
+                history.append(
+                    {
+                        "role": "user",
+                        "content": f"Customer {rng.randrange(1000)} asks about {rng.choice(TOPICS)}: what applies?",
+                    }
+                )
             row: dict[str, Any] = {"turn": turn}
             for name, client in (("off", off), ("on", on)):
                 before = idle(client)
@@ -132,7 +159,8 @@ def chat(off: httpx.Client, on: httpx.Client, conversations: int, turns: int, se
 
 def shared_prefix_table(rows: list[dict]) -> str:
     lines = [
-        "| document | prompt tokens | reused (cache on) | TTFT, 1st request: off / on | TTFT, 2nd request: off / on | speed-up | same answer |",
+        "| document | prompt tokens | reused (cache on) | TTFT, 1st request: off / on | TTFT, 2nd request: off / on | "
+        "speed-up | same answer |",
         "|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows, 1):
@@ -146,7 +174,8 @@ def shared_prefix_table(rows: list[dict]) -> str:
 
 def chat_table(rows: list[dict]) -> str:
     lines = [
-        "| turn | prompt tokens (mean) | reused by the cache (mean) | TTFT off: mean / max | TTFT on: mean / max | speed-up (mean) | same reply |",
+        "| turn | prompt tokens (mean) | reused by the cache (mean) | TTFT off: mean / max | TTFT on: mean / max | "
+        "speed-up (mean) | same reply |",
         "|---|---|---|---|---|---|---|",
     ]
     n = len(rows[0]["ttft_on"])
@@ -171,24 +200,32 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens in an answer")
     args = ap.parse_args()
     settings = servers.settings_of(args)
-    with (servers.start("cllm", settings, label="cllm-no-prefix-cache", args=("--no-prefix-cache",)) as off_server,
-          servers.start("cllm", settings) as on_server,
-          httpx.Client(base_url=off_server.url, timeout=TIMEOUT) as off,
-          httpx.Client(base_url=on_server.url, timeout=TIMEOUT) as on):
+    with (
+        servers.start("cllm", settings, label="cllm-no-prefix-cache", args=("--no-prefix-cache",)) as off_server,
+        servers.start("cllm", settings) as on_server,
+        httpx.Client(base_url=off_server.url, timeout=TIMEOUT) as off,
+        httpx.Client(base_url=on_server.url, timeout=TIMEOUT) as on,
+    ):
         for client in (off, on):  # the first decodes build llama.cpp's graphs
             stream(client, "/v1/completions", {"prompt": "Warm up.", "max_tokens": 4})
         prefix_rows = shared_prefix(off, on, args.trials, args.sections, args.max_tokens)
         chat_rows = chat(off, on, args.conversations, args.turns, args.sections // 3, args.max_tokens)
         on_figures = idle(on)["prefix_cache"]
-    print(f"\n(a) A request sharing a ~{prefix_rows[0]['prompt_tokens']}-token prefix with an earlier one "
-          f"(greedy, {args.max_tokens} tokens, streamed)\n")
+    print(
+        f"\n(a) A request sharing a ~{prefix_rows[0]['prompt_tokens']}-token prefix with an earlier one "
+        f"(greedy, {args.max_tokens} tokens, streamed)\n"
+    )
     print(shared_prefix_table(prefix_rows))
-    print(f"\n(b) Multi-turn chat: {args.conversations} conversations x {args.turns} turns, one shared system prompt, "
-          f"each turn's {args.conversations} requests together (greedy, up to {args.max_tokens} tokens)\n")
+    print(
+        f"\n(b) Multi-turn chat: {args.conversations} conversations x {args.turns} turns, one shared system prompt, "
+        f"each turn's {args.conversations} requests together (greedy, up to {args.max_tokens} tokens)\n"
+    )
     print(chat_table(chat_rows))
-    print(f"\ncache-on server in all: {on_figures['hits']} hits, {on_figures['misses']} misses, "
-          f"{on_figures['hit_tokens']} tokens reused; --parallel {args.parallel}, {args.seq_ctx} cells a sequence, "
-          f"{args.threads} threads")
+    print(
+        f"\ncache-on server in all: {on_figures['hits']} hits, {on_figures['misses']} misses, "
+        f"{on_figures['hit_tokens']} tokens reused; --parallel {args.parallel}, {args.seq_ctx} cells a sequence, "
+        f"{args.threads} threads"
+    )
 
 
 if __name__ == "__main__":

@@ -117,7 +117,6 @@ class RawLlama:
         L.llama_model_free(self.model)
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
@@ -139,8 +138,11 @@ def main() -> None:
             r = raw.run(prompts, c, args.gen_tokens, KV_LAYOUTS[kv])
             results.append(r)
             if not args.json:
-                print(f"raw llama.cpp c={c:<3} kv={kv:<8} {r['tokens_per_second']:7.1f} tok/s "
-                      f"(decode only {r['decode_tokens_per_second'] or 0:7.1f}), {r['generated_tokens']} tokens in {r['seconds']:.1f} s")
+                print(
+                    f"raw llama.cpp c={c:<3} kv={kv:<8} {r['tokens_per_second']:7.1f} tok/s "
+                    f"(decode only {r['decode_tokens_per_second'] or 0:7.1f}), {r['generated_tokens']} tokens in "
+                    f"{r['seconds']:.1f} s"
+                )
     raw.close()
     if args.json:
         json.dump(results, sys.stdout)

@@ -57,9 +57,17 @@ def throughput(url: str, gen_tokens: int, prompt_tokens: int) -> dict:
     cells = {}
     for c in CONCURRENCY:
         r = run_cell(url, dialect, c, max(8, 3 * c), prompt_tokens, gen_tokens, stream=True, progress=False)
-        cells[c] = {"tokens_per_second": round(r["tokens_per_second"], 1), "ttft_p50": round(r["ttft"]["p50"], 4),
-                    "errors": r["errors"], "load": load_average()}
-        print(f"  c={c:<3} {cells[c]['tokens_per_second']:7.1f} tok/s  TTFT p50 {cells[c]['ttft_p50']:.3f} s  (load {cells[c]['load']})", flush=True)
+        cells[c] = {
+            "tokens_per_second": round(r["tokens_per_second"], 1),
+            "ttft_p50": round(r["ttft"]["p50"], 4),
+            "errors": r["errors"],
+            "load": load_average(),
+        }
+        print(
+            f"  c={c:<3} {cells[c]['tokens_per_second']:7.1f} tok/s  TTFT p50 {cells[c]['ttft_p50']:.3f} s  (load "
+            f"{cells[c]['load']})",
+            flush=True,
+        )
     return cells
 
 
@@ -67,7 +75,11 @@ def replica_stats() -> dict[str, dict]:
     """What each engine replica reports to the routers, asked of its Ray actor directly (no routing)."""
     import ray
 
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::cllm#cllm-engine#")]
+    names = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith("SERVE_REPLICA::cllm#cllm-engine#")
+    ]
     stats = {}
     for name in names:
         try:
@@ -88,8 +100,13 @@ def chat(url: str, conversations: int, turns: int, concurrency: int, gen_tokens:
     time.sleep(2.5)  # the engines report their cache figures once a second
     hit, prompt = cache_totals()
     hit, prompt = hit - hit0, prompt - prompt0
-    return {"hit_rate": round(hit / max(1.0, prompt), 4), "ttft_p50": round(ttfts[len(ttfts) // 2], 4),
-            "ttft_p90": round(ttfts[int(len(ttfts) * 0.9)], 4), "requests": len(ttfts), "load": load_average()}
+    return {
+        "hit_rate": round(hit / max(1.0, prompt), 4),
+        "ttft_p50": round(ttfts[len(ttfts) // 2], 4),
+        "ttft_p90": round(ttfts[int(len(ttfts) * 0.9)], 4),
+        "requests": len(ttfts),
+        "load": load_average(),
+    }
 
 
 def engines() -> list[psutil.Process]:
@@ -109,7 +126,11 @@ def recovery(url: str) -> dict:
             while not stop.is_set():
                 i += 1
                 try:
-                    outcomes.append(client.post(f"{url}/generate", json={"prompt": f"Tell me about {i}", "max_tokens": 16}).status_code)
+                    outcomes.append(
+                        client.post(
+                            f"{url}/generate", json={"prompt": f"Tell me about {i}", "max_tokens": 16}
+                        ).status_code
+                    )
                 except httpx.HTTPError:
                     outcomes.append(0)
 
@@ -130,8 +151,13 @@ def recovery(url: str) -> dict:
     for w in workers:
         w.join()
     failed = [s for s in outcomes if s != 200]
-    return {"seconds": round(recovered, 2) if recovered is not None else None, "requests": len(outcomes),
-            "failed": len(failed), "failed_statuses": sorted(set(failed)), "load": load_average()}
+    return {
+        "seconds": round(recovered, 2) if recovered is not None else None,
+        "requests": len(outcomes),
+        "failed": len(failed),
+        "failed_statuses": sorted(set(failed)),
+        "load": load_average(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--conversations", type=int, default=8)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--chat-concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[1, 4],
-                    help="conversations at a time (at 2, as many as replicas, any router keeps each on one replica)")
+    ap.add_argument(
+        "--chat-concurrency",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 4],
+        help="conversations at a time (at 2, as many as replicas, any router keeps each on one replica)",
+    )
     ap.add_argument("--out", default=None, help="JSON file for the results")
     args = ap.parse_args(argv)
 
@@ -157,12 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     from cllm.ray_serve.call import HttpCall
 
     model = resolve_model(args.model)
-    result: dict = {"command": "python -m perf.ray_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-                    "model": os.path.basename(model), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    result: dict = {
+        "command": "python -m perf.ray_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "model": os.path.basename(model),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
     print(f"load average at start: {load_average()}", flush=True)
 
     print("plain cllm serve: 1 engine x 2 threads", flush=True)
-    with servers.start("cllm", servers.Settings(model, 2, 2 * args.parallel, args.seq_ctx), args=("--log-level", "warning")) as srv:
+    with servers.start(
+        "cllm", servers.Settings(model, 2, 2 * args.parallel, args.seq_ctx), args=("--log-level", "warning")
+    ) as srv:
         with httpx.Client(base_url=srv.url) as client:
             result["hops_ms"] = {"plain_health": round(mean_ms(lambda: client.get("/health"), 200), 3)}
         result["plain"] = throughput(srv.url, args.gen_tokens, args.prompt_tokens)
@@ -173,8 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = load_config(None, {"model": model, "replicas": 2, "threads": 1, "parallel": args.parallel,
-                                    "ctx_size": args.seq_ctx * args.parallel, "log_level": "warning"})
+        config = load_config(
+            None,
+            {
+                "model": model,
+                "replicas": 2,
+                "threads": 1,
+                "parallel": args.parallel,
+                "ctx_size": args.seq_ctx * args.parallel,
+                "log_level": "warning",
+            },
+        )
 
         def deploy(router: str) -> None:
             serve.delete("cllm")
@@ -190,8 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         health = HttpCall("GET", "/health", b"", [], b"")
         result["hops_ms"]["handle_to_replica"] = round(mean_ms(lambda: list(handle.remote(health)), 200), 3)
         result["hops_ms"]["load"] = load_average()
-        print(f"  /health: plain {result['hops_ms']['plain_health']} ms, through Ray {result['hops_ms']['ray_health']} ms,"
-              f" handle -> replica {result['hops_ms']['handle_to_replica']} ms", flush=True)
+        print(
+            f"  /health: plain {result['hops_ms']['plain_health']} ms, through Ray {result['hops_ms']['ray_health']} "
+            "ms,"
+            f" handle -> replica {result['hops_ms']['handle_to_replica']} ms",
+            flush=True,
+        )
         result["ray"] = throughput(url, args.gen_tokens, args.prompt_tokens)
 
         result["chat"] = {}

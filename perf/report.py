@@ -1,6 +1,6 @@
 """Render a suite's results: a Markdown table and a PNG plot per model.
 
-    python -m perf.report perf/results/2026-11-21-smollm2.json   # re-render one
+python -m perf.report perf/results/2026-11-21-smollm2.json   # re-render one
 """
 
 from __future__ import annotations
@@ -42,8 +42,13 @@ def _shapes(results: list[dict]) -> list[tuple[int, int, bool]]:
 
 def _cells(results: list[dict], prompt: int, gen: int, stream: bool) -> list[dict]:
     """The cells of one shape; raw and engine figures (never streamed) go with every shape."""
-    return [r for r in results if r["prompt_tokens"] == prompt and r["gen_tokens"] == gen
-            and (r["system"] in ("raw", "engine") or r.get("stream", False) == stream)]
+    return [
+        r
+        for r in results
+        if r["prompt_tokens"] == prompt
+        and r["gen_tokens"] == gen
+        and (r["system"] in ("raw", "engine") or r.get("stream", False) == stream)
+    ]
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -80,7 +85,8 @@ def markdown(doc: dict) -> str:
             "",
             f"**~{prompt}-token prompts, {gen} tokens, {'streaming' if stream else 'non-streaming'}**",
             "",
-            "| c | system | tok/s | × ceiling | × llama-server | TTFT p50 / p99 (s) | latency p50 / p99 (s) | server CPU ms/token | errors |",
+            "| c | system | tok/s | × ceiling | × llama-server | TTFT p50 / p99 (s) | latency p50 / p99 (s) | server "
+            "CPU ms/token | errors |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for c in sorted({r["concurrency"] for r in cells}):
@@ -90,10 +96,13 @@ def markdown(doc: dict) -> str:
                 if r is None:
                     continue
                 tps = r["tokens_per_second"]
-                note = f" (decode only {r['decode_tokens_per_second']:.1f})" if r.get("decode_tokens_per_second") else ""
+                note = (
+                    f" (decode only {r['decode_tokens_per_second']:.1f})" if r.get("decode_tokens_per_second") else ""
+                )
                 lat, ttft = r.get("latency") or {}, r.get("ttft") or {}
                 lines.append(
-                    f"| {c} | {label} | {tps:.1f}{note} | {_fmt(tps / ceiling['tokens_per_second'] if ceiling else None)} "
+                    f"| {c} | {label} | {tps:.1f}{note} | "
+                    f"{_fmt(tps / ceiling['tokens_per_second'] if ceiling else None)} "
                     f"| {_fmt(tps / peer['tokens_per_second'] if peer and label != PEER else None)} "
                     f"| {_fmt(ttft.get('p50'), '.3f')} / {_fmt(ttft.get('p99'), '.3f')} "
                     f"| {_fmt(lat.get('p50'))} / {_fmt(lat.get('p99'))} | {_cpu(r)} | {r.get('errors', 0)} |"
@@ -126,8 +135,13 @@ def plot(doc: dict, path: str) -> None:
             if ys:
                 row[1].plot(*zip(*ys), label=label, **style)
         row[0].set(title=title, xlabel="concurrency", ylabel="output tokens/s", xscale="log", ylim=(0, None))
-        row[1].set(title="time to first token, p50" if stream else "end-to-end latency p50 (TTFT needs streaming)",
-                   xlabel="concurrency", ylabel="seconds", xscale="log", yscale="log")
+        row[1].set(
+            title="time to first token, p50" if stream else "end-to-end latency p50 (TTFT needs streaming)",
+            xlabel="concurrency",
+            ylabel="seconds",
+            xscale="log",
+            yscale="log",
+        )
         for ax in row:
             cs = sorted({r["concurrency"] for r in cells})
             ax.set_xticks(cs, [str(c) for c in cs])

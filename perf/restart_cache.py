@@ -55,8 +55,10 @@ def one_round(settings: servers.Settings, cache_dir: str, seed: int, sections: i
     ask = "Billing: what is the fee for a late case of a member?"
     first_dir, second_dir = os.path.join(cache_dir, "a"), os.path.join(cache_dir, "b")
     row: dict = {}
-    with servers.start("cllm", settings, args=("--cache-dir", first_dir), label="restart-cache-1") as srv, \
-            httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+    with (
+        servers.start("cllm", settings, args=("--cache-dir", first_dir), label="restart-cache-1") as srv,
+        httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c,
+    ):
         first = stream(c, "/v1/chat/completions", {"messages": turn(system, question), "max_tokens": max_tokens})
         hits = _cached(c, 0)[1]
         row["cold"] = {"ttft": first.ttft, "prompt_tokens": first.prompt_tokens, "cached": hits}
@@ -67,8 +69,10 @@ def one_round(settings: servers.Settings, cache_dir: str, seed: int, sections: i
         row["no restart"] = {"ttft": r.ttft, "prompt_tokens": r.prompt_tokens, "cached": _cached(c, hits)[0]}
     files = [os.path.join(d, f) for d, _, names in os.walk(second_dir) for f in names if f.endswith(".kv")]
     row["files"], row["file_mib"] = len(files), sum(os.path.getsize(f) for f in files) / 2**20
-    with servers.start("cllm", settings, args=("--cache-dir", second_dir), label="restart-cache-2") as srv, \
-            httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
+    with (
+        servers.start("cllm", settings, args=("--cache-dir", second_dir), label="restart-cache-2") as srv,
+        httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c,
+    ):
         # A short request first, as a serving engine has had: its first llama_decode sets up what every later one
         # reuses.
         stream(c, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})
@@ -104,7 +108,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     servers.add_arguments(ap, seq_ctx=8192)
     ap.set_defaults(parallel=2)
-    ap.add_argument("--history-tokens", type=int, default=4000, help="about how long the conversation's system prompt is")
+    ap.add_argument(
+        "--history-tokens", type=int, default=4000, help="about how long the conversation's system prompt is"
+    )
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens of each reply")
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
@@ -136,12 +142,16 @@ def render(rows: list[dict], args) -> str:
         f"model {os.path.basename(servers.resolve_model(args.model))}).",
         "",
         "Server 1 (cache folder A) serves the first turn (cold: its whole prompt prefilled); once its idle engine has "
-        "written the turn's cells, A is copied to B, and server 1 serves the next turn (no restart: the history's cells "
-        "in a KV stream). Server 2, on B, serves a short request, then the same next turn (after restart: the history's "
-        "cells from the file). TTFT of streamed /v1/chat/completions, greedy; median over rounds. Cached: prompt tokens "
+        "written the turn's cells, A is copied to B, and server 1 serves the next turn (no restart: the history's "
+        "cells "
+        "in a KV stream). Server 2, on B, serves a short request, then the same next turn (after restart: the "
+        "history's "
+        "cells from the file). TTFT of streamed /v1/chat/completions, greedy; median over rounds. Cached: prompt "
+        "tokens "
         "the cache served.",
         "",
-        "| round | files (MiB) | next turn: prompt tokens | after restart: TTFT s (cached) | no restart: TTFT s (cached) | cold: prompt tokens, TTFT s | disk hit s |",
+        "| round | files (MiB) | next turn: prompt tokens | after restart: TTFT s (cached) | no restart: TTFT s "
+        "(cached) | cold: prompt tokens, TTFT s | disk hit s |",
         "|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows, 1):

@@ -37,8 +37,16 @@ def one_run(tree: str, settings: servers.Settings, label: str, args, extra: tupl
         http_load.warm_up(server.url, dialect, max(args.concurrency))
         out = {}
         for c in args.concurrency:
-            r = http_load.run_cell(server.url, dialect, c, requests_for(c), args.prompt_tokens, args.gen_tokens,
-                                   args.stream, progress=False)
+            r = http_load.run_cell(
+                server.url,
+                dialect,
+                c,
+                requests_for(c),
+                args.prompt_tokens,
+                args.gen_tokens,
+                args.stream,
+                progress=False,
+            )
             if r["errors"]:
                 raise RuntimeError(f"{label}: {r['errors']} errors at c={c}, the first: {r['first_error']}")
             out[c] = r["tokens_per_second"]
@@ -68,18 +76,30 @@ def main() -> None:
         for who in pair:
             tree, label, extra = (servers.ROOT, "cllm-this", this) if who == "A" else (old_tree, "cllm-rev", ())
             got[who].append(one_run(tree, settings, label, args, extra))
-            print(f"run {i + 1} {'this tree' if who == 'A' else commit[:12]}: "
-                  + ", ".join(f"c={c} {t:.1f}" for c, t in got[who][-1].items()) + f" tok/s; load {os.getloadavg()[0]:.1f}",
-                  flush=True)
-    print(f"\n# this tree{(' with ' + args.this_args) if this else ''} against {commit[:12]}: {len(order)} runs each, fresh prompts of ~{args.prompt_tokens} tokens, "
-          f"{args.gen_tokens} tokens, {'streamed' if args.stream else 'not streamed'}, --parallel {settings.parallel}, "
-          f"{settings.threads} threads; load {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n")
-    print(f"| c | this tree{' ' + args.this_args if this else ''} tok/s (mean) | {commit[:12]} tok/s (mean) | ratio of the means | median of the pairs' ratios |")
+            print(
+                f"run {i + 1} {'this tree' if who == 'A' else commit[:12]}: "
+                + ", ".join(f"c={c} {t:.1f}" for c, t in got[who][-1].items())
+                + f" tok/s; load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+    print(
+        f"\n# this tree{(' with ' + args.this_args) if this else ''} against {commit[:12]}: {len(order)} runs each, "
+        f"fresh prompts of ~{args.prompt_tokens} tokens, "
+        f"{args.gen_tokens} tokens, {'streamed' if args.stream else 'not streamed'}, --parallel {settings.parallel}, "
+        f"{settings.threads} threads; load {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n"
+    )
+    print(
+        f"| c | this tree{' ' + args.this_args if this else ''} tok/s (mean) | {commit[:12]} tok/s (mean) | ratio of "
+        "the means | median of the pairs' ratios |"
+    )
     print("|---|---|---|---|---|")
     for c in args.concurrency:
         a, b = [r[c] for r in got["A"]], [r[c] for r in got["B"]]
-        print(f"| {c} | {statistics.mean(a):.1f} | {statistics.mean(b):.1f} | {statistics.mean(a) / statistics.mean(b):.3f} "
-              f"| {statistics.median(x / y for x, y in zip(a, b)):.3f} |")
+        print(
+            f"| {c} | {statistics.mean(a):.1f} | {statistics.mean(b):.1f} | "
+            f"{statistics.mean(a) / statistics.mean(b):.3f} "
+            f"| {statistics.median(x / y for x, y in zip(a, b)):.3f} |"
+        )
 
 
 if __name__ == "__main__":

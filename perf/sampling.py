@@ -30,8 +30,12 @@ SETTINGS = {
     "cllm default (T 0.7, top-k 40, top-p 0.9)": SamplingParams(),
     "/v1 default (T 1, top-k 40)": SamplingParams(temperature=1.0, top_p=1.0),
     "whole vocabulary (T 1, no top-k/top-p)": SamplingParams(temperature=1.0, top_k=0, top_p=1.0),
-    "+ presence/frequency/repetition penalties": SamplingParams(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1),
-    "  the same with no top-k": SamplingParams(top_k=0, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1),
+    "+ presence/frequency/repetition penalties": SamplingParams(
+        presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1
+    ),
+    "  the same with no top-k": SamplingParams(
+        top_k=0, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1
+    ),
     "+ logit_bias (3 tokens)": SamplingParams(logit_bias={100: 5.0, 200: -5.0, 300: 1.0}),
     "+ logprobs, top 5": SamplingParams(logprobs=5),
     "+ JSON grammar": SamplingParams(grammar=JSON_GBNF),
@@ -52,11 +56,17 @@ class Timed:
             self.total += time.thread_time() - t
 
 
-def measure(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> tuple[float, float, int]:
+def measure(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int
+) -> tuple[float, float, int]:
     """Median per-step sampling and whole-step seconds over `steps` decode steps; the fewest sequences running."""
     for i, prompt in enumerate(prompts):
         # ignore_eos keeps all running; a grammar needs its end token, so those may finish early.
-        engine.add(Submit(i, prompt, msgspec.structs.replace(params, max_tokens=10_000, ignore_eos=params.grammar is None, seed=i)))
+        engine.add(
+            Submit(
+                i, prompt, msgspec.structs.replace(params, max_tokens=10_000, ignore_eos=params.grammar is None, seed=i)
+            )
+        )
     while any(s.prefilling for s in engine.scheduler.running) or engine.scheduler.waiting:
         list(engine.step())
     sample, logprobs = Timed(engine.sampler.sample), Timed(engine.sampler.logprobs)

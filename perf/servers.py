@@ -76,7 +76,9 @@ def add_arguments(ap, seq_ctx: int) -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--seq-ctx", type=int, default=seq_ctx, help="KV cells per sequence")
-    ap.add_argument("--cllm-args", default="", help="more `cllm serve` options, as one string (e.g. '--stream-interval-ms 0')")
+    ap.add_argument(
+        "--cllm-args", default="", help="more `cllm serve` options, as one string (e.g. '--stream-interval-ms 0')"
+    )
 
 
 def env_and_args(words) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -89,13 +91,16 @@ def env_and_args(words) -> tuple[dict[str, str], tuple[str, ...]]:
 def tree_and_args(words: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
     """A word ``--rev=REV`` runs that cllm server from the git revision's tree (see unpack); the other words."""
     revs = [w for w in words if w.startswith("--rev=")]
-    return (unpack(revs[-1][len("--rev="):])[1] if revs else None), tuple(w for w in words if not w.startswith("--rev="))
+    return (unpack(revs[-1][len("--rev=") :])[1] if revs else None), tuple(
+        w for w in words if not w.startswith("--rev=")
+    )
 
 
 def unpack(rev: str) -> tuple[str, str]:
     """The revision's full commit and the directory its tree is unpacked in (perf/cache/rev-<commit>/, kept)."""
-    commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, check=True,
-                            stdout=subprocess.PIPE, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True
+    ).stdout.strip()
     where = os.path.join(CACHE, f"rev-{commit[:12]}")
     if not os.path.isdir(where):
         os.makedirs(CACHE, exist_ok=True)
@@ -110,20 +115,33 @@ def unpack(rev: str) -> tuple[str, str]:
 
 def add_variant_arguments(ap) -> None:
     """--also and --peer-env: more cllm servers beside the default one, and llama-server's environment."""
-    ap.add_argument("--also", action="append", default=[], metavar="ARGS",
-                    help="one more cllm server in the same rounds, with these `cllm serve` options too (e.g. "
-                         "'--stream-interval-ms 20'); words of the form NAME=value go into its environment instead, "
-                         "and --rev=REV runs it from that git revision's tree")
-    ap.add_argument("--peer-env", metavar="NAME=VALUE", action="append", default=[],
-                    help="a variable in llama-server's environment (e.g. GOMP_SPINCOUNT=1000)")
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="one more cllm server in the same rounds, with these `cllm serve` options too (e.g. "
+        "'--stream-interval-ms 20'); words of the form NAME=value go into its environment instead, "
+        "and --rev=REV runs it from that git revision's tree",
+    )
+    ap.add_argument(
+        "--peer-env",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="a variable in llama-server's environment (e.g. GOMP_SPINCOUNT=1000)",
+    )
 
 
 def variants(ap, args) -> list[tuple[str, str, tuple[str, ...]]]:
     """(name, system, words) of each server to start: cllm, one more cllm for each --also, then llama-server."""
     if env_and_args(args.peer_env)[1]:
         ap.error("--peer-env takes NAME=VALUE")
-    return [("cllm", "cllm", ()), *((f"cllm {a}", "cllm", tuple(a.split())) for a in args.also),
-            ("llama-server", "llama-server", tuple(args.peer_env))]
+    return [
+        ("cllm", "cllm", ()),
+        *((f"cllm {a}", "cllm", tuple(a.split())) for a in args.also),
+        ("llama-server", "llama-server", tuple(args.peer_env)),
+    ]
 
 
 def settings_of(args) -> Settings:
@@ -139,22 +157,76 @@ def free_port() -> int:
 def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
     """The command line that starts `system`, and the path that answers 200 once it serves."""
     if system == "cllm":
-        return [sys.executable, "-m", "cllm.cli", "serve", "--model", s.model, "--port", str(port), "--threads", str(s.threads),
-                "--parallel", str(s.parallel), "--ctx-size", str(s.parallel * s.seq_ctx), *s.cllm_args], "/health"
+        return [
+            sys.executable,
+            "-m",
+            "cllm.cli",
+            "serve",
+            "--model",
+            s.model,
+            "--port",
+            str(port),
+            "--threads",
+            str(s.threads),
+            "--parallel",
+            str(s.parallel),
+            "--ctx-size",
+            str(s.parallel * s.seq_ctx),
+            *s.cllm_args,
+        ], "/health"
     if system == "llama-server":
-        return [LLAMA_SERVER, "--model", s.model, "--host", "127.0.0.1", "--port", str(port), "--threads", str(s.threads),
-                "--threads-batch", str(s.threads), "--parallel", str(s.parallel), "--ctx-size", str(s.parallel * s.seq_ctx),
-                "--no-webui"], "/health"
+        return [
+            LLAMA_SERVER,
+            "--model",
+            s.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--threads",
+            str(s.threads),
+            "--threads-batch",
+            str(s.threads),
+            "--parallel",
+            str(s.parallel),
+            "--ctx-size",
+            str(s.parallel * s.seq_ctx),
+            "--no-webui",
+        ], "/health"
     if system == "llama-cpp-python":
         # By default it cuts a streaming answer short when the next request arrives.
-        return [LCPP_PYTHON, "-m", "llama_cpp.server", "--model", s.model, "--host", "127.0.0.1", "--port", str(port),
-                "--n_threads", str(s.threads), "--n_threads_batch", str(s.threads), "--n_ctx", str(s.seq_ctx),
-                "--verbose", "False", "--interrupt_requests", "False"], "/v1/models"
+        return [
+            LCPP_PYTHON,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            s.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_threads",
+            str(s.threads),
+            "--n_threads_batch",
+            str(s.threads),
+            "--n_ctx",
+            str(s.seq_ctx),
+            "--verbose",
+            "False",
+            "--interrupt_requests",
+            "False",
+        ], "/v1/models"
     raise ValueError(f"unknown system {system!r}")
 
 
-def start(system: str, settings: Settings, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-          label: str | None = None, tree: str | None = None) -> Server:
+def start(
+    system: str,
+    settings: Settings,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    label: str | None = None,
+    tree: str | None = None,
+) -> Server:
     """Start a server (with `env` added to its environment, `args` to its command line; cllm from `tree`,
     by default this one) and wait, bounded, until it answers.
 
@@ -165,8 +237,17 @@ def start(system: str, settings: Settings, env: dict[str, str] | None = None, ar
     return launch(system, [*cmd, *args], port, ready_path, env, label, cwd=tree)
 
 
-def launch(system: str, cmd: list[str], port: int, ready_path: str, env: dict[str, str] | None = None,
-           label: str | None = None, cwd: str | None = None, logs: str = LOGS, new_session: bool = False) -> Server:
+def launch(
+    system: str,
+    cmd: list[str],
+    port: int,
+    ready_path: str,
+    env: dict[str, str] | None = None,
+    label: str | None = None,
+    cwd: str | None = None,
+    logs: str = LOGS,
+    new_session: bool = False,
+) -> Server:
     """Run a server's command line (listening on `port`, from `cwd`: by default this tree; its output in
     `logs`; in a session of its own if asked) and wait, bounded, until `ready_path` answers 200."""
     if not os.path.exists(cmd[0]):
@@ -174,8 +255,15 @@ def launch(system: str, cmd: list[str], port: int, ready_path: str, env: dict[st
     os.makedirs(logs, exist_ok=True)
     log = os.path.join(logs, f"{label or system}.log")
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=cwd or ROOT, env={**os.environ, **(env or {})}, start_new_session=new_session)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd or ROOT,
+            env={**os.environ, **(env or {})},
+            start_new_session=new_session,
+        )
     server = Server(system, f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:

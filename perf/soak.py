@@ -44,9 +44,15 @@ async def one(client: httpx.AsyncClient, prompt: str, rng: random.Random) -> str
         except asyncio.TimeoutError:
             return "hung up"
         if r.status_code != 200:
-            return f"error {r.status_code}" if r.json().get("success") is False else f"lost: bad error body {r.text[:80]}"
+            return (
+                f"error {r.status_code}" if r.json().get("success") is False else f"lost: bad error body {r.text[:80]}"
+            )
         data = r.json()["data"]
-        return "ok" if _complete(data["generated_tokens"], data["finish_reason"], body) else f"lost: incomplete answer {data}"
+        return (
+            "ok"
+            if _complete(data["generated_tokens"], data["finish_reason"], body)
+            else f"lost: incomplete answer {data}"
+        )
     except httpx.HTTPError as e:
         return f"lost: {type(e).__name__}"
 
@@ -71,7 +77,9 @@ async def _stream(client: httpx.AsyncClient, body: dict, hang_up: bool, rng: ran
 
 
 def _complete(generated: int, finish: str, body: dict) -> bool:
-    return (finish == "stop" and generated < body["max_tokens"]) or (finish == "length" and generated == body["max_tokens"])
+    return (finish == "stop" and generated < body["max_tokens"]) or (
+        finish == "length" and generated == body["max_tokens"]
+    )
 
 
 def rss_mib(proc: psutil.Process) -> float:
@@ -117,7 +125,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--parallel", type=int, default=16)
-    ap.add_argument("--max-waiting", type=int, help="below concurrency - parallel, some requests get 429 (default: the server's)")
+    ap.add_argument(
+        "--max-waiting", type=int, help="below concurrency - parallel, some requests get 429 (default: the server's)"
+    )
     ap.add_argument("--baseline", type=int, default=200, help="requests done when the first RSS figures are taken")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
@@ -130,14 +140,20 @@ def main() -> None:
 
     outcomes = result["outcomes"]
     lost = sum(n for k, n in outcomes.items() if k.startswith("lost"))
-    print(f"{args.requests} requests at concurrency {args.concurrency}, --parallel {args.parallel} {' '.join(extra)}: {result['seconds']:.0f} s")
+    print(
+        f"{args.requests} requests at concurrency {args.concurrency}, --parallel {args.parallel} {' '.join(extra)}: "
+        f"{result['seconds']:.0f} s"
+    )
     for outcome, n in sorted(outcomes.items()):
         print(f"  {outcome:<40} {n:6d}")
     print(f"  lost requests: {lost}")
     print(f"  engine queue afterwards: {result['queue_after']}")
     for name in ("engine", "frontend"):
         first, last = result["rss"]["first"][name], result["rss"]["last"][name]
-        print(f"  RSS {name:<8}: {first:7.1f} MiB after {args.baseline} requests, {last:7.1f} MiB at the end ({last - first:+.1f})")
+        print(
+            f"  RSS {name:<8}: {first:7.1f} MiB after {args.baseline} requests, {last:7.1f} MiB at the end "
+            f"({last - first:+.1f})"
+        )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ SYSTEMS = {  # label: (system, extra command-line arguments)
 
 
 def chat(client: httpx.Client, prompt: str, max_tokens: int) -> dict:
-    r = client.post("/v1/chat/completions", headers={"Connection": "close"},
-                    json={"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0})
+    r = client.post(
+        "/v1/chat/completions",
+        headers={"Connection": "close"},
+        json={"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0},
+    )
     r.raise_for_status()
     return r.json()
 
@@ -90,13 +93,16 @@ def variants(prompts: list[str], n: int, tag: str) -> list[str]:
 
 def run_copy(clients: dict, labels: list[str], args) -> str:
     base = list(copy_prompts().values())
-    lines = [f"| c | {' | '.join(labels)} | cllm ÷ cllm-nospec | cllm ÷ best llama-server |", "|---" * (len(labels) + 3) + "|"]
+    lines = [
+        f"| c | {' | '.join(labels)} | cllm ÷ cllm-nospec | cllm ÷ best llama-server |",
+        "|---" * (len(labels) + 3) + "|",
+    ]
     accept = {label: {"drafted": 0, "accepted": 0} for label in labels}
     for c in args.concurrency:
         got: dict[str, list[Any]] = {label: [] for label in labels}
         for r in range(args.rounds):
             prompts = variants(base, max(c, len(base)), f"round {r} c {c}")
-            order = labels[r % len(labels):] + labels[: r % len(labels)]
+            order = labels[r % len(labels) :] + labels[: r % len(labels)]
             for label in order:
                 rate(clients[label], prompts, c, 4)  # caches every prompt: the measured requests reuse it
                 tok_s, drafts = measure(clients, label, prompts, c, args.max_tokens)
@@ -123,7 +129,7 @@ def run_fresh(clients: dict, args) -> str:
         got: dict[str, list[Any]] = {"cllm": [], "cllm-nospec": []}
         for r in range(args.rounds):
             prompts = make_prompts(max(2 * c, 4), 32, seed=1000 * c + r)
-            for label in (("cllm", "cllm-nospec") if r % 2 == 0 else ("cllm-nospec", "cllm")):
+            for label in ("cllm", "cllm-nospec") if r % 2 == 0 else ("cllm-nospec", "cllm"):
                 got[label].append(rate(clients[label], [f"({label}) {p}" for p in prompts], c, args.fresh_tokens)[0])
         a, b = statistics.median(got["cllm"]), statistics.median(got["cllm-nospec"])
         lines.append(f"| {c} | {a:.1f} | {b:.1f} | {a / b:.3f} |")
@@ -151,8 +157,10 @@ def main() -> None:
             system, extra = SYSTEMS[label]
             started.append(servers.start(system, settings, args=extra, label=label))
         clients = {label: httpx.Client(base_url=s.url, timeout=TIMEOUT) for label, s in zip(labels, started)}
-        print(f"# {os.path.basename(settings.model)}: --parallel {args.parallel}, {args.seq_ctx} cells a sequence, "
-              f"{args.threads} threads, {args.rounds} rounds, load average {os.getloadavg()[0]:.1f} at the start\n")
+        print(
+            f"# {os.path.basename(settings.model)}: --parallel {args.parallel}, {args.seq_ctx} cells a sequence, "
+            f"{args.threads} threads, {args.rounds} rounds, load average {os.getloadavg()[0]:.1f} at the start\n"
+        )
         if "copy" in args.workloads:
             print(f"## copy-type prompts: {args.max_tokens} greedy tokens, tok/s (median of rounds)\n")
             print(run_copy(clients, [label for label in labels if label in args.systems.split(",")], args), "\n")

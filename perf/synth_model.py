@@ -96,12 +96,17 @@ def tensors(shape: Shape, quant: str) -> list[tuple[str, tuple[int, ...], int]]:
     vocab = len(load_tokenizer()["tokenizer.ggml.tokens"][1][1])
     dims: list[tuple[str, tuple[int, ...], int]] = [("token_embd.weight", (shape.n_embd, vocab), -1)]
     for i in range(shape.n_layer):
-        dims += [(f"blk.{i}.attn_norm.weight", (shape.n_embd,), i), (f"blk.{i}.attn_q.weight", (shape.n_embd, q), i),
-                 (f"blk.{i}.attn_k.weight", (shape.n_embd, kv), i), (f"blk.{i}.attn_v.weight", (shape.n_embd, kv), i),
-                 (f"blk.{i}.attn_output.weight", (q, shape.n_embd), i), (f"blk.{i}.ffn_norm.weight", (shape.n_embd,), i),
-                 (f"blk.{i}.ffn_gate.weight", (shape.n_embd, shape.n_ff), i),
-                 (f"blk.{i}.ffn_up.weight", (shape.n_embd, shape.n_ff), i),
-                 (f"blk.{i}.ffn_down.weight", (shape.n_ff, shape.n_embd), i)]
+        dims += [
+            (f"blk.{i}.attn_norm.weight", (shape.n_embd,), i),
+            (f"blk.{i}.attn_q.weight", (shape.n_embd, q), i),
+            (f"blk.{i}.attn_k.weight", (shape.n_embd, kv), i),
+            (f"blk.{i}.attn_v.weight", (shape.n_embd, kv), i),
+            (f"blk.{i}.attn_output.weight", (q, shape.n_embd), i),
+            (f"blk.{i}.ffn_norm.weight", (shape.n_embd,), i),
+            (f"blk.{i}.ffn_gate.weight", (shape.n_embd, shape.n_ff), i),
+            (f"blk.{i}.ffn_up.weight", (shape.n_embd, shape.n_ff), i),
+            (f"blk.{i}.ffn_down.weight", (shape.n_ff, shape.n_embd), i),
+        ]
     dims.append(("output_norm.weight", (shape.n_embd,), -1))
     if not shape.tied:
         dims.append(("output.weight", (shape.n_embd, vocab), -1))
@@ -137,7 +142,7 @@ def random_tensor(dims: tuple[int, ...], ggml_type: int, rng: np.random.Generato
     elif ggml_type == Q4_K:  # w = d*sc*q - dmin*m, sc and m random 6-bit: ~245 d
         blocks[:, 0:2], blocks[:, 2:4] = _f16(std / 245), _f16(7.5 * std / 245)
     elif ggml_type == Q6_K:  # w = d*sc*(q - 32), sc random int8: ~1370 d; d is the block's last field
-        blocks[:, size - 2:size] = _f16(std / 1370)
+        blocks[:, size - 2 : size] = _f16(std / 1370)
     return blocks
 
 
@@ -219,8 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quant", choices=sorted(FILE_TYPE), help="default: the preset's (smollm2 q4_1, others q4_k_m)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, help="processes writing tensors (default: one per CPU)")
-    ap.add_argument("--extract-tokenizer", nargs="?", const="", metavar="MODEL",
-                    help="write the tokenizer file from MODEL (default: the embedded model) and stop")
+    ap.add_argument(
+        "--extract-tokenizer",
+        nargs="?",
+        const="",
+        metavar="MODEL",
+        help="write the tokenizer file from MODEL (default: the embedded model) and stop",
+    )
     args = ap.parse_args(argv)
     if args.extract_tokenizer is not None:
         if not args.extract_tokenizer:
@@ -234,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("PRESET and OUT are required")
     t0 = time.perf_counter()
     synthesize(args.preset, args.out, args.quant, args.seed, args.jobs)
-    print(f"wrote {args.out}: {args.preset} {args.quant or PRESETS[args.preset].quant}, "
-          f"{os.path.getsize(args.out) / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"wrote {args.out}: {args.preset} {args.quant or PRESETS[args.preset].quant}, "
+        f"{os.path.getsize(args.out) / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s"
+    )
     return 0
 
 

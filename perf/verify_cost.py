@@ -64,14 +64,21 @@ def main() -> None:
     model = resolve_model(args.model)
     top = max(args.sequences)
     budget = max(top * (1 + max(args.drafts)), 256)
-    config = ServeConfig(parallel=top, ctx_size=top * 256 * ((args.pos + max(args.drafts)) // 256 + 2),
-                         threads=args.threads, batch_size=budget, cache_slots=0)
+    config = ServeConfig(
+        parallel=top,
+        ctx_size=top * 256 * ((args.pos + max(args.drafts)) // 256 + 2),
+        threads=args.threads,
+        batch_size=budget,
+        cache_slots=0,
+    )
     runner = ModelRunner(model, config)
     try:
         seqs = prefill(runner, top, args.pos)
         drafts = np.random.default_rng(1).integers(100, 10000, max(args.drafts)).astype(np.int32)
-        print(f"# {os.path.basename(model)}, {config.n_threads} threads, position {args.pos}, "
-              f"median of {args.rounds} rounds, load average {os.getloadavg()[0]:.1f} at the start\n")
+        print(
+            f"# {os.path.basename(model)}, {config.n_threads} threads, position {args.pos}, "
+            f"median of {args.rounds} rounds, load average {os.getloadavg()[0]:.1f} at the start\n"
+        )
         for n in args.sequences:
             for k in args.drafts[:2]:  # untimed: llama.cpp allocates its graphs on the first decodes
                 step_seconds(runner, seqs[:n], args.pos, k, drafts)
@@ -82,7 +89,9 @@ def main() -> None:
             ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
             base = ms[args.drafts[0]]
             print(f"## {n} sequence{'s' * (n > 1)}, each feeding its last token and k drafted ones\n")
-            print("| k drafted | step ms | x the step with k = 0 | ms a drafted token adds | ms a decoded token costs |")
+            print(
+                "| k drafted | step ms | x the step with k = 0 | ms a drafted token adds | ms a decoded token costs |"
+            )
             print("|---|---|---|---|---|")
             for k in args.drafts:
                 add = f"{(ms[k] - base) / (n * k):.2f}" if k else "-"

@@ -44,7 +44,9 @@ def pytest_collection_modifyitems(config, items):
             continue
         item.add_marker(pytest.mark.unit)
         if MODEL_FIXTURES & set(item.fixturenames):
-            raise pytest.UsageError(f"{item.nodeid} is in tests/unit/ but asks for the model or a server: move it up to tests/")
+            raise pytest.UsageError(
+                f"{item.nodeid} is in tests/unit/ but asks for the model or a server: move it up to tests/"
+            )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -94,7 +96,9 @@ def start_server(*args: str, env: dict[str, str] | None = None) -> Server:
     """Start `cllm serve` (``env``: extra environment) and wait (bounded) for the line that says it serves."""
     cmd = [sys.executable, "-m", "cllm.cli", "serve", "--port", str(free_port()), *args]
     base = {k: v for k, v in os.environ.items() if k != "CLLM_API_KEY"}  # no key unless a test gives one
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**base, **(env or {})})
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**base, **(env or {})}
+    )
     lines: list[str] = []
     ready = threading.Event()
     url = []
@@ -181,6 +185,7 @@ def health(http: httpx.Client, level: str = "full") -> dict:
 
 def wait_idle(http: httpx.Client, timeout: float = 60.0) -> dict:
     """Health once nothing is in flight and the engine reports no sequence."""
+
     def idle():
         h = health(http)
         q = h.get("queue", {})

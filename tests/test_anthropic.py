@@ -56,9 +56,14 @@ def test_system_prompt_reaches_the_template(claude, server):
     blocks = greedy(claude, system=[{"type": "text", "text": SYSTEM}])
     assert blocks.content[0].text == message.content[0].text
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as oai:
-        chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": SYSTEM}, *QUESTION], max_tokens=1)
+        chat = oai.chat.completions.create(
+            model=MODEL, messages=[{"role": "system", "content": SYSTEM}, *QUESTION], max_tokens=1
+        )
     assert prompt_tokens(message.usage) == chat.usage.prompt_tokens
-    assert claude.messages.count_tokens(model=MODEL, system=SYSTEM, messages=QUESTION).input_tokens == chat.usage.prompt_tokens
+    assert (
+        claude.messages.count_tokens(model=MODEL, system=SYSTEM, messages=QUESTION).input_tokens
+        == chat.usage.prompt_tokens
+    )
     # the template's default system prompt
     assert claude.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens != chat.usage.prompt_tokens
 
@@ -73,13 +78,17 @@ def test_stop_sequence(claude):
 
 def test_stream_assembled_by_the_sdk(claude):
     whole = greedy(claude)
-    with claude.messages.stream(model=MODEL, system=HELPFUL, messages=QUESTION, max_tokens=40, extra_body={"temperature": 0}) as stream:
+    with claude.messages.stream(
+        model=MODEL, system=HELPFUL, messages=QUESTION, max_tokens=40, extra_body={"temperature": 0}
+    ) as stream:
         events = [event.type for event in stream]
         final = stream.get_final_message()
     assert final.content[0].text == whole.content[0].text
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == whole.usage.output_tokens
     assert events[0] == "message_start" and events[-1] == "message_stop"
-    raw = [e for e in events if e in ("content_block_start", "content_block_delta", "content_block_stop", "message_delta")]
+    raw = [
+        e for e in events if e in ("content_block_start", "content_block_delta", "content_block_stop", "message_delta")
+    ]
     assert raw[0] == "content_block_start" and raw[-2:] == ["content_block_stop", "message_delta"]
 
 
@@ -90,8 +99,13 @@ def test_a_repeated_prompt_is_read_from_the_cache(claude):
     again = greedy(claude, system=system, max_tokens=2)
     total = prompt_tokens(first.usage)
     assert again.usage.cache_creation_input_tokens == 0 and prompt_tokens(again.usage) == total
-    assert again.usage.cache_read_input_tokens > total // 2 and again.usage.input_tokens == total - again.usage.cache_read_input_tokens
-    with claude.messages.stream(model=MODEL, system=system, messages=QUESTION, max_tokens=2, extra_body={"temperature": 0}) as stream:
+    assert (
+        again.usage.cache_read_input_tokens > total // 2
+        and again.usage.input_tokens == total - again.usage.cache_read_input_tokens
+    )
+    with claude.messages.stream(
+        model=MODEL, system=system, messages=QUESTION, max_tokens=2, extra_body={"temperature": 0}
+    ) as stream:
         final = stream.get_final_message()  # message_delta's usage, cumulative, completes message_start's
     assert final.usage.cache_read_input_tokens > total // 2 and prompt_tokens(final.usage) == total
 
@@ -112,7 +126,10 @@ def test_a_queued_stream_gets_pings_before_its_first_token():
     """One sequence at a time: a stream queued behind a long one hears pings while it waits, then its reply."""
     body = {"model": MODEL, "max_tokens": 5, "stream": True, "messages": QUESTION}
     long = {"prompt": "Once upon a time", "max_tokens": 8000, "ignore_eos": True, "stream": True}
-    with start_server("--parallel", "1", "--ctx-size", "8192") as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
+    with (
+        start_server("--parallel", "1", "--ctx-size", "8192") as srv,
+        httpx.Client(base_url=srv.url, timeout=120) as http,
+    ):
         with http.stream("POST", "/v1/completions", json=long) as busy:
             lines = busy.iter_lines()  # kept: a dropped iterator closes the response
             next(lines)  # it runs: the next request waits for the one slot
@@ -145,18 +162,29 @@ def test_bad_requests_raise_the_sdk_errors(claude):
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         claude.messages.create(model=MODEL, max_tokens=10**7, messages=QUESTION)
     # A field a newer client adds is ignored, not refused (the malformed ones above still are).
-    assert claude.messages.create(model=MODEL, max_tokens=1, messages=QUESTION, extra_body={"bogus": 1}).usage.output_tokens == 1
+    assert (
+        claude.messages.create(
+            model=MODEL, max_tokens=1, messages=QUESTION, extra_body={"bogus": 1}
+        ).usage.output_tokens
+        == 1
+    )
 
 
 def test_history_with_thinking_blocks_is_accepted(claude):
     """A conversation sent back as the SDK keeps it: the earlier thinking blocks are not sent to the model."""
     turn = [
         *QUESTION,
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Easy.", "signature": ""}, {"type": "text", "text": "Paris."}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "thinking", "thinking": "Easy.", "signature": ""}, {"type": "text", "text": "Paris."}],
+        },
         {"role": "user", "content": [{"type": "text", "text": "And of Italy?"}]},
     ]
     plain = [*QUESTION, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]
-    assert claude.messages.count_tokens(model=MODEL, messages=turn).input_tokens == claude.messages.count_tokens(model=MODEL, messages=plain).input_tokens
+    assert (
+        claude.messages.count_tokens(model=MODEL, messages=turn).input_tokens
+        == claude.messages.count_tokens(model=MODEL, messages=plain).input_tokens
+    )
 
 
 def test_api_key_as_x_api_key_or_bearer():
@@ -172,7 +200,11 @@ def test_api_key_as_x_api_key_or_bearer():
 
 
 _FUNCTION = test_tools.WEATHER["function"]
-WEATHER_TOOL = {"name": _FUNCTION["name"], "description": _FUNCTION["description"], "input_schema": _FUNCTION["parameters"]}
+WEATHER_TOOL = {
+    "name": _FUNCTION["name"],
+    "description": _FUNCTION["description"],
+    "input_schema": _FUNCTION["parameters"],
+}
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 ANY_ONE = {"type": "any", "disable_parallel_tool_use": True}  # one call, then the end
 
@@ -183,8 +215,13 @@ def valid_weather(args: dict) -> bool:
 
 
 def test_forced_tool_input_matches_the_schema(claude):
-    message = greedy(claude, messages=WEATHER_QUESTION, max_tokens=60, tools=[WEATHER_TOOL],
-                     tool_choice={"type": "tool", "name": "get_weather"})
+    message = greedy(
+        claude,
+        messages=WEATHER_QUESTION,
+        max_tokens=60,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
     assert message.stop_reason == "tool_use"
     (use,) = [b for b in message.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id
@@ -192,8 +229,15 @@ def test_forced_tool_input_matches_the_schema(claude):
 
 
 def test_tool_use_streamed_as_input_json_deltas(claude):
-    with claude.messages.stream(model=MODEL, system=HELPFUL, messages=WEATHER_QUESTION, max_tokens=60, tools=[WEATHER_TOOL],
-                                tool_choice=ANY_ONE, extra_body={"temperature": 0}) as stream:
+    with claude.messages.stream(
+        model=MODEL,
+        system=HELPFUL,
+        messages=WEATHER_QUESTION,
+        max_tokens=60,
+        tools=[WEATHER_TOOL],
+        tool_choice=ANY_ONE,
+        extra_body={"temperature": 0},
+    ) as stream:
         deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
         final = stream.get_final_message()
     assert "input_json_delta" in deltas and final.stop_reason == "tool_use"
@@ -203,8 +247,13 @@ def test_tool_use_streamed_as_input_json_deltas(claude):
 
 
 def test_two_turn_tool_loop(claude):
-    first = greedy(claude, messages=WEATHER_QUESTION, max_tokens=60, tools=[WEATHER_TOOL],
-                   tool_choice={"type": "tool", "name": "get_weather"})
+    first = greedy(
+        claude,
+        messages=WEATHER_QUESTION,
+        max_tokens=60,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
     use = first.content[-1]
     turn = [
         *WEATHER_QUESTION,
@@ -214,7 +263,9 @@ def test_two_turn_tool_loop(claude):
     second = greedy(claude, messages=turn, max_tokens=40, tools=[WEATHER_TOOL], tool_choice={"type": "none"})
     assert second.stop_reason in ("end_turn", "max_tokens") and second.content[0].type == "text"
     # The call and its result reach the prompt (the reply here repeats the result).
-    alone = claude.messages.count_tokens(model=MODEL, system=HELPFUL, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice={"type": "none"})
+    alone = claude.messages.count_tokens(
+        model=MODEL, system=HELPFUL, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice={"type": "none"}
+    )
     assert prompt_tokens(second.usage) > alone.input_tokens + 20
 
 

@@ -72,7 +72,11 @@ def test_health_levels(http, level):
 def test_health_rejects_unknown_level(http):
     r = http.get("/health", params={"level": "verbose"})
     assert r.status_code == 400
-    assert r.json() == {"success": False, "error": "invalid request", "message": "level must be basic, detailed or full, not 'verbose'"}
+    assert r.json() == {
+        "success": False,
+        "error": "invalid request",
+        "message": "level must be basic, detailed or full, not 'verbose'",
+    }
 
 
 def test_model_info(http):
@@ -96,7 +100,15 @@ def test_encode_matches_generate_prompt_tokens(http):
 
 def test_generate_fields_and_length_finish(http):
     data = generate(http, prompt="The capital of France is", max_tokens=12, temperature=0)
-    assert set(data) >= {"id", "text", "response_time", "tokens_per_second", "generated_tokens", "max_tokens", "finish_reason"}
+    assert set(data) >= {
+        "id",
+        "text",
+        "response_time",
+        "tokens_per_second",
+        "generated_tokens",
+        "max_tokens",
+        "finish_reason",
+    }
     assert data["generated_tokens"] == 12 and data["max_tokens"] == 12
     assert data["finish_reason"] == "length"
     assert "Paris" in data["text"]
@@ -108,7 +120,9 @@ def test_eos_stops_unless_ignore_eos(http):
     assert data["finish_reason"] == "stop"
     assert 0 < data["generated_tokens"] < 200
     assert "<|im_end|>" not in data["text"]
-    forced = generate(http, prompt=CHAT_PROMPT, max_tokens=data["generated_tokens"] + 10, temperature=0, ignore_eos=True)
+    forced = generate(
+        http, prompt=CHAT_PROMPT, max_tokens=data["generated_tokens"] + 10, temperature=0, ignore_eos=True
+    )
     assert forced["finish_reason"] == "length"
     assert forced["generated_tokens"] == data["generated_tokens"] + 10
 
@@ -127,7 +141,18 @@ def test_same_seed_same_text(http):
 
 
 def test_sampling_parameters_are_accepted(http):
-    data = generate(http, prompt="List some fruits:", max_tokens=10, temperature=0.5, top_k=5, top_p=0.8, min_p=0.05, repetition_penalty=1.3, seed=7, ignore_eos=True)
+    data = generate(
+        http,
+        prompt="List some fruits:",
+        max_tokens=10,
+        temperature=0.5,
+        top_k=5,
+        top_p=0.8,
+        min_p=0.05,
+        repetition_penalty=1.3,
+        seed=7,
+        ignore_eos=True,
+    )
     assert data["generated_tokens"] == 10
 
 

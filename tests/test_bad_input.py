@@ -13,7 +13,9 @@ import pytest
 MAX_BODY = 1 << 20  # the default --max-body-bytes
 
 
-def raw_exchange(url: str, head: bytes, chunks: Sequence[bytes] = (), timeout: float = 20.0) -> tuple[int, dict, bytes, float]:
+def raw_exchange(
+    url: str, head: bytes, chunks: Sequence[bytes] = (), timeout: float = 20.0
+) -> tuple[int, dict, bytes, float]:
     """Send a request by hand, stop sending once the server answers; (status, headers, body, seconds)."""
     parts = urlsplit(url)
     t0 = time.monotonic()
@@ -74,7 +76,13 @@ def test_chunked_body_under_the_limit_is_read(server):
 
 @pytest.mark.parametrize(
     "content_type",
-    [None, "application/json", "application/json; charset=UTF-8", "application/x-www-form-urlencoded", "application/merge-patch+json"],
+    [
+        None,
+        "application/json",
+        "application/json; charset=UTF-8",
+        "application/x-www-form-urlencoded",
+        "application/merge-patch+json",
+    ],
 )
 def test_json_is_read_whatever_type_curl_or_a_client_sends(http, content_type):
     headers = {"content-type": content_type} if content_type else {}
@@ -83,7 +91,11 @@ def test_json_is_read_whatever_type_curl_or_a_client_sends(http, content_type):
 
 
 def test_curl_style_generate_works(http):
-    r = http.post("/generate", content=b'{"prompt": "Hi", "max_tokens": 2}', headers={"content-type": "application/x-www-form-urlencoded"})
+    r = http.post(
+        "/generate",
+        content=b'{"prompt": "Hi", "max_tokens": 2}',
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert r.status_code == 200 and r.json()["data"]["generated_tokens"] == 2
 
 
@@ -125,16 +137,51 @@ def test_still_serving_after_all_that(http):
 NEW_FIELDS = [
     ("/generate", {"prompt": "Hello", "max_tokens": 2, "bogus": 1}),
     ("/v1/completions", {"prompt": "Hello", "max_tokens": 2, "bogus": 1, "stream_options": None}),
-    ("/v1/chat/completions", {
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "new_part_field": 1}], "new_message_field": 1}],
-        "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True, "new_option": 1}, "new_top_field": {"a": 1},
-    }),
-    ("/v1/messages", {
-        "model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "new_block_field": 1}]}],
-        "tool_choice": {"type": "auto", "new_choice_field": True}, "new_top_field": [1],
-    }),
-    ("/v1/responses", {"input": "Hi", "max_output_tokens": 16, "reasoning": {"effort": "low", "new_reasoning_field": 1}, "new_top_field": 1}),
-    ("/api/chat", {"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": "Hi"}], "stream": False, "options": {"num_predict": 2}, "new_top_field": 1}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Hi", "new_part_field": 1}],
+                    "new_message_field": 1,
+                }
+            ],
+            "max_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True, "new_option": 1},
+            "new_top_field": {"a": 1},
+        },
+    ),
+    (
+        "/v1/messages",
+        {
+            "model": "m",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "new_block_field": 1}]}],
+            "tool_choice": {"type": "auto", "new_choice_field": True},
+            "new_top_field": [1],
+        },
+    ),
+    (
+        "/v1/responses",
+        {
+            "input": "Hi",
+            "max_output_tokens": 16,
+            "reasoning": {"effort": "low", "new_reasoning_field": 1},
+            "new_top_field": 1,
+        },
+    ),
+    (
+        "/api/chat",
+        {
+            "model": "SmolLM2-135M-Instruct.Q4_1",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": False,
+            "options": {"num_predict": 2},
+            "new_top_field": 1,
+        },
+    ),
     ("/completion", {"prompt": "Hello", "n_predict": 2, "new_top_field": 1}),
 ]
 
@@ -146,7 +193,10 @@ def test_fields_a_newer_client_adds_are_ignored(http, path, body):
 
 
 def test_a_bad_value_next_to_a_new_field_is_still_a_400(http):
-    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": "5", "new_top_field": 1})
+    r = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": "5", "new_top_field": 1},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     r = http.post("/generate", json={"prompt": "x", "bogus": 1, "top_p": 0})
     assert r.status_code == 400 and r.json()["message"] == "Expected `float` > 0.0 - at `$.top_p`"
@@ -162,8 +212,16 @@ LIMITS = [
     ("/v1/completions", {"prompt": "Hi", "max_tokens": TOO_MANY}, "max_tokens"),
     ("/v1/messages", {"model": "m", "max_tokens": TOO_MANY, "messages": HI}, "max_tokens"),
     ("/v1/responses", {"input": "Hi", "max_output_tokens": TOO_MANY}, "max_output_tokens"),
-    ("/api/chat", {"model": OLLAMA, "messages": HI, "stream": False, "options": {"num_predict": TOO_MANY}}, "options.num_predict"),
-    ("/api/generate", {"model": OLLAMA, "prompt": "Hi", "stream": False, "options": {"num_predict": TOO_MANY}}, "options.num_predict"),
+    (
+        "/api/chat",
+        {"model": OLLAMA, "messages": HI, "stream": False, "options": {"num_predict": TOO_MANY}},
+        "options.num_predict",
+    ),
+    (
+        "/api/generate",
+        {"model": OLLAMA, "prompt": "Hi", "stream": False, "options": {"num_predict": TOO_MANY}},
+        "options.num_predict",
+    ),
     ("/completion", {"prompt": "Hi", "n_predict": TOO_MANY}, "n_predict"),
     ("/completion", {"prompt": "Hi", "max_tokens": TOO_MANY}, "max_tokens"),
     ("/generate", {"prompt": "Hi", "max_tokens": TOO_MANY}, "max_tokens"),

@@ -14,8 +14,13 @@ TIMEOUT = 120
 
 
 def bench(*args: str) -> list | dict:
-    out = subprocess.run([sys.executable, "-m", "cllm.cli", "bench", *args, "--json"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=TIMEOUT)
+    out = subprocess.run(
+        [sys.executable, "-m", "cllm.cli", "bench", *args, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -25,7 +30,17 @@ def test_bench_engine_counts_every_token_and_splits_the_step():
     assert r["generated_tokens"] == 12 and not r["sampled"]
     assert r["steps"] >= 4 + 1  # two waves: 3 requests at most 2 at a time
     parts = r["parts_seconds"]
-    assert {"admit", "schedule", "batch", "llama_decode", "sampling", "retire", "other", "publish", "loop"} <= parts.keys()
+    assert {
+        "admit",
+        "schedule",
+        "batch",
+        "llama_decode",
+        "sampling",
+        "retire",
+        "other",
+        "publish",
+        "loop",
+    } <= parts.keys()
     assert parts["llama_decode"] > 0
     assert all(s >= 0 for s in parts.values())
 
@@ -73,13 +88,46 @@ def test_bench_http_measures_the_server_and_its_processes(server):
 @pytest.mark.parametrize("stream", [["--stream"], []])
 def test_bench_http_speaks_ollamas_chat_with_exact_counts(server, stream):
     name = "SmolLM2-135M-Instruct.Q4_1:latest"  # as /api/tags lists it
-    [r] = bench("http", "--url", server.url, "--dialect", "ollama", "--model-name", name, "-c", "2", "-n", "3", "-g", "5", *stream)
+    [r] = bench(
+        "http",
+        "--url",
+        server.url,
+        "--dialect",
+        "ollama",
+        "--model-name",
+        name,
+        "-c",
+        "2",
+        "-n",
+        "3",
+        "-g",
+        "5",
+        *stream,
+    )
     assert (r["errors"], r["short"], r["generated_tokens"]) == (0, 0, 15), r["first_error"]
     assert (r["ttft"]["p50"] is not None) == bool(stream)
 
 
 def test_bench_http_reports_a_refused_url():
-    out = subprocess.run([sys.executable, "-m", "cllm.cli", "bench", "http", "--url", "http://127.0.0.1:9", "-n", "1",
-                          "-c", "1", "--no-warmup"], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cllm.cli",
+            "bench",
+            "http",
+            "--url",
+            "http://127.0.0.1:9",
+            "-n",
+            "1",
+            "-c",
+            "1",
+            "--no-warmup",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert out.returncode == 1
     assert "1 errors" in out.stdout

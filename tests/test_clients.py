@@ -58,9 +58,14 @@ def claude(server):
 
 
 def test_system_messages_inside_messages_join_the_system_prompt_in_order(claude):
-    inside = [USER[0], {"role": "system", "content": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]},
-              {"role": "system", "content": "Answer in French."}]
-    assert count(claude, system="You help.", messages=inside) == count(claude, system="You help.\n\nBe brief.\n\nAnswer in French.")
+    inside = [
+        USER[0],
+        {"role": "system", "content": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": "Answer in French."},
+    ]
+    assert count(claude, system="You help.", messages=inside) == count(
+        claude, system="You help.\n\nBe brief.\n\nAnswer in French."
+    )
     assert count(claude, messages=inside) == count(claude, system="Be brief.\n\nAnswer in French.")
     billing = {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328.b7f; cc_entrypoint=sdk-cli;"}
     assert count(claude, system=[billing, {"type": "text", "text": "You help."}]) == count(claude, system="You help.")
@@ -74,37 +79,74 @@ def test_system_messages_inside_messages_join_the_system_prompt_in_order(claude)
 
 def test_unknown_content_blocks_are_skipped_and_malformed_ones_refused(claude):
     new = {"type": "server_tool_use_2030", "id": "x", "anything": [1, 2]}
-    text = {"type": "text", "text": "What is the capital of France?", "cache_control": {"type": "ephemeral"}, "citations": None}
+    text = {
+        "type": "text",
+        "text": "What is the capital of France?",
+        "cache_control": {"type": "ephemeral"},
+        "citations": None,
+    }
     assert count(claude, messages=[{"role": "user", "content": [new, text]}]) == count(claude)
-    result = [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "tool_reference", "tool_name": "Read"}, {"type": "text", "text": "42"}]}]
+    result = [
+        {
+            "type": "tool_result",
+            "tool_use_id": "t1",
+            "content": [{"type": "tool_reference", "tool_name": "Read"}, {"type": "text", "text": "42"}],
+        }
+    ]
     plain = [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "42"}]}]
     call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}
-    assert count(claude, messages=[*USER, call, {"role": "user", "content": result}]) == count(claude, messages=[*USER, call, {"role": "user", "content": plain}])
-    for blocks, where in (([{"text": "no type"}], "content[0]"), ([{"type": "text", "text": 3}], "content[0].text"),
-                          ([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text"}]}], "content[0].content[0].text")):
+    assert count(claude, messages=[*USER, call, {"role": "user", "content": result}]) == count(
+        claude, messages=[*USER, call, {"role": "user", "content": plain}]
+    )
+    for blocks, where in (
+        ([{"text": "no type"}], "content[0]"),
+        ([{"type": "text", "text": 3}], "content[0].text"),
+        ([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text"}]}], "content[0].content[0].text"),
+    ):
         with pytest.raises(anthropic.BadRequestError, match=re.escape(f"messages[0].{where}:")):
             count(claude, messages=[{"role": "user", "content": blocks}])
 
 
-WEATHER = {"name": "get_weather", "description": "The weather in a city.",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def test_server_tools_are_skipped_and_deferred_tools_offered_once_referenced(claude):
     search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}
     assert count(claude, tools=[WEATHER, search]) == count(claude, tools=[WEATHER])
-    assert count(claude, tools=[{**WEATHER, "type": "custom", "cache_control": {"type": "ephemeral"}}]) == count(claude, tools=[WEATHER])
+    assert count(claude, tools=[{**WEATHER, "type": "custom", "cache_control": {"type": "ephemeral"}}]) == count(
+        claude, tools=[WEATHER]
+    )
     deferred = {**WEATHER, "name": "get_time", "defer_loading": True}
     assert count(claude, tools=[WEATHER, deferred]) == count(claude, tools=[WEATHER])
-    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {"query": "time"}}]}
-    found = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "tool_reference", "tool_name": "get_time"}]}]}
+    call = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {"query": "time"}}],
+    }
+    found = {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "t1",
+                "content": [{"type": "tool_reference", "tool_name": "get_time"}],
+            }
+        ],
+    }
     conversation = [*USER, call, found]
     undeferred = {k: v for k, v in deferred.items() if k != "defer_loading"}
-    assert count(claude, messages=conversation, tools=[WEATHER, deferred]) == count(claude, messages=conversation, tools=[WEATHER, undeferred])
+    assert count(claude, messages=conversation, tools=[WEATHER, deferred]) == count(
+        claude, messages=conversation, tools=[WEATHER, undeferred]
+    )
     with pytest.raises(anthropic.BadRequestError, match="input_schema"):
         count(claude, tools=[{"name": "no_schema"}])
     # new: ignored
-    assert claude.messages.count_tokens(model="any", messages=USER, extra_body={"bogus": 1}).input_tokens == count(claude)
+    assert claude.messages.count_tokens(model="any", messages=USER, extra_body={"bogus": 1}).input_tokens == count(
+        claude
+    )
 
 
 def test_responses_skip_unknown_tools_and_parts(http):
@@ -113,14 +155,26 @@ def test_responses_skip_unknown_tools_and_parts(http):
         assert r.status_code == 200, r.text
         return r.json()
 
-    function = {"type": "function", "name": "get_weather", "parameters": WEATHER["input_schema"], "strict": False, "defer_loading": False}
-    unknown = [{"type": "namespace", "name": "ns", "tools": [function]}, {"type": "web_search", "external_web_access": False},
-               {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}}]
+    function = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": WEATHER["input_schema"],
+        "strict": False,
+        "defer_loading": False,
+    }
+    unknown = [
+        {"type": "namespace", "name": "ns", "tools": [function]},
+        {"type": "web_search", "external_web_access": False},
+        {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+    ]
     with_all = respond(input="Hi", tools=[*unknown, function], client_metadata={"turn_id": "x"})
     assert [t["name"] for t in with_all["tools"]] == ["get_weather"]
     assert with_all["usage"]["input_tokens"] == respond(input="Hi", tools=[function])["usage"]["input_tokens"]
     parts = [{"type": "input_audio_2030", "data": "..."}, {"type": "input_text", "text": "Hi"}]
-    assert respond(input=[{"role": "user", "content": parts}])["usage"]["input_tokens"] == respond(input="Hi")["usage"]["input_tokens"]
+    assert (
+        respond(input=[{"role": "user", "content": parts}])["usage"]["input_tokens"]
+        == respond(input="Hi")["usage"]["input_tokens"]
+    )
     for tools, param in (([{"name": "f"}], "tools[0]"), ([{"type": "function", "name": "has space"}], "tools[0].name")):
         r = http.post("/v1/responses", json={"input": "Hi", "tools": tools})
         assert r.status_code == 400 and param in r.json()["error"]["message"], r.text
@@ -130,18 +184,31 @@ def test_responses_skip_unknown_tools_and_parts(http):
 def test_tool_schemas_a_grammar_cannot_hold_are_loosened_not_refused(http):
     """Claude Code's Workflow tool: a script of up to 524288 characters, and an argument of any type (a description
     only)."""
-    workflow = {"type": "object", "properties": {"script": {"type": "string", "maxLength": 524288},
-                                                 "args": {"description": "any JSON value"},
-                                                 "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 100000}}}
+    workflow = {
+        "type": "object",
+        "properties": {
+            "script": {"type": "string", "maxLength": 524288},
+            "args": {"description": "any JSON value"},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 100000},
+        },
+    }
     tools = [{"type": "function", "function": {"name": "Workflow", "parameters": workflow}}]
-    r = http.post("/v1/chat/completions", json={"messages": USER, "tools": tools, "tool_choice": "required", "max_tokens": 60})
+    r = http.post(
+        "/v1/chat/completions", json={"messages": USER, "tools": tools, "tool_choice": "required", "max_tokens": 60}
+    )
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     if choice["finish_reason"] == "tool_calls":  # else the call ran past max_tokens
         call = choice["message"]["tool_calls"][0]["function"]
         assert call["name"] == "Workflow" and isinstance(json.loads(call["arguments"]), dict)
     pattern = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-z]{1,100000}$"}}}
-    r = http.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 1,
-                                                "tools": [{"type": "function", "function": {"name": "f", "parameters": pattern}}]})
+    r = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": USER,
+            "max_tokens": 1,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": pattern}}],
+        },
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].function.parameters"
     wait_idle(http)

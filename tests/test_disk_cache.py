@@ -328,7 +328,12 @@ def test_more_files_than_streams_serve_their_prompts_from_disk(tmp_path):
 
 def test_a_server_with_other_settings_never_uses_the_files(cache_dir):
     assert files(cache_dir), "runs after test_a_conversation_goes_on_after_restarts"
-    with start_server("--parallel", "2", "--ctx-size", "4096", "--prefix-cache-exact", "--cache-dir", str(cache_dir)) as srv, srv.client() as http:
+    with (
+        start_server(
+            "--parallel", "2", "--ctx-size", "4096", "--prefix-cache-exact", "--cache-dir", str(cache_dir)
+        ) as srv,
+        srv.client() as http,
+    ):
         p = encode(http, doc("harbour", 20))
         assert complete(http, p)[1] == 0
         assert disk_figures(http)["disk_hits"] == 0

@@ -43,8 +43,19 @@ def image():
     why = _usable()
     if why:
         pytest.skip(why)
-    build = docker("build", "--network", "host", "-t", IMAGE, "--build-arg", f"BUILD_BASE={BASE}", "--build-arg", f"RUNTIME_BASE={BASE}",
-                   ROOT, timeout=3600)
+    build = docker(
+        "build",
+        "--network",
+        "host",
+        "-t",
+        IMAGE,
+        "--build-arg",
+        f"BUILD_BASE={BASE}",
+        "--build-arg",
+        f"RUNTIME_BASE={BASE}",
+        ROOT,
+        timeout=3600,
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     return IMAGE
 
@@ -52,7 +63,18 @@ def image():
 def test_the_image_runs_as_a_user_reports_healthy_and_answers(image):
     port = free_port()
     # Host networking: the daemon here may run without a bridge; the port option follows the entry point's.
-    run = docker("run", "-d", "--rm", "--network", "host", "-e", f"CLLM_HEALTH_URL=http://127.0.0.1:{port}/health", image, "--port", str(port))
+    run = docker(
+        "run",
+        "-d",
+        "--rm",
+        "--network",
+        "host",
+        "-e",
+        f"CLLM_HEALTH_URL=http://127.0.0.1:{port}/health",
+        image,
+        "--port",
+        str(port),
+    )
     assert run.returncode == 0, run.stderr
     container = run.stdout.strip()
     try:
@@ -65,8 +87,11 @@ def test_the_image_runs_as_a_user_reports_healthy_and_answers(image):
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
-                           json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=60,
+            json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8},
+        )
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
         # Docker's own health check (HEALTHCHECK on /health) turns healthy at its first run, 15 s in.
         deadline = time.monotonic() + 90

@@ -35,7 +35,10 @@ def test_same_text_same_vector_and_a_paraphrase_is_closer(oai):
 
 
 def test_a_batch_gives_what_its_inputs_give_alone(oai):
-    texts = [f"Note {i}: " + " ".join(["apples", "rivers", "engines", "poems"][i % 4] for _ in range(i % 7 + 1)) for i in range(20)]
+    texts = [
+        f"Note {i}: " + " ".join(["apples", "rivers", "engines", "poems"][i % 4] for _ in range(i % 7 + 1))
+        for i in range(20)
+    ]
     batch = vectors(oai, texts)
     for text, v in zip(texts[:5], batch):
         assert np.allclose(vectors(oai, text)[0], v, atol=1e-6)
@@ -81,10 +84,13 @@ def test_bad_input_is_a_400_naming_the_field(http):
 def test_generation_keeps_streaming_beside_a_big_batch():
     """64 inputs of ~40 tokens, with 64-token steps: each step holds the generation's token and one
     input, so the generation streams a token for about every input embedded, not one after all 64."""
-    with start_server("--parallel", "4", "--ctx-size", "2048", "--batch-size", "64") as srv, openai.OpenAI(
-        base_url=srv.url + "/v1", api_key="unused", timeout=300, max_retries=0
-    ) as oai:
-        texts = [f"Document {i}. The river runs past the old mill, under the bridge and on to the sea." for i in range(64)]
+    with (
+        start_server("--parallel", "4", "--ctx-size", "2048", "--batch-size", "64") as srv,
+        openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=300, max_retries=0) as oai,
+    ):
+        texts = [
+            f"Document {i}. The river runs past the old mill, under the bridge and on to the sea." for i in range(64)
+        ]
         done = threading.Event()
         result = []
 
@@ -95,7 +101,12 @@ def test_generation_keeps_streaming_beside_a_big_batch():
                 done.set()
 
         stream = oai.completions.create(
-            model=MODEL, prompt="Once upon a time", max_tokens=200, temperature=0, stream=True, extra_body={"ignore_eos": True}
+            model=MODEL,
+            prompt="Once upon a time",
+            max_tokens=200,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
         worker = threading.Thread(target=embed)
         during = 0

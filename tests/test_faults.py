@@ -79,7 +79,9 @@ class Load:
                 if stream:
                     with c.stream("POST", "/generate_stream", json=body) as r:
                         outcome["status"] = r.status_code
-                        outcome["events"] = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+                        outcome["events"] = [
+                            json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")
+                        ]
                 else:
                     r = c.post("/generate", json=body)
                     outcome["status"], outcome["body"] = r.status_code, r.json()

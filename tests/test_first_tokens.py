@@ -5,8 +5,18 @@ from __future__ import annotations
 from cllm.core.protocol import SamplingParams, SeqOutput, Submit
 from engine_proc.engine import FIRST_TOKEN_GROUP
 
-TOPICS = {1: "Lighthouses", 2: "Dragons", 3: "Apples", 4: "Rivers", 11: "Castles", 12: "Bees", 13: "Comets",
-          14: "Trains", 15: "Owls", 16: "Glaciers"}
+TOPICS = {
+    1: "Lighthouses",
+    2: "Dragons",
+    3: "Apples",
+    4: "Rivers",
+    11: "Castles",
+    12: "Bees",
+    13: "Comets",
+    14: "Trains",
+    15: "Owls",
+    16: "Glaciers",
+}
 
 
 def prompt(tok, rid: int, n: int) -> list[int]:

@@ -28,7 +28,12 @@ def test_openapi_document_describes_every_route(http):
     generate = doc["components"]["schemas"]["GenerateRequest"]
     # new fields are ignored, not refused
     assert generate["required"] == ["prompt"] and "additionalProperties" not in generate
-    assert generate["properties"]["top_p"] == {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0, "default": 0.9}
+    assert generate["properties"]["top_p"] == {
+        "type": "number",
+        "exclusiveMinimum": 0.0,
+        "maximum": 1.0,
+        "default": 0.9,
+    }
     assert generate["properties"]["max_tokens"]["maximum"] == 512  # set at run time: one sequence's context
     statuses = set(doc["paths"]["/generate"]["post"]["responses"])
     assert statuses == {"200", "400", "408", "413", "415", "429", "503"}
@@ -58,12 +63,26 @@ def _short(case):
 
 
 # Nothing to get wrong (a path parameter is any string).
-OPERATIONS = [("GET", "/"), ("GET", "/metrics"), ("GET", "/model/info"), ("GET", "/openapi.json"), ("GET", "/v1/models"), ("GET", "/v1/models/{model}")]
-WITH_INPUT = [
-    ("GET", "/health"), ("POST", "/generate"), ("POST", "/generate_stream"), ("POST", "/encode"),
-    ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/completion"),
+OPERATIONS = [
+    ("GET", "/"),
+    ("GET", "/metrics"),
+    ("GET", "/model/info"),
+    ("GET", "/openapi.json"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model}"),
 ]
-CASES = [(*op, GenerationMode.POSITIVE) for op in OPERATIONS + WITH_INPUT] + [(*op, GenerationMode.NEGATIVE) for op in WITH_INPUT]
+WITH_INPUT = [
+    ("GET", "/health"),
+    ("POST", "/generate"),
+    ("POST", "/generate_stream"),
+    ("POST", "/encode"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/completion"),
+]
+CASES = [(*op, GenerationMode.POSITIVE) for op in OPERATIONS + WITH_INPUT] + [
+    (*op, GenerationMode.NEGATIVE) for op in WITH_INPUT
+]
 # What the OpenAI request schemas allow but the routes refuse (token ids outside the vocabulary, max_tokens 0 without
 # echo,
 # best_of != n, grammars llama.cpp cannot build, ...) gets a 400: for /v1/ and llama-server's /completion a

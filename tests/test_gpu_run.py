@@ -97,13 +97,27 @@ def test_presets_have_the_shapes_they_are_named_for():
 
 
 def test_report_table_divides_the_right_cells(tmp_path):
-    rows = [{"system": "raw", "concurrency": 32, "sampled": False, "tokens_per_second": 1000.0},
-            {"system": "llama-server", "concurrency": 32, "sampled": False, "tokens_per_second": 800.0, "errors": 0},
-            {"system": "llama-server -bs", "concurrency": 32, "sampled": False, "tokens_per_second": 900.0, "errors": 0},
-            {"system": "cllm", "concurrency": 32, "sampled": False, "tokens_per_second": 950.0, "errors": 0},
-            {"system": "cllm", "memory": {"rss_mib": 700, "vram_mib": 5000}}]
-    doc = {"device": "test", "dry": False, "date": "today", "command": "x", "prompt_tokens": 26, "gen_tokens": 64,
-           "parallel": 64, "seq_ctx": 122, "threads": 8, "models": {"8b": {"results": rows}}, "skipped": [], "notes": []}
+    rows = [
+        {"system": "raw", "concurrency": 32, "sampled": False, "tokens_per_second": 1000.0},
+        {"system": "llama-server", "concurrency": 32, "sampled": False, "tokens_per_second": 800.0, "errors": 0},
+        {"system": "llama-server -bs", "concurrency": 32, "sampled": False, "tokens_per_second": 900.0, "errors": 0},
+        {"system": "cllm", "concurrency": 32, "sampled": False, "tokens_per_second": 950.0, "errors": 0},
+        {"system": "cllm", "memory": {"rss_mib": 700, "vram_mib": 5000}},
+    ]
+    doc = {
+        "device": "test",
+        "dry": False,
+        "date": "today",
+        "command": "x",
+        "prompt_tokens": 26,
+        "gen_tokens": 64,
+        "parallel": 64,
+        "seq_ctx": 122,
+        "threads": 8,
+        "models": {"8b": {"results": rows}},
+        "skipped": [],
+        "notes": [],
+    }
     (tmp_path / "results.json").write_text(json.dumps(doc))
     gpu_report.render(str(tmp_path))
     md = (tmp_path / "results.md").read_text()
@@ -112,21 +126,32 @@ def test_report_table_divides_the_right_cells(tmp_path):
     assert "SPEED only" in md
 
 
-@pytest.mark.skipif(os.environ.get("CLLM_GPU_DRY") != "1", reason="the dry GPU run compiles llama.cpp: make test-gpu-dry")
+@pytest.mark.skipif(
+    os.environ.get("CLLM_GPU_DRY") != "1", reason="the dry GPU run compiles llama.cpp: make test-gpu-dry"
+)
 def test_gpu_run_dry_on_this_cpu(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_RUN_DRY": "1", "GPU_BUNDLE": ".gpu/dry/bundle",
-           "GPU_WORK": ".gpu/dry/work", "GPU_PYVER": f"{sys.version_info.major}.{sys.version_info.minor}",
-           "JOBS": os.environ.get("JOBS", "2")}
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "GPU_RUN_DRY": "1",
+        "GPU_BUNDLE": ".gpu/dry/bundle",
+        "GPU_WORK": ".gpu/dry/work",
+        "GPU_PYVER": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "JOBS": os.environ.get("JOBS", "2"),
+    }
     for script, timeout in (("perf/gpu_bundle.sh", 600), ("perf/gpu_build.sh", 3600)):
         done = subprocess.run(["bash", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         assert done.returncode == 0, f"{script}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "llama_cpp loads" in done.stdout and "gpu_build:" in done.stdout
     out = tmp_path / "out"
-    done = subprocess.run(["bash", "perf/gpu_run.sh", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=400)
+    done = subprocess.run(
+        ["bash", "perf/gpu_run.sh", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+    )
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     models = os.path.join(ROOT, ".gpu", "dry", "work")
-    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if any(models in w for w in p.info["cmdline"] or ())]
+    left = [
+        p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if any(models in w for w in p.info["cmdline"] or ())
+    ]
     assert not left, left  # every server it started was stopped
 
     doc = json.loads((out / "results.json").read_text())
@@ -142,7 +167,8 @@ def test_gpu_run_dry_on_this_cpu(tmp_path):
     assert doc["speculation"]["results"][0]["table"].startswith("| c |")  # the carried model, joined and checked
     sweep = doc["models"]["tiny"]["engine"]  # cllm bench engine --sweep: host us per step beside llama_decode's
     assert {(r["arrivals"], r["concurrency"], r["sampled"]) for r in sweep} == {
-        (a, c, s) for a in ("lockstep", "staggered") for c in (1, 8, 32, 64) for s in (False, True)}
+        (a, c, s) for a in ("lockstep", "staggered") for c in (1, 8, 32, 64) for s in (False, True)
+    }
     assert all(r["host_us_per_step"]["cpu"]["host"] > 0 and r["decode_ms"] > 0 and r["decode_steps"] > 0 for r in sweep)
     md = (out / "results.md").read_text()
     assert "| 4 | 0.7 / 0.9 |" in md and "SPEED only" in md and "host share" in md

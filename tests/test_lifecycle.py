@@ -48,11 +48,29 @@ def test_bad_settings_are_one_clear_line(tmp_path):
 
 
 def test_help_explains_every_option():
-    out = subprocess.run([sys.executable, "-m", "cllm.cli", "serve", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "cllm.cli", "serve", "--help"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
     for opt in (
-        "--host", "--port", "--model", "--ctx-size", "--parallel", "--threads", "--batch-size", "--config",
-        "--shutdown-timeout", "--max-prompt-tokens", "--max-tokens", "--max-body-bytes", "--max-waiting", "--request-timeout", "--api-key",
-        "--no-prefix-cache", "--flash-attn", "--log-level", "--log-format",
+        "--host",
+        "--port",
+        "--model",
+        "--ctx-size",
+        "--parallel",
+        "--threads",
+        "--batch-size",
+        "--config",
+        "--shutdown-timeout",
+        "--max-prompt-tokens",
+        "--max-tokens",
+        "--max-body-bytes",
+        "--max-waiting",
+        "--request-timeout",
+        "--api-key",
+        "--no-prefix-cache",
+        "--flash-attn",
+        "--log-level",
+        "--log-format",
     ):
         assert opt in out
 
@@ -88,7 +106,10 @@ def test_config_file_context_full_and_clean_sigterm(small_server):
         info = http.get("/model/info").json()["data"]
         assert info["parallel"] == 2 and info["ctx_size"] == 512 and info["max_sequence_length"] == 256
         prompt_tokens = http.post("/encode", json={"text": "Count: one two three"}).json()["data"]["length"]
-        data = http.post("/generate", json={"prompt": "Count: one two three", "max_tokens": 256, "ignore_eos": True, "temperature": 0}).json()["data"]
+        data = http.post(
+            "/generate",
+            json={"prompt": "Count: one two three", "max_tokens": 256, "ignore_eos": True, "temperature": 0},
+        ).json()["data"]
         assert data["finish_reason"] == "length"
         # every KV cell is used; the last token sampled needs none
         assert data["generated_tokens"] == 256 - prompt_tokens + 1

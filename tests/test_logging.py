@@ -42,7 +42,9 @@ def test_json_logs_startup_figures_and_one_line_per_request(json_server):
         for _ in range(3):
             http.get("/health")
             http.get("/metrics")
-        completion = http.post("/v1/completions", json={"prompt": "1, 2, 3, 4,", "max_tokens": 20, "temperature": 0, "stop": ["7"]}).json()
+        completion = http.post(
+            "/v1/completions", json={"prompt": "1, 2, 3, 4,", "max_tokens": 20, "temperature": 0, "stop": ["7"]}
+        ).json()
     wait_for_line(srv.stderr_lines, '"route":"/v1/completions"')
     records = [json.loads(line) for line in srv.stderr_lines]  # every line is one JSON object
 
@@ -61,7 +63,11 @@ def test_json_logs_startup_figures_and_one_line_per_request(json_server):
     assert first["prompt_tokens"] == data["prompt_tokens"] and first["generated_tokens"] == 12
     assert first["finish_reason"] == "length"
     assert 0 < first["ttft"] <= first["total_time"]
-    assert f"cllm-{second['id']}" == events[0]["id"] and second["route"] == "/generate_stream" and second["generated_tokens"] == 5
+    assert (
+        f"cllm-{second['id']}" == events[0]["id"]
+        and second["route"] == "/generate_stream"
+        and second["generated_tokens"] == 5
+    )
     # A stop string ends it in the frontend: the reason and the count are what the client got.
     assert f"cmpl-{third['id']}" == completion["id"] and third["route"] == "/v1/completions"
     assert third["finish_reason"] == completion["choices"][0]["finish_reason"] == "stop"
@@ -87,8 +93,18 @@ def test_a_client_that_leaves_is_logged_as_abort(server, http):
 
 def test_bad_log_options_are_one_clear_line():
     for option, value in (("--log-level", "verbose"), ("--log-format", "xml")):
-        r = subprocess.run([sys.executable, "-m", "cllm.cli", "serve", option, value], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 2 and r.stderr.startswith("cllm: invalid setting: Invalid enum value") and r.stderr.count("\n") == 1
+        r = subprocess.run(
+            [sys.executable, "-m", "cllm.cli", "serve", option, value],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (
+            r.returncode == 2
+            and r.stderr.startswith("cllm: invalid setting: Invalid enum value")
+            and r.stderr.count("\n") == 1
+        )
 
 
 def _record(**fields) -> logging.LogRecord:
@@ -97,8 +113,15 @@ def _record(**fields) -> logging.LogRecord:
     except ValueError:
         exc_info = sys.exc_info()
     return logging.makeLogRecord(
-        {"name": "cllm.test", "levelno": logging.WARNING, "levelname": "WARNING", "msg": "done %s", "args": ("here",),
-         "exc_info": exc_info, "fields": fields}
+        {
+            "name": "cllm.test",
+            "levelno": logging.WARNING,
+            "levelname": "WARNING",
+            "msg": "done %s",
+            "args": ("here",),
+            "exc_info": exc_info,
+            "fields": fields,
+        }
     )
 
 
@@ -107,5 +130,10 @@ def test_formatters_carry_the_fields():
     assert text.splitlines()[0].endswith(" WARNING cllm.test: done here id=cllm-1 ttft=0.5")
     assert "ValueError: boom" in text
     entry = json.loads(JsonFormatter().format(_record(id="cllm-1", ttft=0.5)))
-    assert entry["message"] == "done here" and entry["level"] == "warning" and entry["id"] == "cllm-1" and entry["ttft"] == 0.5
+    assert (
+        entry["message"] == "done here"
+        and entry["level"] == "warning"
+        and entry["id"] == "cllm-1"
+        and entry["ttft"] == 0.5
+    )
     assert "ValueError: boom" in entry["exception"]

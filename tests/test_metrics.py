@@ -50,7 +50,11 @@ FAMILIES = {
     "cllm_responses_stored": "gauge",
     "cllm_responses_stored_oldest_age_seconds": "gauge",
 }
-PER_REQUEST_HISTOGRAMS = ("cllm_time_to_first_token_seconds", "cllm_time_per_output_token_seconds", "cllm_e2e_request_latency_seconds")
+PER_REQUEST_HISTOGRAMS = (
+    "cllm_time_to_first_token_seconds",
+    "cllm_time_per_output_token_seconds",
+    "cllm_e2e_request_latency_seconds",
+)
 
 
 def scrape(http) -> dict[str, dict[tuple, float]]:
@@ -78,7 +82,10 @@ def wait_idle(http, generated_tokens: int = 0) -> dict:
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
         data = http.get("/health", params={"level": "full"}).json()["data"]
-        if data["queue"] == {"in_flight": 0, "running": 0, "waiting": 0} and data["engine"]["generated_tokens"] >= generated_tokens:
+        if (
+            data["queue"] == {"in_flight": 0, "running": 0, "waiting": 0}
+            and data["engine"]["generated_tokens"] >= generated_tokens
+        ):
             return data
         time.sleep(0.05)
     raise AssertionError(f"the server did not go idle: {data['queue']}, {data['engine']}")
@@ -89,7 +96,12 @@ def test_every_family_exists_with_its_type(http):
     r = http.get("/metrics")
     families = {f.name: f.type for f in text_string_to_metric_families(r.text) if f.name.startswith("cllm_")}
     assert families == FAMILIES
-    for name in ("cllm_requests_total", "cllm_prompt_tokens_total", "cllm_generation_tokens_total", "cllm_engine_restarts_total"):
+    for name in (
+        "cllm_requests_total",
+        "cllm_prompt_tokens_total",
+        "cllm_generation_tokens_total",
+        "cllm_engine_restarts_total",
+    ):
         assert f"\n{name}" in r.text, name
     assert "_created" not in r.text
 
@@ -100,11 +112,19 @@ def test_metrics_move_by_the_right_amounts(server, http):
     before = scrape(http)
 
     with ThreadPoolExecutor(3) as pool:
-        done = list(pool.map(lambda p: generate(http, prompt=p, max_tokens=max_tokens, ignore_eos=True), ["One", "Two two", "Three three three"]))
+        done = list(
+            pool.map(
+                lambda p: generate(http, prompt=p, max_tokens=max_tokens, ignore_eos=True),
+                ["One", "Two two", "Three three three"],
+            )
+        )
     events = stream_events(http, "/generate_stream", prompt="Four", max_tokens=max_tokens, ignore_eos=True)
     stream_prompt = http.post("/encode", json={"text": "Four"}).json()["data"]["length"]
     # The OpenAI routes go the same way; two choices are two sequences in one request.
-    chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Five"}], "max_tokens": max_tokens, "ignore_eos": True, "n": 2})
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Five"}], "max_tokens": max_tokens, "ignore_eos": True, "n": 2},
+    )
     assert chat.status_code == 200, chat.text
     usage = chat.json()["usage"]
     assert http.post("/generate", json={"prompt": 5}).status_code == 400
@@ -126,9 +146,15 @@ def test_metrics_move_by_the_right_amounts(server, http):
     assert delta("cllm_requests_total", route="/v1/chat/completions", status="200") == 1
     assert delta("cllm_requests_total", route="/metrics", status="200") == 1  # the first scrape
 
-    assert delta("cllm_prompt_tokens_total") == sum(d["prompt_tokens"] for d in done) + stream_prompt + usage["prompt_tokens"]
+    assert (
+        delta("cllm_prompt_tokens_total")
+        == sum(d["prompt_tokens"] for d in done) + stream_prompt + usage["prompt_tokens"]
+    )
     assert usage["completion_tokens"] == 2 * max_tokens
-    assert delta("cllm_generation_tokens_total") == sum(d["generated_tokens"] for d in done) + events[-1]["generated_tokens"] + 2 * max_tokens
+    assert (
+        delta("cllm_generation_tokens_total")
+        == sum(d["generated_tokens"] for d in done) + events[-1]["generated_tokens"] + 2 * max_tokens
+    )
     assert delta("cllm_generation_tokens_total") == 6 * max_tokens
     # Per request: 5 latencies; per sequence: 6 first tokens and 6 times per token.
     for name, count in zip(PER_REQUEST_HISTOGRAMS, (6, 6, 5)):
@@ -221,7 +247,11 @@ def test_prefix_cache_counters_follow_the_engine_counts_across_a_restart():
         cache = PrefixCacheStats(hits, misses, hit_tokens, cells, restored, host_bytes=1000, disk_rejected=rejected)
         m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=cache), kv_total=1024, now=1.0)
     m.engine_ready(now=2.0, generation=1)  # the new engine counts from zero
-    m.engine_stats(EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(1, 1, 128, 128, 1, host_bytes=500, disk_rejected=1)), kv_total=1024, now=3.0)
+    m.engine_stats(
+        EngineStats(0, 0, 0, 1, 1, prefix_cache=PrefixCacheStats(1, 1, 128, 128, 1, host_bytes=500, disk_rejected=1)),
+        kv_total=1024,
+        now=3.0,
+    )
     text = m.exposition().decode()
     engine = 'model="",replica="0"'
     assert f'cllm_prefix_cache_lookups_total{{{engine},result="hit"}} 4.0' in text

@@ -17,12 +17,33 @@ from tests.conftest import CHAT_PROMPT, ROOT, free_port, running, start_server, 
 
 LLAMA_SERVER = os.path.join(ROOT, "perf", "cache", "bin", "llama-server")
 TIMING_KEYS = {
-    "cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
-    "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second",
+    "cache_n",
+    "prompt_n",
+    "prompt_ms",
+    "prompt_per_token_ms",
+    "prompt_per_second",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "predicted_per_second",
 }
 RESULT_KEYS = {
-    "index", "content", "tokens", "id_slot", "stop", "model", "tokens_predicted", "tokens_evaluated", "generation_settings",
-    "prompt", "has_new_line", "truncated", "stop_type", "stopping_word", "tokens_cached", "timings",
+    "index",
+    "content",
+    "tokens",
+    "id_slot",
+    "stop",
+    "model",
+    "tokens_predicted",
+    "tokens_evaluated",
+    "generation_settings",
+    "prompt",
+    "has_new_line",
+    "truncated",
+    "stop_type",
+    "stopping_word",
+    "tokens_cached",
+    "timings",
 }
 GREEDY = {"temperature": 0, "seed": 1}
 
@@ -124,9 +145,17 @@ def test_grammar_and_json_schema(http):
 
 def test_a_grammar_llama_cpp_cannot_parse_is_a_400_quoting_why(http):
     messages = [{"role": "user", "content": "hi"}]
-    refused(http.post("/completion", json={"prompt": "x", "grammar": "root ::= foo"}), 400, "Undefined rule identifier 'foo'")
+    refused(
+        http.post("/completion", json={"prompt": "x", "grammar": "root ::= foo"}),
+        400,
+        "Undefined rule identifier 'foo'",
+    )
     refused(http.post("/completion", json={"prompt": "x", "grammar": 'root ::= ("a"'}), 400, "expecting ')'")
-    refused(http.post("/completion", json={"prompt": "x", "grammar": 'rot ::= "a"'}), 400, "does not contain a 'root' symbol")
+    refused(
+        http.post("/completion", json={"prompt": "x", "grammar": 'rot ::= "a"'}),
+        400,
+        "does not contain a 'root' symbol",
+    )
     for path, body in (("/v1/chat/completions", {"messages": messages}), ("/v1/completions", {"prompt": "x"})):
         r = http.post(path, json={**body, "grammar": "root ::= [a-"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "grammar"
@@ -141,7 +170,10 @@ def test_grammar_on_the_openai_routes(http):
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] in ("yes", "no")
     r = http.post("/v1/completions", json={"prompt": CHAT_PROMPT, "grammar": grammar, "max_tokens": 8})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("yes", "no")
-    r = http.post("/v1/chat/completions", json={"messages": messages, "grammar": grammar, "response_format": {"type": "json_object"}})
+    r = http.post(
+        "/v1/chat/completions",
+        json={"messages": messages, "grammar": grammar, "response_format": {"type": "json_object"}},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "grammar"
 
 
@@ -159,13 +191,26 @@ def test_bad_completion_bodies_name_what_is_wrong(http):
     refused(post(prompt="x", n_probs=50), 400, "n_probs")
     refused(http.post("/completion", content=b"{nope", headers={"content-type": "application/json"}), 400)
     # What llama.cpp's clients send that cLLM does not apply is accepted.
-    out = completion(http, prompt="x", n_predict=1, dry_multiplier=0.8, mirostat=2, samplers=["top_k"], cache_prompt=False,
-                     logit_bias={"13": False}, xtc_probability=0.5, typical_p=0.9, id_slot=3)
+    out = completion(
+        http,
+        prompt="x",
+        n_predict=1,
+        dry_multiplier=0.8,
+        mirostat=2,
+        samplers=["top_k"],
+        cache_prompt=False,
+        logit_bias={"13": False},
+        xtc_probability=0.5,
+        typical_p=0.9,
+        id_slot=3,
+    )
     assert out["tokens_predicted"] == 1 and out["generation_settings"]["logit_bias"][0]["token"] == 13
 
 
 def test_response_fields_pick_and_unnest(http):
-    out = completion(http, prompt="Hi", n_predict=2, response_fields=["content", "generation_settings/n_predict", "nope"], **GREEDY)
+    out = completion(
+        http, prompt="Hi", n_predict=2, response_fields=["content", "generation_settings/n_predict", "nope"], **GREEDY
+    )
     assert out.keys() == {"content", "generation_settings/n_predict"} and out["generation_settings/n_predict"] == 2
 
 
@@ -182,8 +227,16 @@ def test_props(http):
 
 
 BUSY_SLOT_KEYS = {
-    "id", "n_ctx", "speculative", "is_processing", "id_task", "n_prompt_tokens", "n_prompt_tokens_processed",
-    "n_prompt_tokens_cache", "params", "next_token",
+    "id",
+    "n_ctx",
+    "speculative",
+    "is_processing",
+    "id_task",
+    "n_prompt_tokens",
+    "n_prompt_tokens_processed",
+    "n_prompt_tokens_cache",
+    "params",
+    "next_token",
 }
 
 
@@ -215,7 +268,11 @@ def test_apply_template_renders_as_the_chat_route(http):
 
 def test_infill_on_a_model_without_fim_tokens(http):
     error = refused(http.post("/infill", json={"input_prefix": "def f(", "input_suffix": ")"}), 501)
-    assert error["message"] == "Infill is not supported by this model: prefix token is missing. suffix token is missing. middle token is missing. "
+    assert (
+        error["message"]
+        == "Infill is not supported by this model: prefix token is missing. suffix token is missing. middle token is "
+        "missing. "
+    )
     assert error["type"] == "not_supported_error"
 
 
@@ -234,7 +291,9 @@ def fim_model(tmp_path_factory) -> str:
     copy = str(tmp_path_factory.mktemp("fim") / "smollm2-fim.gguf")
     reader = gguf.GGUFReader(resolve_model(None), "r")
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    meta = {f"tokenizer.ggml.{name}_token_id": MetadataDetails(gguf.GGUFValueType.UINT32, i) for name, i in FIM_IDS.items()}
+    meta = {
+        f"tokenizer.ggml.{name}_token_id": MetadataDetails(gguf.GGUFValueType.UINT32, i) for name, i in FIM_IDS.items()
+    }
     copy_with_new_metadata(reader, gguf.GGUFWriter(copy, arch=arch, endianess=reader.endianess), meta, [])
     return copy
 
@@ -246,8 +305,13 @@ def fim_server(fim_model):
 
 
 INFILL = {
-    "input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n", "prompt": "a",
-    "input_extra": [{"filename": "util.py", "text": "x = 1\n"}], "n_predict": 4, "ignore_eos": True, **GREEDY,
+    "input_prefix": "def add(a, b):\n    return ",
+    "input_suffix": "\n\nprint(add(1, 2))\n",
+    "prompt": "a",
+    "input_extra": [{"filename": "util.py", "text": "x = 1\n"}],
+    "n_predict": 4,
+    "ignore_eos": True,
+    **GREEDY,
 }
 
 
@@ -255,27 +319,66 @@ def test_infill_builds_llama_servers_prompt_and_generates(fim_server):
     out = fim_server.post("/infill", json=INFILL)
     assert out.status_code == 200, out.text
     out = out.json()
-    expected = ("<repo_name>myproject\n<file_sep>util.py\nx = 1\n<file_sep>filename\n"
-                "<jupyter_start>def add(a, b):\n    return a<jupyter_text>\n\nprint(add(1, 2))\n<jupyter_code>")
+    expected = (
+        "<repo_name>myproject\n<file_sep>util.py\nx = 1\n<file_sep>filename\n"
+        "<jupyter_start>def add(a, b):\n    return a<jupyter_text>\n\nprint(add(1, 2))\n<jupyter_code>"
+    )
     assert out["prompt"] == expected
     assert out["tokens_predicted"] == 4 and out["stop_type"] == "limit"
     chunks = events(fim_server, "/infill", **INFILL)
     assert chunks[-1]["stop"] is True and "".join(c["content"] for c in chunks) == out["content"]
     refused(fim_server.post("/infill", json={"input_suffix": ""}), 400, "input_prefix")
-    refused(fim_server.post("/infill", json={"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}), 400, "text")
+    refused(
+        fim_server.post("/infill", json={"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}),
+        400,
+        "text",
+    )
 
 
 # ---- beside llama-server ----------------------------------------------------------------
 
 # Keys llama-server has that cLLM leaves out on purpose (docs/llama-server-api.md says why).
 ONLY_LLAMA_SERVER = {
-    "props": {"media_marker", "ui", "ui_settings", "chat_template_caps", "cors_proxy_enabled", "chat_template_tool_use"},
+    "props": {
+        "media_marker",
+        "ui",
+        "ui_settings",
+        "chat_template_caps",
+        "cors_proxy_enabled",
+        "chat_template_tool_use",
+    },
     "settings": {
-        "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p", "dry_multiplier",
-        "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat", "mirostat_tau",
-        "mirostat_eta", "adaptive_target", "adaptive_decay", "n_keep", "n_discard", "min_keep", "grammar_lazy",
-        "grammar_triggers", "preserved_tokens", "chat_format", "reasoning_format", "reasoning_in_content", "generation_prompt",
-        "speculative.types", "timings_per_token", "post_sampling_probs", "backend_sampling", "lora",
+        "dynatemp_range",
+        "dynatemp_exponent",
+        "top_n_sigma",
+        "xtc_probability",
+        "xtc_threshold",
+        "typical_p",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+        "adaptive_target",
+        "adaptive_decay",
+        "n_keep",
+        "n_discard",
+        "min_keep",
+        "grammar_lazy",
+        "grammar_triggers",
+        "preserved_tokens",
+        "chat_format",
+        "reasoning_format",
+        "reasoning_in_content",
+        "generation_prompt",
+        "speculative.types",
+        "timings_per_token",
+        "post_sampling_probs",
+        "backend_sampling",
+        "lora",
     },
     "slot": {"prompt", "generated"},
 }
@@ -308,7 +411,19 @@ def llama_server_on(model: str, tmp_path_factory, *args: str) -> Iterator[httpx.
     from perf.servers import launch
 
     port = free_port()
-    cmd = [LLAMA_SERVER, "--model", model, "--host", "127.0.0.1", "--port", str(port), "--threads", "1", "--no-webui", *args]
+    cmd = [
+        LLAMA_SERVER,
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--threads",
+        "1",
+        "--no-webui",
+        *args,
+    ]
     server = launch("llama-server", cmd, port, "/health", logs=str(tmp_path_factory.mktemp("llama-server")))
     try:
         with httpx.Client(base_url=server.url, timeout=300) as c:
@@ -336,8 +451,18 @@ def test_the_same_keys_and_types_as_llama_server(http, llama_server):
     same_shape(ours[0], theirs[0], "partial chunk")
     same_shape({**ours[-1], "generation_settings": {}}, {**theirs[-1], "generation_settings": {}}, "last chunk")
     ours, theirs = (c.get("/props").json() for c in both)
-    same_shape({**ours, "default_generation_settings": {}}, {**theirs, "default_generation_settings": {}}, "props", ONLY_LLAMA_SERVER["props"])
-    same_shape(ours["default_generation_settings"]["params"], theirs["default_generation_settings"]["params"], "props params", settings)
+    same_shape(
+        {**ours, "default_generation_settings": {}},
+        {**theirs, "default_generation_settings": {}},
+        "props",
+        ONLY_LLAMA_SERVER["props"],
+    )
+    same_shape(
+        ours["default_generation_settings"]["params"],
+        theirs["default_generation_settings"]["params"],
+        "props params",
+        settings,
+    )
     ours, theirs = (c.get("/slots").json() for c in both)
     same_shape(ours[0], {k: theirs[0][k] for k in ours[0]}, "idle slot")  # llama-server's keeps its last task's fields
     ran = next(s for s in theirs if "id_task" in s)
@@ -348,7 +473,9 @@ def test_the_same_keys_and_types_as_llama_server(http, llama_server):
     ours, theirs = (c.post("/infill", json={"input_prefix": "a", "input_suffix": "b"}) for c in both)
     assert ours.status_code == theirs.status_code == 501 and ours.json() == theirs.json()
     ours, theirs = (c.post("/props", json={}) for c in both)
-    assert ours.status_code == theirs.status_code == 501 and ours.json()["error"]["type"] == theirs.json()["error"]["type"]
+    assert (
+        ours.status_code == theirs.status_code == 501 and ours.json()["error"]["type"] == theirs.json()["error"]["type"]
+    )
     ours, theirs = (c.post("/completion", json={"prompt": "x", "grammar": "root ::= foo"}) for c in both)
     assert ours.status_code == theirs.status_code == 400
     assert ours.json()["error"].keys() == theirs.json()["error"].keys()
@@ -357,7 +484,9 @@ def test_the_same_keys_and_types_as_llama_server(http, llama_server):
 def test_infill_as_llama_server_builds_it(fim_model, fim_server, tmp_path_factory):
     """The same /infill to llama-server on the same FIM model, sized alike (its batch as cLLM's 512): the same
     prompt."""
-    with llama_server_on(fim_model, tmp_path_factory, "--parallel", "2", "--ctx-size", "2048", "--batch-size", "512") as theirs:
+    with llama_server_on(
+        fim_model, tmp_path_factory, "--parallel", "2", "--ctx-size", "2048", "--batch-size", "512"
+    ) as theirs:
         ours, theirs = (c.post("/infill", json=INFILL).json() for c in (fim_server, theirs))
     assert ours["prompt"] == theirs["prompt"] and ours["tokens_evaluated"] == theirs["tokens_evaluated"]
     assert ours["content"] == theirs["content"]

@@ -71,8 +71,14 @@ def test_ignore_eos_runs_to_num_predict(client):
     options = {"temperature": 0, "num_predict": 24}
     stopped = client.chat(NAME, messages=ask("What is 2+2? Answer with a number only."), options=options)
     assert stopped.done_reason == "stop" and stopped.eval_count < 24
-    full = client.chat(NAME, messages=ask("What is 2+2? Answer with a number only."), options={**options, "ignore_eos": True})
-    assert full.done_reason == "length" and full.eval_count == 24 and full.message.content.startswith(stopped.message.content)
+    full = client.chat(
+        NAME, messages=ask("What is 2+2? Answer with a number only."), options={**options, "ignore_eos": True}
+    )
+    assert (
+        full.done_reason == "length"
+        and full.eval_count == 24
+        and full.message.content.startswith(stopped.message.content)
+    )
 
 
 def test_generate_templated_raw_and_stop(client):
@@ -82,15 +88,30 @@ def test_generate_templated_raw_and_stop(client):
     assert "Paris" in raw.response and "." not in raw.response and raw.done_reason == "stop"
     assert raw.prompt_eval_count < 10  # no template around it
     streamed = list(client.generate(NAME, "The capital of France is", raw=True, stream=True, options=FEW))
-    assert streamed[-1].done and "".join(c.response for c in streamed) == client.generate(NAME, "The capital of France is", raw=True, options=FEW).response
+    assert (
+        streamed[-1].done
+        and "".join(c.response for c in streamed)
+        == client.generate(NAME, "The capital of France is", raw=True, options=FEW).response
+    )
 
 
 def test_format_schema_is_enforced(client):
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}}, "required": ["city", "population"]}
-    r = client.chat(NAME, messages=ask("Name a city and its population as JSON."), format=schema, options={"temperature": 0, "num_predict": 60})
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+    }
+    r = client.chat(
+        NAME,
+        messages=ask("Name a city and its population as JSON."),
+        format=schema,
+        options={"temperature": 0, "num_predict": 60},
+    )
     value = json.loads(r.message.content)
     assert set(value) == {"city", "population"} and type(value["population"]) is int
-    free = client.generate(NAME, "Describe Paris.", format="json", options={"temperature": 0, "num_predict": 12}).response
+    free = client.generate(
+        NAME, "Describe Paris.", format="json", options={"temperature": 0, "num_predict": 12}
+    ).response
     assert free.lstrip().startswith("{")  # any JSON object (it runs out of tokens before it closes)
 
 
@@ -100,7 +121,11 @@ def weather_history() -> list[dict]:
     for city in ("London", "Berlin"):
         messages += [
             {"role": "user", "content": f"Weather in {city}?"},
-            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": city}}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": city}}}],
+            },
             {"role": "tool", "tool_name": "get_weather", "content": "15 C"},
             {"role": "assistant", "content": f"15 C in {city}."},
         ]
@@ -112,7 +137,9 @@ def test_tool_calls_come_back_with_object_arguments(client):
     (call,) = r.message.tool_calls
     assert call.function.name == "get_weather" and call.function.arguments == {"city": "Paris"}
     assert r.done_reason == "stop"
-    chunks = list(client.chat(NAME, messages=weather_history(), tools=[WEATHER], stream=True, options={"temperature": 0}))
+    chunks = list(
+        client.chat(NAME, messages=weather_history(), tools=[WEATHER], stream=True, options={"temperature": 0})
+    )
     calls = [c for chunk in chunks for c in chunk.message.tool_calls or ()]
     assert [(c.function.name, c.function.arguments) for c in calls] == [("get_weather", {"city": "Paris"})]
 
@@ -137,8 +164,18 @@ def test_num_ctx_beyond_the_slot_is_clamped_and_said(server, client):
     [
         ("/api/chat", {"model": "nope", "messages": ask("Hi")}, 404, "model 'nope' not found"),
         ("/api/show", {"model": "nope:7b"}, 404, "model 'nope:7b' not found"),
-        ("/api/chat", {"model": NAME, "messages": ask("Hi"), "options": {"num_predict": "x"}}, 400, "options.num_predict"),
-        ("/api/chat", {"model": NAME, "messages": [{"role": "user", "content": "Hi", "images": ["iVBOR"]}]}, 400, "image input"),
+        (
+            "/api/chat",
+            {"model": NAME, "messages": ask("Hi"), "options": {"num_predict": "x"}},
+            400,
+            "options.num_predict",
+        ),
+        (
+            "/api/chat",
+            {"model": NAME, "messages": [{"role": "user", "content": "Hi", "images": ["iVBOR"]}]},
+            400,
+            "image input",
+        ),
         ("/api/chat", {"model": NAME, "messages": ask("Hi"), "format": "yaml"}, 400, "format"),
         ("/api/chat", {"model": NAME, "messages": ask("Hi"), "keep_alive": "soon"}, 400, "keep_alive"),
         ("/api/generate", {"model": NAME, "prompt": "Hi", "images": ["iVBOR"]}, 400, "image input"),
@@ -171,18 +208,27 @@ def test_other_errors_take_the_shape_too(http):
 
 
 def test_unknown_fields_and_options_are_ignored(http):
-    body = {"model": NAME, "messages": ask("Hi"), "stream": False, "options": {**FEW, "num_thread": 2, "mirostat": 0}, "brand_new": 1}
+    body = {
+        "model": NAME,
+        "messages": ask("Hi"),
+        "stream": False,
+        "options": {**FEW, "num_thread": 2, "mirostat": 0},
+        "brand_new": 1,
+    }
     r = http.post("/api/chat", json=body)
     assert r.status_code == 200 and r.json()["done"] is True
 
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    config = write_config(tmp_path_factory.mktemp("ollama"), """
+    config = write_config(
+        tmp_path_factory.mktemp("ollama"),
+        """
 models:
   - {id: a, path: FILE, ctx-size: 1024, parallel: 1}
   - {id: b, path: FILE, ctx-size: 1024, parallel: 1}
-""")
+""",
+    )
     with start_server("--config", config) as srv:
         yield srv
 
@@ -209,7 +255,9 @@ def test_langchain_chat_ollama(server):
     llm = ChatOllama(base_url=server.url, model=NAME, temperature=0, num_predict=8)
     assert llm.invoke("What is the capital of France?").content
     chunks = list(llm.stream("Hi"))
-    assert "".join(c.content for c in chunks).strip() and any(c.response_metadata.get("done_reason") == "length" for c in chunks)
+    assert "".join(c.content for c in chunks).strip() and any(
+        c.response_metadata.get("done_reason") == "length" for c in chunks
+    )
 
     class City(BaseModel):
         city: str
@@ -221,8 +269,17 @@ def test_langchain_chat_ollama(server):
     history = []
     for i, city in enumerate(("London", "Berlin")):
         call = {"name": "get_weather", "args": {"city": city}, "id": f"call_{i}"}
-        history += [HumanMessage(f"Weather in {city}?"), AIMessage("", tool_calls=[call]), ToolMessage("15 C", tool_call_id=f"call_{i}"), AIMessage(f"15 C in {city}.")]
-    reply = ChatOllama(base_url=server.url, model=NAME, temperature=0).bind_tools([WEATHER]).invoke([*history, HumanMessage("Weather in Paris?")])
+        history += [
+            HumanMessage(f"Weather in {city}?"),
+            AIMessage("", tool_calls=[call]),
+            ToolMessage("15 C", tool_call_id=f"call_{i}"),
+            AIMessage(f"15 C in {city}."),
+        ]
+    reply = (
+        ChatOllama(base_url=server.url, model=NAME, temperature=0)
+        .bind_tools([WEATHER])
+        .invoke([*history, HumanMessage("Weather in Paris?")])
+    )
     assert [(c["name"], c["args"]) for c in reply.tool_calls] == [("get_weather", {"city": "Paris"})]
 
 

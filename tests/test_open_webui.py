@@ -46,10 +46,20 @@ from tests.test_ollama import NAME
 JSON = {"Content-Type": "application/json"}
 # What Open WebUI adds when ENABLE_FORWARD_USER_INFO_HEADERS is on: cllm must not mind them.
 USER = {
-    "X-OpenWebUI-User-Name": "Ada Lovelace", "X-OpenWebUI-User-Id": "0b6f8a2e", "X-OpenWebUI-User-Email": "ada@example.com",
-    "X-OpenWebUI-User-Role": "admin", "X-OpenWebUI-Chat-Id": "c7d1b2a4",
+    "X-OpenWebUI-User-Name": "Ada Lovelace",
+    "X-OpenWebUI-User-Id": "0b6f8a2e",
+    "X-OpenWebUI-User-Email": "ada@example.com",
+    "X-OpenWebUI-User-Role": "admin",
+    "X-OpenWebUI-Chat-Id": "c7d1b2a4",
 }
-DONE_NUMBERS = ("prompt_eval_count", "eval_count", "eval_duration", "prompt_eval_duration", "total_duration", "load_duration")
+DONE_NUMBERS = (
+    "prompt_eval_count",
+    "eval_count",
+    "eval_duration",
+    "prompt_eval_duration",
+    "total_duration",
+    "load_duration",
+)
 
 
 def _json(r) -> dict:
@@ -63,7 +73,9 @@ def _usage(done: dict) -> dict:
     return {
         "input_tokens": int(done.get("prompt_eval_count", 0)),
         "output_tokens": int(done.get("eval_count", 0)),
-        "response_token/s": round(done["eval_count"] / (done["eval_duration"] / 10_000_000) * 100, 2) if done.get("eval_duration", 0) > 0 else "N/A",
+        "response_token/s": round(done["eval_count"] / (done["eval_duration"] / 10_000_000) * 100, 2)
+        if done.get("eval_duration", 0) > 0
+        else "N/A",
         "approximate_total": (done.get("total_duration", 0) or 0) // 1_000_000_000,
     }
 
@@ -85,7 +97,11 @@ def test_start_up_lists_the_model_as_open_webui_reads_it(http):
     assert NAME in expires and int(datetime.fromisoformat(expires[NAME]).timestamp()) > 0
 
     shown = _json(http.post("/api/show", content=json.dumps({"model": NAME}), headers=JSON))
-    assert isinstance(shown["model_info"], dict) and isinstance(shown["details"], dict) and "completion" in shown["capabilities"]
+    assert (
+        isinstance(shown["model_info"], dict)
+        and isinstance(shown["details"], dict)
+        and "completion" in shown["capabilities"]
+    )
 
 
 def test_a_chat_streams_lines_open_webui_parses(server, http):
@@ -97,7 +113,15 @@ def test_a_chat_streams_lines_open_webui_parses(server, http):
         ],
         "stream": True,
         # Open WebUI's advanced parameters, mapped to Ollama's options (num_thread, use_mmap: ones cllm ignores).
-        "options": {"temperature": 0.0, "num_predict": 24, "seed": 42, "stop": ["<|im_end|>"], "num_ctx": 2048, "num_thread": 2, "use_mmap": True},
+        "options": {
+            "temperature": 0.0,
+            "num_predict": 24,
+            "seed": 42,
+            "stop": ["<|im_end|>"],
+            "num_ctx": 2048,
+            "num_thread": 2,
+            "use_mmap": True,
+        },
         "keep_alive": "5m",
     }
     lines = []
@@ -121,7 +145,9 @@ def test_a_chat_streams_lines_open_webui_parses(server, http):
     done = objects[-1]
     assert all(isinstance(done[k], int) for k in DONE_NUMBERS) and done["done_reason"] in ("stop", "length")
     usage = _usage(done)
-    assert usage["input_tokens"] > 10 and 0 < usage["output_tokens"] <= 24 and isinstance(usage["response_token/s"], float)
+    assert (
+        usage["input_tokens"] > 10 and 0 < usage["output_tokens"] <= 24 and isinstance(usage["response_token/s"], float)
+    )
 
 
 TITLE_PROMPT = """### Task:
@@ -138,7 +164,12 @@ ASSISTANT: Red, green and blue.
 @pytest.mark.parametrize("task", ["title", "tags", "follow_ups"])
 def test_task_generation_on_the_same_model_answers_whole(http, task):
     # Open WebUI's task body after convert_payload_openai_to_ollama: max_tokens lands at the root as num_predict.
-    body = {"model": NAME, "messages": [{"role": "user", "content": TITLE_PROMPT.replace("title", task)}], "stream": False, "num_predict": 1000}
+    body = {
+        "model": NAME,
+        "messages": [{"role": "user", "content": TITLE_PROMPT.replace("title", task)}],
+        "stream": False,
+        "num_predict": 1000,
+    }
     r = http.post("/api/chat", content=json.dumps(body), headers={**JSON, **USER})
     assert r.status_code == 200, r.text
     out = _json(r)
@@ -147,7 +178,13 @@ def test_task_generation_on_the_same_model_answers_whole(http, task):
 
 
 def test_a_model_it_does_not_have_is_an_error_it_can_show(http):
-    r = http.post("/api/chat", content=json.dumps({"model": "llama3.2:latest", "messages": [{"role": "user", "content": "hi"}], "stream": True}), headers=JSON)
+    r = http.post(
+        "/api/chat",
+        content=json.dumps(
+            {"model": "llama3.2:latest", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        ),
+        headers=JSON,
+    )
     assert r.status_code == 404 and isinstance(_json(r)["error"], str) and "llama3.2" in r.json()["error"]
 
 
@@ -164,7 +201,16 @@ def test_a_later_turn_with_its_tool_history_is_taken(http):
             {"role": "user", "content": "So, should I take a coat?"},
         ],
         "stream": False,
-        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "The weather in a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                },
+            }
+        ],
         "options": {"temperature": 0.0, "num_predict": 8},
         "keep_alive": -1,  # "-1" in its settings, json.loads-ed to a number
     }
@@ -172,7 +218,9 @@ def test_a_later_turn_with_its_tool_history_is_taken(http):
     assert r.status_code == 200, r.text
     out = _json(r)
     assert out["done"] is True and out["eval_count"] <= 8
-    assert isinstance(out["message"]["content"], str) and all(isinstance(c["function"]["arguments"], dict) for c in out["message"].get("tool_calls", []))
+    assert isinstance(out["message"]["content"], str) and all(
+        isinstance(c["function"]["arguments"], dict) for c in out["message"].get("tool_calls", [])
+    )
 
 
 def test_rag_embeddings_with_its_empty_bearer(server):
@@ -190,4 +238,6 @@ def test_rag_embeddings_with_its_empty_bearer(server):
         conn.close()
     assert r.status == 200 and r.getheader("content-type").startswith("application/json"), answer
     vectors = json.loads(answer)["embeddings"]
-    assert len(vectors) == 2 and all(len(v) == len(vectors[0]) > 0 and all(isinstance(x, float) for x in v) for v in vectors)
+    assert len(vectors) == 2 and all(
+        len(v) == len(vectors[0]) > 0 and all(isinstance(x, float) for x in v) for v in vectors
+    )

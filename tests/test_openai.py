@@ -73,9 +73,16 @@ def test_completion(oai, http):
     assert "Paris" in choice.text
     assert choice.finish_reason == "length" and choice.logprobs is None
     prompt_tokens = http.post("/encode", json={"text": "The capital of France is"}).json()["data"]["length"]
-    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (prompt_tokens, 12, prompt_tokens + 12)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (
+        prompt_tokens,
+        12,
+        prompt_tokens + 12,
+    )
     # OpenAI's default max_tokens for completions is 16.
-    assert complete(oai, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True}).usage.completion_tokens == 16
+    assert (
+        complete(oai, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True}).usage.completion_tokens
+        == 16
+    )
 
 
 def test_completion_prompt_forms(oai, http):
@@ -96,15 +103,26 @@ def test_chat_multi_turn(oai, http):
     assert choice.finish_reason == "stop" and 0 < r.usage.completion_tokens < 200
     assert "Alice" in choice.message.content and "<|im_end|>" not in choice.message.content
     # The prompt is the conversation in the model's own template (SmolLM2: ChatML).
-    rendered = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in CONVERSATION) + "<|im_start|>assistant\n"
+    rendered = (
+        "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in CONVERSATION)
+        + "<|im_start|>assistant\n"
+    )
     assert r.usage.prompt_tokens == http.post("/encode", json={"text": rendered}).json()["data"]["length"]
 
 
 def test_chat_content_parts_and_developer_role(oai):
-    plain = chat(oai, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}], temperature=0, max_tokens=10)
+    plain = chat(
+        oai,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
+        temperature=0,
+        max_tokens=10,
+    )
     parts = chat(
         oai,
-        messages=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi there"}]}],
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi there"}]},
+        ],
         temperature=0,
         max_tokens=10,
     )
@@ -130,8 +148,14 @@ def test_completion_stream_equals_non_stream(oai):
 
 
 def test_stream_usage_chunk_and_done(server, http):
-    body = {"model": MODEL, "messages": CONVERSATION[:2], "max_tokens": 5, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": CONVERSATION[:2],
+        "max_tokens": 5,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with http.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in r.iter_lines() if line]
@@ -196,7 +220,9 @@ def test_n_choices(oai):
 
 
 def test_n_usage_counts_every_choice(oai):
-    r = complete(oai, prompt="Once upon a time", max_tokens=7, n=3, temperature=0.8, seed=1, extra_body={"ignore_eos": True})
+    r = complete(
+        oai, prompt="Once upon a time", max_tokens=7, n=3, temperature=0.8, seed=1, extra_body={"ignore_eos": True}
+    )
     assert len(r.choices) == 3 and r.usage.completion_tokens == 21
 
 
@@ -212,7 +238,9 @@ def test_chat_logprobs(oai):
         assert lps == sorted(lps, reverse=True)
         assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == pytest.approx(t.logprob)  # greedy
     streamed = []
-    for chunk in oai.chat.completions.create(model=MODEL, messages=CONVERSATION, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3, stream=True):
+    for chunk in oai.chat.completions.create(
+        model=MODEL, messages=CONVERSATION, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3, stream=True
+    ):
         for c in chunk.choices:
             streamed += c.logprobs.content if c.logprobs else []
     assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
@@ -250,19 +278,35 @@ def json_schema(schema: dict) -> dict:
 
 def test_json_schema_counts_up_to_the_limit_are_enforced(oai):
     # 3 + 4 + 1000 + 1000 of the 2048 allowed; llama.cpp itself refuses a single count much above 1000.
-    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-                                               "notes": {"type": "string", "maxLength": 1000},
-                                               "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 1000}},
-              "required": ["code"]}
-    r = chat(oai, messages=[{"role": "user", "content": "Give a product code."}], temperature=0, max_tokens=40,
-             response_format=json_schema(schema))
+    schema = {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+            "notes": {"type": "string", "maxLength": 1000},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 1000},
+        },
+        "required": ["code"],
+    }
+    r = chat(
+        oai,
+        messages=[{"role": "user", "content": "Give a product code."}],
+        temperature=0,
+        max_tokens=40,
+        response_format=json_schema(schema),
+    )
     assert r.choices[0].finish_reason == "stop"
     assert re.fullmatch(r"[A-Z]{3}-[0-9]{4}", json.loads(r.choices[0].message.content)["code"])
 
 
 def test_json_object_output_parses(oai):
-    r = chat(oai, messages=[{"role": "user", "content": "Describe a person."}], temperature=0.7, seed=3, max_tokens=150,
-             response_format={"type": "json_object"})
+    r = chat(
+        oai,
+        messages=[{"role": "user", "content": "Describe a person."}],
+        temperature=0.7,
+        seed=3,
+        max_tokens=150,
+        response_format={"type": "json_object"},
+    )
     assert r.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
@@ -273,7 +317,10 @@ def test_vanishing_temperature_is_greedy(oai, http):
     restarts = health(http)["restarts"]["engine"]
     kw = dict(messages=[{"role": "user", "content": "Describe a person."}], max_tokens=20, seed=1)
     fmt = {"type": "json_object"}
-    assert chat(oai, temperature=1e-40, **kw).choices[0].message.content == chat(oai, temperature=0, **kw).choices[0].message.content
+    assert (
+        chat(oai, temperature=1e-40, **kw).choices[0].message.content
+        == chat(oai, temperature=0, **kw).choices[0].message.content
+    )
     tiny = chat(oai, temperature=1e-40, response_format=fmt, **kw).choices[0].message.content
     assert tiny == chat(oai, temperature=0, response_format=fmt, **kw).choices[0].message.content
     assert health(http)["restarts"]["engine"] == restarts
@@ -282,7 +329,10 @@ def test_vanishing_temperature_is_greedy(oai, http):
 def test_grammar_dead_end_is_a_bad_request(oai):
     # A pattern no character matches: after the opening quote the grammar allows no token,
     # which the engine can only find out while generating.
-    never = {"type": "json_schema", "json_schema": {"name": "never", "schema": {"type": "string", "pattern": "^[^\\x00-\\U0010FFFF]$"}}}
+    never = {
+        "type": "json_schema",
+        "json_schema": {"name": "never", "schema": {"type": "string", "pattern": "^[^\\x00-\\U0010FFFF]$"}},
+    }
     kw = dict(messages=CONVERSATION[:2], temperature=0, max_tokens=10, response_format=never)
     with pytest.raises(openai.BadRequestError) as e:
         chat(oai, **kw)
@@ -303,8 +353,15 @@ def test_logit_bias_and_penalties_steer_the_output(oai, http):
 
 
 def test_sampling_parameters_are_accepted(oai):
-    r = chat(oai, temperature=0.5, top_p=0.8, max_completion_tokens=10, seed=3, user="u1",
-             extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.3, "ignore_eos": True})
+    r = chat(
+        oai,
+        temperature=0.5,
+        top_p=0.8,
+        max_completion_tokens=10,
+        seed=3,
+        user="u1",
+        extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.3, "ignore_eos": True},
+    )
     assert r.usage.completion_tokens == 10 and r.choices[0].finish_reason == "length"
 
 
@@ -321,7 +378,10 @@ def test_sampling_parameters_are_accepted(oai):
         (dict(messages=[{"role": "user"}]), "messages[0].content"),
         (dict(messages=[]), "messages"),
         (dict(logit_bias={"999999": 5}), "logit_bias"),
-        (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}), "response_format"),
+        (
+            dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}),
+            "response_format",
+        ),
         (dict(response_format={"type": "json_object"}, extra_body={"ignore_eos": True}), "ignore_eos"),
         # Counts the converter writes out copy by copy: a few bytes asking for a grammar of gigabytes.
         # overflowed the C stack
@@ -329,8 +389,14 @@ def test_sampling_parameters_are_accepted(oai):
         (dict(response_format=json_schema({"type": "array", "maxItems": 10**9})), "response_format"),
         (dict(response_format=json_schema({"type": "string", "minLength": 10**30})), "response_format"),
         (dict(response_format=json_schema({"type": "string", "pattern": "^(ab){+999_999_999}$"})), "response_format"),
-        (dict(response_format=json_schema({"type": "array", "items": {"type": "string", "maxLength": 1500}, "maxItems": 1000})),
-         "response_format"),
+        (
+            dict(
+                response_format=json_schema(
+                    {"type": "array", "items": {"type": "string", "maxLength": 1500}, "maxItems": 1000}
+                )
+            ),
+            "response_format",
+        ),
         (dict(max_tokens=100000), "max_tokens"),
         (dict(messages=[{"role": "user", "content": "word " * 600}]), "messages"),
     ],
@@ -345,8 +411,13 @@ def test_invalid_chat_requests_raise_bad_request(oai, kw, param):
 
 
 def test_invalid_completion_requests_raise_bad_request(oai):
-    for kw, param in [(dict(prompt=[]), "prompt"), (dict(prompt=[10**7]), "prompt"), (dict(prompt="x", max_tokens=0), "max_tokens"),
-                      (dict(prompt="x", logprobs=6), "logprobs"), (dict(prompt="x", best_of=3), "best_of")]:
+    for kw, param in [
+        (dict(prompt=[]), "prompt"),
+        (dict(prompt=[10**7]), "prompt"),
+        (dict(prompt="x", max_tokens=0), "max_tokens"),
+        (dict(prompt="x", logprobs=6), "logprobs"),
+        (dict(prompt="x", best_of=3), "best_of"),
+    ]:
         with pytest.raises(openai.BadRequestError) as e:
             complete(oai, **kw)
         assert e.value.body["param"] == param
@@ -358,7 +429,14 @@ def test_v1_errors_have_openai_shape(http):
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     r = http.get("/v1/nothing")
     assert r.status_code == 404
-    assert r.json() == {"error": {"message": "not found: GET /v1/nothing", "type": "invalid_request_error", "param": None, "code": "not_found"}}
+    assert r.json() == {
+        "error": {
+            "message": "not found: GET /v1/nothing",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "not_found",
+        }
+    }
     assert http.get("/v1/chat/completions").status_code == 405
     # cLLM's own shape
     assert http.get("/nothing").json() == {"success": False, "error": "not found", "message": "GET /nothing"}

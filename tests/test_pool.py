@@ -28,7 +28,9 @@ from tests.test_metrics import scrape, value
 KEY = "pool-test-key"
 WAIT = 90.0
 # A system prompt of a few hundred tokens: the start that chat turns share.
-SYSTEM = "You are a careful assistant. " + " ".join(f"Rule {i}: answer briefly and name your sources." for i in range(40))
+SYSTEM = "You are a careful assistant. " + " ".join(
+    f"Rule {i}: answer briefly and name your sources." for i in range(40)
+)
 
 
 def write_config(tmp_path, body: str) -> str:
@@ -39,7 +41,11 @@ def write_config(tmp_path, body: str) -> str:
 
 def engines(srv, model: str) -> list[psutil.Process]:
     """The live engine processes of one model (its id is in the launch JSON on their command line)."""
-    return [p for p in alive(family(srv.proc)) if "engine_proc" in " ".join(p.cmdline()) and f'"model_id":"{model}"' in " ".join(p.cmdline())]
+    return [
+        p
+        for p in alive(family(srv.proc))
+        if "engine_proc" in " ".join(p.cmdline()) and f'"model_id":"{model}"' in " ".join(p.cmdline())
+    ]
 
 
 def status(http: httpx.Client) -> dict[str, str]:
@@ -48,12 +54,15 @@ def status(http: httpx.Client) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    config = write_config(tmp_path_factory.mktemp("pool"), """
+    config = write_config(
+        tmp_path_factory.mktemp("pool"),
+        """
 models:
   - {id: a, path: FILE, aliases: [alpha], ctx-size: 1024, parallel: 2}
   - {id: b, path: FILE, ctx-size: 4096, parallel: 4, replicas: 2, cache-type-k: q8_0}
   - {id: huge, path: FILE, ctx-size: 100000000, parallel: 1}
-""")
+""",
+    )
     with start_server("--config", config, env={"CLLM_API_KEY": KEY}) as srv:
         yield srv
 
@@ -106,7 +115,9 @@ def test_load_on_demand_with_a_q8_0_cache(pool, http, oai):
     assert '"cache-type-k":"q8_0"' in " ".join(engines(pool, "b")[0].cmdline())
     h = http.get("/health", params={"level": "detailed"}).json()["data"]
     assert h["healthy"] and [(e["model"], e["replica"], e["status"]) for e in h["engines"]] == [
-        ("a", 0, "serving"), ("b", 0, "serving"), ("b", 1, "serving")
+        ("a", 0, "serving"),
+        ("b", 0, "serving"),
+        ("b", 1, "serving"),
     ]
 
 
@@ -116,8 +127,10 @@ def test_replicas_route_shared_prefixes_together_and_spread_the_rest(http, oai):
     before = scrape(http)
     for question in ("What is 2 + 2?", "Name a color.", "Name a fruit.", "What is the sky's color?"):
         oai.chat.completions.create(
-            model="b", messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-            max_tokens=4, temperature=0,
+            model="b",
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            max_tokens=4,
+            temperature=0,
         )
 
     def lookups(samples, replica, result):
@@ -125,7 +138,13 @@ def test_replicas_route_shared_prefixes_together_and_spread_the_rest(http, oai):
 
     def settled():
         after = scrape(http)
-        seen = {r: lookups(after, r, "hit") + lookups(after, r, "miss") - lookups(before, r, "hit") - lookups(before, r, "miss") for r in "01"}
+        seen = {
+            r: lookups(after, r, "hit")
+            + lookups(after, r, "miss")
+            - lookups(before, r, "hit")
+            - lookups(before, r, "miss")
+            for r in "01"
+        }
         return (after, seen) if sum(seen.values()) == 4 else None
 
     after, seen = wait_until(settled, WAIT)
@@ -138,7 +157,13 @@ def test_replicas_route_shared_prefixes_together_and_spread_the_rest(http, oai):
 
     def spread():
         after = scrape(http)
-        seen = {r: lookups(after, r, "hit") + lookups(after, r, "miss") - lookups(before, r, "hit") - lookups(before, r, "miss") for r in "01"}
+        seen = {
+            r: lookups(after, r, "hit")
+            + lookups(after, r, "miss")
+            - lookups(before, r, "hit")
+            - lookups(before, r, "miss")
+            for r in "01"
+        }
         return seen if sum(seen.values()) == 4 else None
 
     assert wait_until(spread, WAIT) == {"0": 2, "1": 2}
@@ -160,7 +185,14 @@ def test_one_engine_crashing_leaves_the_other_model_streaming(pool, http, oai):
 
     def stream_b():
         try:
-            for chunk in oai.completions.create(model="b", prompt="Once upon a time", max_tokens=120, temperature=0, stream=True, extra_body={"ignore_eos": True}):
+            for chunk in oai.completions.create(
+                model="b",
+                prompt="Once upon a time",
+                max_tokens=120,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            ):
                 events.append(chunk)
         except Exception as e:  # noqa: BLE001 - the assertion below reports it
             errors.append(e)
@@ -232,17 +264,22 @@ def _memfds(proc: psutil.Process) -> set[tuple[int, int]]:
 
 
 def test_models_max_evicts_the_least_recently_used_and_keep_alive_expires(tmp_path):
-    config = write_config(tmp_path, """
+    config = write_config(
+        tmp_path,
+        """
 models-max: 2
 models:
   - {id: a, path: FILE, ctx-size: 512, parallel: 1}
   - {id: c, path: FILE, ctx-size: 512, parallel: 1}
   - {id: d, path: FILE, ctx-size: 512, parallel: 1, keep-alive: 2}
-""")
+""",
+    )
     with start_server("--config", config) as srv, srv.client() as http:
+
         def gen(model):
             r = http.post("/generate", json={"prompt": "Hello", "max_tokens": 2, "model": model})
             assert r.status_code == 200, r.text
+
         gen("c")
         gen("a")  # a is now the more recently used
         assert status(http) == {"a": "loaded", "c": "loaded", "d": "unloaded"}
@@ -257,21 +294,36 @@ models:
         assert value(metrics, "cllm_model_unloads_total", model="d", reason="keep-alive") == 1
 
 
-@pytest.mark.parametrize("body,message", [
-    ("models:\n  - {id: a, path: FILE}\n  - {id: b, path: FILE, aliases: [a]}\n", "model name a is used twice"),
-    ("models:\n  - {id: a, path: FILE, cache-type-v: q8_0, flash-attn: 'off'}\n", "needs flash attention"),
-    ("models:\n  - {id: '../x', path: FILE}\n", "invalid setting"),
-    ("default-model: z\nmodels:\n  - {id: a, path: FILE}\n", "default-model z is not in the registry"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ("models:\n  - {id: a, path: FILE}\n  - {id: b, path: FILE, aliases: [a]}\n", "model name a is used twice"),
+        ("models:\n  - {id: a, path: FILE, cache-type-v: q8_0, flash-attn: 'off'}\n", "needs flash attention"),
+        ("models:\n  - {id: '../x', path: FILE}\n", "invalid setting"),
+        ("default-model: z\nmodels:\n  - {id: a, path: FILE}\n", "default-model z is not in the registry"),
+    ],
+)
 def test_bad_registries_are_one_clear_line(tmp_path, body, message):
-    r = subprocess.run([sys.executable, "-m", "cllm.cli", "serve", "--config", write_config(tmp_path, body)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "cllm.cli", "serve", "--config", write_config(tmp_path, body)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_models_dir_serves_each_file_by_its_stem(tmp_path):
     os.symlink(embedded_model_path(), tmp_path / "small.gguf")
-    with start_server("--models-dir", str(tmp_path), "--ctx-size", "512", "--parallel", "1") as srv, srv.client() as http:
+    with (
+        start_server("--models-dir", str(tmp_path), "--ctx-size", "512", "--parallel", "1") as srv,
+        srv.client() as http,
+    ):
         assert status(http) == {"small": "loaded"}
-        r = http.post("/v1/chat/completions", json={"model": "small", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        r = http.post(
+            "/v1/chat/completions",
+            json={"model": "small", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+        )
         assert r.status_code == 200 and r.json()["model"] == "small"
         assert json.loads(http.get("/model/info").text)["data"]["gpu_layers"] == 0  # no GPU backend here

@@ -26,14 +26,27 @@ SEQ_CTX = 1024
 
 
 def args(cache_slots: int = CACHE_SLOTS) -> tuple[str, ...]:
-    return ("--parallel", str(PARALLEL), "--ctx-size", str(PARALLEL * SEQ_CTX), "--cache-slots", str(cache_slots),
-            "--flash-attn", "off")
+    return (
+        "--parallel",
+        str(PARALLEL),
+        "--ctx-size",
+        str(PARALLEL * SEQ_CTX),
+        "--cache-slots",
+        str(cache_slots),
+        "--flash-attn",
+        "off",
+    )
 
 
 @pytest.fixture(scope="module")
 def pair():
     """(cache on, cache off)."""
-    with start_server(*args()) as on, start_server(*args(0), "--no-prefix-cache") as off, on.client() as a, off.client() as b:
+    with (
+        start_server(*args()) as on,
+        start_server(*args(0), "--no-prefix-cache") as off,
+        on.client() as a,
+        off.client() as b,
+    ):
         yield Side(a), Side(b)
 
 
@@ -164,7 +177,9 @@ def test_usage_reports_the_prompt_tokens_the_cache_served(pair):
     before = on.cache()
     usage = on.post("/v1/chat/completions", body)["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == reused(before, on.cache()) == usage["prompt_tokens"] - 1
-    streamed = on.post("/v1/chat/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}, stream=True)
+    streamed = on.post(
+        "/v1/chat/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}, stream=True
+    )
     assert streamed[-1]["usage"] == usage
     off.post("/v1/chat/completions", body)
     assert off.post("/v1/chat/completions", body)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

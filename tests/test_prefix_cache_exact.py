@@ -85,7 +85,12 @@ class Side:
 def pair():
     """(cache on, cache off): SLOTS sequences of 1024 cells each."""
     args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024), *SAME_THREADS)
-    with start_server(*args, *EXACT) as on, start_server(*args, "--no-prefix-cache") as off, on.client() as a, off.client() as b:
+    with (
+        start_server(*args, *EXACT) as on,
+        start_server(*args, "--no-prefix-cache") as off,
+        on.client() as a,
+        off.client() as b,
+    ):
         yield Side(a), Side(b)
 
 
@@ -172,7 +177,12 @@ def test_concurrent_requests_sharing_a_prefix_being_prefilled(pair):
 def test_without_flash_attention_concurrent_texts_are_identical_too():
     """Decode steps then do not depend on what else is in them: batching and the cache change no text."""
     args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024), "--flash-attn", "off", *SAME_THREADS)
-    with start_server(*args, *EXACT) as a, start_server(*args, "--no-prefix-cache") as b, a.client() as x, b.client() as y:
+    with (
+        start_server(*args, *EXACT) as a,
+        start_server(*args, "--no-prefix-cache") as b,
+        a.client() as x,
+        b.client() as y,
+    ):
         on, off = Side(x), Side(y)
         notes = doc("width", 32)  # ~570 tokens: the first prefills for two steps
         prompts = [notes + f"\nItem {i} tripled is" for i in range(4)]
@@ -209,14 +219,33 @@ def test_health_and_metrics_report_the_cache(pair):
     before, scraped = on.cache(), scrape(on.http)
     on.generate(doc("depth") + " Two.")
     after = on.cache()
-    assert set(after) == {"enabled", "hits", "misses", "hit_tokens", "cells", "restored", "host_cells", "host_bytes",
-                          "disk_hits", "disk_entries", "disk_bytes", "disk_load_seconds", "disk_rejected"}
+    assert set(after) == {
+        "enabled",
+        "hits",
+        "misses",
+        "hit_tokens",
+        "cells",
+        "restored",
+        "host_cells",
+        "host_bytes",
+        "disk_hits",
+        "disk_entries",
+        "disk_bytes",
+        "disk_load_seconds",
+        "disk_rejected",
+    }
     assert after["enabled"] is True and after["hits"] == before["hits"] + 1 and after["cells"] > 0
     assert off.cache()["enabled"] is False
     assert off.cache()["hits"] == off.cache()["misses"] == 0
     samples = scrape(on.http)
-    assert value(samples, "cllm_prefix_cache_lookups_total", result="hit") - value(scraped, "cllm_prefix_cache_lookups_total", result="hit") == 1
-    assert value(samples, "cllm_prefix_cache_hit_tokens_total") - value(scraped, "cllm_prefix_cache_hit_tokens_total") == reused(before, after)
+    assert (
+        value(samples, "cllm_prefix_cache_lookups_total", result="hit")
+        - value(scraped, "cllm_prefix_cache_lookups_total", result="hit")
+        == 1
+    )
+    assert value(samples, "cllm_prefix_cache_hit_tokens_total") - value(
+        scraped, "cllm_prefix_cache_hit_tokens_total"
+    ) == reused(before, after)
     assert value(samples, "cllm_prefix_cache_cells") == after["cells"]
 
 

@@ -11,7 +11,9 @@ PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 
 def test_prompt_logprobs_equal_those_of_the_same_tokens_generated(oai, http):
-    gen = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3, extra_body={"ignore_eos": True})
+    gen = oai.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3, extra_body={"ignore_eos": True}
+    )
     generated = gen.choices[0].logprobs
     text = PROMPT + gen.choices[0].text
     # The prompt and what was generated, as token ids: retokenizing gives back the same pieces.
@@ -40,8 +42,12 @@ def test_scored_prompt_is_prefilled_whole_even_when_cached(oai):
     """A prompt the cache holds (just generated from) is still scored token by token."""
     long_prompt = PROMPT + " Rome. " + "The capital of Spain is Madrid. " * 20  # a few scored chunks
     oai.completions.create(model=MODEL, prompt=long_prompt, max_tokens=4, temperature=0)
-    first = oai.completions.create(model=MODEL, prompt=long_prompt, max_tokens=0, echo=True, logprobs=1).choices[0].logprobs
-    again = oai.completions.create(model=MODEL, prompt=long_prompt, max_tokens=0, echo=True, logprobs=1).choices[0].logprobs
+    first = (
+        oai.completions.create(model=MODEL, prompt=long_prompt, max_tokens=0, echo=True, logprobs=1).choices[0].logprobs
+    )
+    again = (
+        oai.completions.create(model=MODEL, prompt=long_prompt, max_tokens=0, echo=True, logprobs=1).choices[0].logprobs
+    )
     n = len(first.tokens)
     assert n > 128 and len(first.token_logprobs) == n and first.token_logprobs[0] is None
     assert again.token_logprobs[1:] == pytest.approx(first.token_logprobs[1:], abs=1e-3)
@@ -55,8 +61,11 @@ def test_echo_with_generation(oai):
         lp = choice.logprobs
         assert len(lp.tokens) == reply.usage.prompt_tokens + 5 and lp.token_logprobs[0] is None
         assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
-    streamed = "".join(c.choices[0].text for c in oai.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, echo=True, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, echo=True, stream=True)
+        if c.choices
+    )
     assert streamed.endswith(PROMPT + alone.choices[0].text)
 
 

@@ -26,7 +26,9 @@ from tests.conftest import alive, family, start_server, wait_until
 
 pytestmark = [
     pytest.mark.ray,
-    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the ray extra is not installed (make test-ray)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None, reason="the ray extra is not installed (make test-ray)"
+    ),
 ]
 
 STOP_TIMEOUT = 60.0
@@ -38,8 +40,21 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 def ray_server():
     temp = tempfile.mkdtemp(prefix="cllm-t", dir="/tmp")  # short: Ray's socket paths live under it
     # Every token its own event (no stream interval), so that a stream's pieces count its tokens.
-    srv = start_server("--ray", "local", "--replicas", "2", "--threads", "1", "--parallel", "4", "--ctx-size", "4096",
-                       "--stream-interval-ms", "0", env={"TMPDIR": temp, "CLLM_API_KEY": KEY})
+    srv = start_server(
+        "--ray",
+        "local",
+        "--replicas",
+        "2",
+        "--threads",
+        "1",
+        "--parallel",
+        "4",
+        "--ctx-size",
+        "4096",
+        "--stream-interval-ms",
+        "0",
+        env={"TMPDIR": temp, "CLLM_API_KEY": KEY},
+    )
     procs = family(srv.proc)
     try:
         yield srv
@@ -83,11 +98,18 @@ def figure(text: str, name: str) -> float:
 
 def test_openai_client_and_streams_through_the_serve_proxy(ray_server):
     client = openai.OpenAI(base_url=ray_server.url + "/v1", api_key=KEY, timeout=120)
-    reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=12, temperature=0)
+    reply = client.chat.completions.create(
+        model="any",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+    )
     assert reply.choices[0].message.content and reply.usage.completion_tokens > 0
     pieces = [
         c.choices[0].text
-        for c in client.completions.create(model="any", prompt="Once upon a time", max_tokens=16, temperature=0, stream=True)
+        for c in client.completions.create(
+            model="any", prompt="Once upon a time", max_tokens=16, temperature=0, stream=True
+        )
         if c.choices
     ]
     # A frontend that falls behind the engine still writes what one wake-up finds as one event.
@@ -120,16 +142,27 @@ def test_a_shared_prefix_stays_on_one_replica_and_unrelated_prompts_spread(http)
     before = replica_metrics(http)
     system = "You are a careful assistant for a library. " * 40  # ~1,800 characters, ~350 tokens
     for i in range(6):
-        r = http.post("/v1/chat/completions", json={
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Question {i}: name a book."}],
-            "max_tokens": 4, "temperature": 0,
-        })
+        r = http.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"Question {i}: name a book."},
+                ],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+        )
         assert r.status_code == 200
     time.sleep(1.5)  # the engines report their cache figures once a second
 
     def hits() -> dict[str, float] | None:
         now = replica_metrics(http)
-        gained = {k: figure(now[k], "cllm_prefix_cache_hit_tokens_total") - figure(before.get(k, ""), "cllm_prefix_cache_hit_tokens_total") for k in now}
+        gained = {
+            k: figure(now[k], "cllm_prefix_cache_hit_tokens_total")
+            - figure(before.get(k, ""), "cllm_prefix_cache_hit_tokens_total")
+            for k in now
+        }
         return gained if len(gained) == 2 and max(gained.values()) >= 5 * 300 else None
 
     gained = wait_until(hits, 30, 0.5)
@@ -138,7 +171,13 @@ def test_a_shared_prefix_stays_on_one_replica_and_unrelated_prompts_spread(http)
     for i in range(10):
         assert http.post("/generate", json={"prompt": f"{i} unrelated words {i}", "max_tokens": 2}).status_code == 200
     after = replica_metrics(http)
-    served = {k: sum(float(v) for v in re.findall(r'^cllm_requests_total\{[^}]*route="/generate",status="200"\} (\S+)$', after[k], re.M)) for k in after}
+    served = {
+        k: sum(
+            float(v)
+            for v in re.findall(r'^cllm_requests_total\{[^}]*route="/generate",status="200"\} (\S+)$', after[k], re.M)
+        )
+        for k in after
+    }
     assert len(served) == 2 and min(served.values()) >= 1, f"unrelated requests spread: {served}"
 
 
@@ -176,8 +215,12 @@ def test_an_engine_death_fails_only_its_streams_and_the_replica_is_replaced(ray_
 
     def recovered() -> bool:
         live = engines(ray_server)
-        return len(live) == 2 and victim.pid not in [p.pid for p in live] and all(
-            http.post("/generate", json={"prompt": f"ok {i}", "max_tokens": 2}).status_code == 200 for i in range(4)
+        return (
+            len(live) == 2
+            and victim.pid not in [p.pid for p in live]
+            and all(
+                http.post("/generate", json={"prompt": f"ok {i}", "max_tokens": 2}).status_code == 200 for i in range(4)
+            )
         )
 
     wait_until(recovered, 120, 0.5)

@@ -46,14 +46,21 @@ def test_readme_curl_answers(server):
 
 def test_readme_sdk_call_answers(server):
     (snippet, *_) = [b for b in _blocks(_read(README), "python") if "from openai import OpenAI" in b]
-    done = subprocess.run([sys.executable, "-c", _on(server, snippet)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", _on(server, snippet)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
 
 
 def test_every_serve_option_is_documented():
     help_text = subprocess.run(
-        [sys.executable, "-m", "cllm.cli", "serve", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True
+        [sys.executable, "-m", "cllm.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=True,
     ).stdout
     options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", help_text)) - {"--help"}
     assert len(options) > 30

@@ -31,13 +31,19 @@ from tests.conftest import start_server
 REPLIES = [
     # Qwen3, thinking on: the model opens the block itself.
     (
-        "<think>\nOkay, the user asks for the capital of France. That is Paris.\n</think>\n\nThe capital of France is **Paris**.",
+        "<think>\nOkay, the user asks for the capital of France. That is Paris.\n</think>\n\nThe capital of France is "
+        "**Paris**.",
         None,
         "Okay, the user asks for the capital of France. That is Paris.",
         "The capital of France is **Paris**.",
     ),
     # DeepSeek-R1 distills: the template writes "<think>\n", the reply starts inside the block.
-    ("Alright, 2 + 2.\nThat is 4.\n</think>\n\n2 + 2 = **4**.", "</think>", "Alright, 2 + 2.\nThat is 4.", "2 + 2 = **4**."),
+    (
+        "Alright, 2 + 2.\nThat is 4.\n</think>\n\n2 + 2 = **4**.",
+        "</think>",
+        "Alright, 2 + 2.\nThat is 4.",
+        "2 + 2 = **4**.",
+    ),
     # Qwen3 with enable_thinking false: the template wrote an empty block; a plain answer.
     ("The capital of France is Paris.", None, "", "The capital of France is Paris."),
     # Magistral's markers.
@@ -79,7 +85,8 @@ HARMONY = [
     ("<|channel|>analysis<|message|>We need to count: one, two", None, "We need to count: one, two", ""),
     # A preamble on the commentary channel is the answer's; the stray commentary prefix gpt-oss-20b writes is dropped.
     (
-        "<|channel|>commentary<|channel|>analysis<|message|>Plan it.<|end|><|start|>assistant<|channel|>commentary<|message|>"
+        "<|channel|>commentary<|channel|>analysis<|message|>Plan "
+        "it.<|end|><|start|>assistant<|channel|>commentary<|message|>"
         "Let me check. <|end|><|start|>assistant<|channel|>final<|message|>Done: 4 < 5.",
         None,
         "Plan it.",
@@ -88,11 +95,13 @@ HARMONY = [
     # A call in harmony's own syntax stays in the answer as written, for the tool-call parser (test_tool_parser.py),
     # never in the reasoning.
     (
-        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_weather "
         '<|constrain|>json<|message|>{"city": "Paris"}',
         None,
         "Need the weather.",
-        '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
+        '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": '
+        '"Paris"}',
     ),
     # The template opened the analysis channel.
     ("Short.<|end|><|start|>assistant<|channel|>final<|message|>Paris.", "<|end|>", "Short.", "Paris."),
@@ -103,7 +112,9 @@ HARMONY = [
 ]
 
 
-@pytest.mark.parametrize("reply,closing,reasoning,answer,harmony", [(*r, False) for r in REPLIES] + [(*r, True) for r in HARMONY])
+@pytest.mark.parametrize(
+    "reply,closing,reasoning,answer,harmony", [(*r, False) for r in REPLIES] + [(*r, True) for r in HARMONY]
+)
 def test_split_whole_and_in_every_piece_size(reply, closing, reasoning, answer, harmony):
     if not harmony:
         assert split(reply, closing) == (reasoning, answer)
@@ -134,9 +145,11 @@ def test_opened_in_prompt():
 # ChatML, as the embedded model's, with Qwen3's switch: the generation prompt opens a think block
 # unless enable_thinking is false, which writes an empty one.
 THINK_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' "
+    "}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ '<think>\\n' }}{% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ "
+    "'<think>\\n' }}{% endif %}"
     "{% endif %}"
 )
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -173,62 +186,107 @@ def test_chat_completions_reasoning_content(oai):
 
 def test_thinking_off_reaches_the_template(oai, think_server):
     off = oai.chat.completions.create(
-        model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=20,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     )
-    assert off.choices[0].message.content.strip() and "reasoning_content" not in (off.choices[0].message.model_extra or {})
-    effort = oai.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, reasoning_effort="none")
+    assert off.choices[0].message.content.strip() and "reasoning_content" not in (
+        off.choices[0].message.model_extra or {}
+    )
+    effort = oai.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, reasoning_effort="none"
+    )
     assert effort.choices[0].message.content == off.choices[0].message.content
-    responses = oai.responses.create(model=MODEL, input="What is the capital of France?", max_output_tokens=20, temperature=0,
-                                     reasoning={"effort": "none"})
-    assert [item.type for item in responses.output] == ["message"] and responses.output_text == off.choices[0].message.content
+    responses = oai.responses.create(
+        model=MODEL,
+        input="What is the capital of France?",
+        max_output_tokens=20,
+        temperature=0,
+        reasoning={"effort": "none"},
+    )
+    assert [item.type for item in responses.output] == ["message"] and responses.output_text == off.choices[
+        0
+    ].message.content
     with anthropic.Anthropic(base_url=think_server[0].url, api_key="unused", max_retries=0) as claude:
-        message = claude.messages.create(model=MODEL, max_tokens=20, messages=QUESTION, thinking={"type": "disabled"},
-                                         extra_body={"temperature": 0})
+        message = claude.messages.create(
+            model=MODEL, max_tokens=20, messages=QUESTION, thinking={"type": "disabled"}, extra_body={"temperature": 0}
+        )
     assert [b.type for b in message.content] == ["text"] and message.content[0].text == off.choices[0].message.content
 
 
 def test_messages_thinking_blocks(oai, think_server):
-    reasoning = oai.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0).choices[0].message.model_extra[
-        "reasoning_content"
-    ]
+    reasoning = (
+        oai.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+        .choices[0]
+        .message.model_extra["reasoning_content"]
+    )
     with anthropic.Anthropic(base_url=think_server[0].url, api_key="unused", max_retries=0) as claude:
         message = claude.messages.create(model=MODEL, max_tokens=20, messages=QUESTION, extra_body={"temperature": 0})
         assert [b.type for b in message.content] == ["thinking"] and message.content[0].thinking == reasoning
-        with claude.messages.stream(model=MODEL, max_tokens=20, messages=QUESTION, extra_body={"temperature": 0}) as stream:
+        with claude.messages.stream(
+            model=MODEL, max_tokens=20, messages=QUESTION, extra_body={"temperature": 0}
+        ) as stream:
             deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
             final = stream.get_final_message()
     assert set(deltas) == {"thinking_delta"} and final.content[0].thinking == reasoning
 
 
 def test_responses_reasoning_items(oai):
-    reasoning = oai.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0).choices[0].message.model_extra[
-        "reasoning_content"
-    ]
+    reasoning = (
+        oai.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+        .choices[0]
+        .message.model_extra["reasoning_content"]
+    )
     r = oai.responses.create(model=MODEL, input="What is the capital of France?", max_output_tokens=20, temperature=0)
     assert [item.type for item in r.output] == ["reasoning", "message"] and r.output_text == ""
     assert r.output[0].content[0].text == reasoning
     # Every token is the reasoning's (the block never closed); counted again from its text, one or two may differ.
     assert 0 < r.usage.output_tokens - 2 <= r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
-    events = list(oai.responses.create(model=MODEL, input="What is the capital of France?", max_output_tokens=20, temperature=0, stream=True))
+    events = list(
+        oai.responses.create(
+            model=MODEL, input="What is the capital of France?", max_output_tokens=20, temperature=0, stream=True
+        )
+    )
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning
     assert [e.item.type for e in events if e.type == "response.output_item.done"] == ["reasoning", "message"]
-    assert events[-1].response.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens_details.reasoning_tokens
+    assert (
+        events[-1].response.usage.output_tokens_details.reasoning_tokens
+        == r.usage.output_tokens_details.reasoning_tokens
+    )
 
 
 def test_reasoning_format_none_leaves_the_text(think_server, oai):
-    reasoning = oai.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0).choices[0].message.model_extra[
-        "reasoning_content"
-    ]
-    with start_server("--parallel", "2", "--ctx-size", "2048", "--chat-template-file", str(think_server[1]), "--reasoning-format", "none") as srv:
+    reasoning = (
+        oai.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+        .choices[0]
+        .message.model_extra["reasoning_content"]
+    )
+    with start_server(
+        "--parallel",
+        "2",
+        "--ctx-size",
+        "2048",
+        "--chat-template-file",
+        str(think_server[1]),
+        "--reasoning-format",
+        "none",
+    ) as srv:
         with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0) as raw:
-            message = raw.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0).choices[0].message
+            message = (
+                raw.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+                .choices[0]
+                .message
+            )
     assert "reasoning_content" not in (message.model_extra or {})
     assert message.content.strip() == reasoning.strip()
 
 
 # The harmony format of gpt-oss's template, whose generation prompt here opens the analysis channel.
 HARMONY_TEMPLATE = (
-    "{% for message in messages %}{{ '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}{% endfor %}"
+    "{% for message in messages %}{{ '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' "
+    "}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start|>assistant<|channel|>analysis<|message|>' }}{% endif %}"
 )
 
@@ -244,15 +302,25 @@ def harmony_url(tmp_path_factory):
 def test_harmony_reasoning_on_every_route(harmony_url):
     """gpt-oss's analysis channel: reasoning_content, a thinking block, a reasoning item; whole and streamed alike."""
     with openai.OpenAI(base_url=harmony_url + "/v1", api_key="unused", timeout=120, max_retries=0) as client:
-        message = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0).choices[0].message
+        message = (
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+            .choices[0]
+            .message
+        )
         reasoning = message.model_extra["reasoning_content"]
         assert reasoning.strip() and message.content == "" and "<|" not in reasoning
-        chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, stream=True))
-        assert "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks) == reasoning
+        chunks = list(
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, stream=True)
+        )
+        assert (
+            "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks) == reasoning
+        )
         r = client.responses.create(model=MODEL, input=QUESTION[0]["content"], max_output_tokens=20, temperature=0)
         assert [item.type for item in r.output] == ["reasoning", "message"] and r.output[0].content[0].text == reasoning
     with anthropic.Anthropic(base_url=harmony_url, api_key="unused", max_retries=0) as claude:
-        with claude.messages.stream(model=MODEL, max_tokens=20, messages=QUESTION, extra_body={"temperature": 0}) as stream:
+        with claude.messages.stream(
+            model=MODEL, max_tokens=20, messages=QUESTION, extra_body={"temperature": 0}
+        ) as stream:
             final = stream.get_final_message()
     assert [b.type for b in final.content] == ["thinking"] and final.content[0].thinking == reasoning
 

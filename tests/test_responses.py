@@ -75,34 +75,58 @@ def test_input_items_and_incomplete(oai):
 
 def test_streamed_events_in_order_and_same_text(oai):
     whole = greedy(oai, input="What is the capital of France?")
-    events = list(oai.responses.create(
-        model=MODEL, instructions=HELPFUL, input="What is the capital of France?", max_output_tokens=40, temperature=0, stream=True
-    ))
+    events = list(
+        oai.responses.create(
+            model=MODEL,
+            instructions=HELPFUL,
+            input="What is the capital of France?",
+            max_output_tokens=40,
+            temperature=0,
+            stream=True,
+        )
+    )
     types = [e.type for e in events]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert types[:5] == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added", "response.output_text.delta"
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
     ]
     n = types.count("response.output_text.delta")
     assert types[4 : 4 + n] == ["response.output_text.delta"] * n
-    assert types[4 + n :] == ["response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert types[4 + n :] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
     assert events[-1].response.output_text == whole.output_text and events[-1].response.status == "completed"
-    with oai.responses.stream(model=MODEL, instructions=HELPFUL, input="What is the capital of France?", max_output_tokens=40, temperature=0) as s:
+    with oai.responses.stream(
+        model=MODEL, instructions=HELPFUL, input="What is the capital of France?", max_output_tokens=40, temperature=0
+    ) as s:
         assert s.get_final_response().output_text == whole.output_text
 
 
 # Long enough for the prefix cache, which reuses whole blocks of a prompt.
-RULES = HELPFUL + " " + " ".join(f"Rule {i}: answer politely, briefly and truthfully, in plain English." for i in range(20))
+RULES = (
+    HELPFUL + " " + " ".join(f"Rule {i}: answer politely, briefly and truthfully, in plain English." for i in range(20))
+)
 
 
 def test_previous_response_id_continues_the_conversation(oai, http):
     first = greedy(oai, input="My name is Alice.", instructions=RULES)
-    resent = greedy(oai, instructions=RULES, input=[
-        {"role": "user", "content": "My name is Alice."},
-        {"role": "assistant", "content": first.output_text},
-        {"role": "user", "content": "What is my name?"},
-    ])
+    resent = greedy(
+        oai,
+        instructions=RULES,
+        input=[
+            {"role": "user", "content": "My name is Alice."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "What is my name?"},
+        ],
+    )
     wait_idle(http)
     hits_before = health(http)["prefix_cache"]["hit_tokens"]
     second = greedy(oai, input="What is my name?", instructions=RULES, previous_response_id=first.id)
@@ -119,7 +143,7 @@ def test_previous_response_id_continues_the_conversation(oai, http):
 def test_retrieve_delete_and_unknown_ids(oai, http):
     r = greedy(oai, input="Hi", max_output_tokens=5)
     assert oai.responses.retrieve(r.id).output_text == r.output_text
-    assert 'cllm_responses_stored ' in http.get("/metrics").text
+    assert "cllm_responses_stored " in http.get("/metrics").text
     oai.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
         oai.responses.retrieve(r.id)
@@ -131,8 +155,12 @@ def test_retrieve_delete_and_unknown_ids(oai, http):
 
 
 def test_json_schema_output(oai):
-    r = greedy(oai, input="Describe a programmer.", max_output_tokens=60,
-               text={"format": {"type": "json_schema", "name": "person", "schema": PERSON_SCHEMA}})
+    r = greedy(
+        oai,
+        input="Describe a programmer.",
+        max_output_tokens=60,
+        text={"format": {"type": "json_schema", "name": "person", "schema": PERSON_SCHEMA}},
+    )
     person = json.loads(r.output_text)
     assert isinstance(person["name"], str) and isinstance(person["age"], int)
 
@@ -145,7 +173,11 @@ def test_bad_requests(oai):
     with pytest.raises(openai.BadRequestError, match="not supported"):
         greedy(oai, input=[{"type": "web_search_call", "id": "x"}])
     with pytest.raises(openai.BadRequestError, match="unsupported JSON schema") as e:
-        greedy(oai, input="Hi", text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "string", "maxLength": 100000}}})
+        greedy(
+            oai,
+            input="Hi",
+            text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "string", "maxLength": 100000}}},
+        )
     assert e.value.body["param"] == "text.format"
 
 
@@ -153,24 +185,56 @@ WEATHER = {"type": "function", **test_tools.WEATHER["function"]}  # the Response
 
 
 def test_function_call_and_its_output_round_trip(oai):
-    r = greedy(oai, input="What is the weather in Paris?", max_output_tokens=60, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    r = greedy(
+        oai,
+        input="What is the weather in Paris?",
+        max_output_tokens=60,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
     (call,) = [o for o in r.output if o.type == "function_call"]
     assert call.name == "get_weather" and call.call_id and r.status == "completed"
     args = json.loads(call.arguments)
     assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
     # The call's output, sent back as an item, continues the conversation (by id, and by resending it all).
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 degrees."}
-    chained = greedy(oai, input=[result], previous_response_id=r.id, max_output_tokens=30, tools=[WEATHER], tool_choice="none")
-    resent = greedy(oai, input=[{"role": "user", "content": "What is the weather in Paris?"}, call.model_dump(), result],
-                    max_output_tokens=30, tools=[WEATHER], tool_choice="none")
+    chained = greedy(
+        oai, input=[result], previous_response_id=r.id, max_output_tokens=30, tools=[WEATHER], tool_choice="none"
+    )
+    resent = greedy(
+        oai,
+        input=[{"role": "user", "content": "What is the weather in Paris?"}, call.model_dump(), result],
+        max_output_tokens=30,
+        tools=[WEATHER],
+        tool_choice="none",
+    )
     assert chained.output_text and chained.output_text == resent.output_text
     assert chained.usage.input_tokens == resent.usage.input_tokens
 
 
 def test_function_call_streamed(oai):
-    whole = greedy(oai, input="What is the weather in Paris?", max_output_tokens=60, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
-    events = list(oai.responses.create(model=MODEL, instructions=HELPFUL, input="What is the weather in Paris?", max_output_tokens=60,
-                                       temperature=0, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, stream=True))
+    whole = greedy(
+        oai,
+        input="What is the weather in Paris?",
+        max_output_tokens=60,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    events = list(
+        oai.responses.create(
+            model=MODEL,
+            instructions=HELPFUL,
+            input="What is the weather in Paris?",
+            max_output_tokens=60,
+            temperature=0,
+            tools=[WEATHER],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            stream=True,
+        )
+    )
     types = [e.type for e in events]
     assert "response.function_call_arguments.delta" in types
     (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]

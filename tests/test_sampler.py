@@ -48,11 +48,12 @@ def test_refused_grammar_ends_only_that_request(engine, tok):
     assert len(results[11][0]) == 5 and results[11][1] == "length"
 
 
-
 def test_grammar_dead_end_ends_only_that_request(engine, tok):
     # After "yes" the grammar wants a character that does not exist: no token (not even EOS) may follow.
     prompt = tok.encode("Say yes")
-    stuck = Submit(20, prompt, SamplingParams(max_tokens=10, temperature=0, grammar=r'root ::= "yes" [^\x00-\U0010FFFF]'))
+    stuck = Submit(
+        20, prompt, SamplingParams(max_tokens=10, temperature=0, grammar=r'root ::= "yes" [^\x00-\U0010FFFF]')
+    )
     good = Submit(21, prompt, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
     results = run(engine, [stuck, good])
     tokens, finish = results[20]
@@ -69,8 +70,14 @@ def test_nan_probabilities_never_feed_the_grammar_a_refused_token(engine, tok):
     # A repetition penalty of 0 in float32 divides logits by zero: every probability is NaN and the
     # draw lands anywhere. Accepting a refused token makes llama.cpp throw, aborting the engine process.
     prompt = tok.encode("Answer yes or no: is the sky green? yes no yes")
-    params = SamplingParams(max_tokens=5, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1e-323,
-                            grammar='root ::= ("yes" | "no") "."')
+    params = SamplingParams(
+        max_tokens=5,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        repetition_penalty=1e-323,
+        grammar='root ::= ("yes" | "no") "."',
+    )
     good = Submit(41, prompt, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
     results = run(engine, [Submit(40, prompt, params), good])
     tokens, finish = results[40]
@@ -81,14 +88,21 @@ def test_nan_probabilities_never_feed_the_grammar_a_refused_token(engine, tok):
 
 def test_lazy_grammar_applies_from_its_trigger_on(engine, tok):
     """Free text until a trigger matches; from the trigger on, the grammar."""
-    prompt = tok.encode("<|im_start|>user\nWhat color is the sky?<|im_end|>\n<|im_start|>assistant\n", add_special=False)
+    prompt = tok.encode(
+        "<|im_start|>user\nWhat color is the sky?<|im_end|>\n<|im_start|>assistant\n", add_special=False
+    )
     plain = SamplingParams(max_tokens=12, temperature=0)
     fires = msgspec.structs.replace(plain, grammar='root ::= " blue" " and green."', grammar_triggers=["( blue)"])
     # The greedy token " blue" runs past this trigger: llama.cpp would replay "ue" into the grammar
     # and abort the process on it, so the engine refuses that token and the model writes something else.
     past = msgspec.structs.replace(plain, grammar='root ::= "bl" "ack."', grammar_triggers=["(bl)"])
     never = msgspec.structs.replace(plain, grammar='root ::= "x"', grammar_triggers=["(never)"])
-    submits = [Submit(40, prompt, plain), Submit(41, prompt, fires), Submit(42, prompt, past), Submit(43, prompt, never)]
+    submits = [
+        Submit(40, prompt, plain),
+        Submit(41, prompt, fires),
+        Submit(42, prompt, past),
+        Submit(43, prompt, never),
+    ]
     results = run(engine, submits)
     text = {i: b"".join(map(tok.piece, results[i][0])).decode() for i in results}
     head, blue, _ = text[40].partition(" blue")
@@ -106,7 +120,9 @@ def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, t
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     ends = [True, False, False, False, False, True]
     try:
-        for i, (per_step, interval, expected) in enumerate(((False, 0.0, ends), (True, 0.0, [True] * 6), (True, 60.0, ends))):
+        for i, (per_step, interval, expected) in enumerate(
+            ((False, 0.0, ends), (True, 0.0, [True] * 6), (True, 60.0, ends))
+        ):
             engine.stream_interval = interval
             engine.add(Submit(30 + i, prompt, params, per_step=per_step))
             urgent = []
@@ -130,7 +146,9 @@ def _device_or_host(tok, device: DeviceSampling) -> dict:
         greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
         seeded = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, ignore_eos=True)
         out: dict[str, Any] = {"greedy": run(engine, [Submit(i, p, greedy) for i, p in enumerate(prompts)])}
-        out["logprobs"] = run(engine, [Submit(10 + i, p, msgspec.structs.replace(greedy, logprobs=1)) for i, p in enumerate(prompts)])
+        out["logprobs"] = run(
+            engine, [Submit(10 + i, p, msgspec.structs.replace(greedy, logprobs=1)) for i, p in enumerate(prompts)]
+        )
         for name, first in (("seeded", 20), ("again", 30)):
             submits = [Submit(first + i, p, msgspec.structs.replace(seeded, seed=i)) for i, p in enumerate(prompts)]
             out[name] = run(engine, submits)

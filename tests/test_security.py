@@ -26,15 +26,25 @@ def test_every_route_but_health_wants_the_key(keyed):
     with keyed.client() as http:
         assert http.get("/health").status_code == 200
         for method, path in (
-            ("GET", "/"), ("GET", "/model/info"), ("GET", "/openapi.json"), ("POST", "/generate"), ("POST", "/encode"),
-            ("GET", "/nope"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
+            ("GET", "/"),
+            ("GET", "/model/info"),
+            ("GET", "/openapi.json"),
+            ("POST", "/generate"),
+            ("POST", "/encode"),
+            ("GET", "/nope"),
+            ("GET", "/v1/models"),
+            ("POST", "/v1/chat/completions"),
         ):
             for auth in (None, "Bearer wrong", f"Basic {KEY}", KEY):
                 r = http.request(method, path, headers={"authorization": auth} if auth else {}, json={"text": "x"})
                 assert r.status_code == 401, (method, path, auth)
                 assert r.headers["www-authenticate"] == "Bearer"
                 body = r.json()
-                assert body["error"]["code"] == "invalid_api_key" if path.startswith("/v1/") else body["error"] == "unauthorized"
+                assert (
+                    body["error"]["code"] == "invalid_api_key"
+                    if path.startswith("/v1/")
+                    else body["error"] == "unauthorized"
+                )
         good = {"authorization": f"Bearer {KEY}"}
         assert http.get("/", headers=good).status_code == 200
         assert http.get("/v1/models", headers=good).json()["data"][0]["object"] == "model"
@@ -53,7 +63,9 @@ def test_the_key_is_in_no_command_line_and_not_given_to_the_engine(keyed):
 
 def test_listens_on_localhost_by_default(server):
     assert ServeConfig().host == "127.0.0.1"
-    listening = [c.laddr for c in psutil.Process(server.proc.pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    listening = [
+        c.laddr for c in psutil.Process(server.proc.pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN
+    ]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening)
 
 
@@ -80,7 +92,7 @@ def test_without_memfd_the_file_is_0600_and_unlinked_at_once(monkeypatch, tmp_pa
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     fd = ring._anonymous_memory(8192)
     try:
-        (path, mode_at_creation), = made
+        ((path, mode_at_creation),) = made
         assert mode_at_creation == 0o600
         st = os.fstat(fd)
         assert st.st_nlink == 0 and not os.path.exists(path) and st.st_size == 8192

@@ -82,7 +82,9 @@ def test_save_erase_restore_then_the_prompt_is_cached(slots, folder):
 def test_an_action_on_a_busy_slot_waits_for_its_request(slots):
     for slot in (0, 1):
         ok(act(slots, slot, "erase"))
-    with running(str(slots.base_url), "/completion", {"prompt": PROMPT, **GREEDY, "n_predict": 200, "ignore_eos": True}):
+    with running(
+        str(slots.base_url), "/completion", {"prompt": PROMPT, **GREEDY, "n_predict": 200, "ignore_eos": True}
+    ):
         saved = ok(act(slots, 0, "save", "busy.bin"))  # answered once the request ends, with all of its cells
         assert saved["n_saved"] == len(slots.post("/tokenize", json={"content": PROMPT}).json()["tokens"]) + 200 - 1
 
@@ -111,7 +113,9 @@ def test_foreign_torn_and_other_files_are_refused_and_the_slot_still_serves(slot
     shutil.copy(folder / "good.bin", folder / "changed.bin")
     damage(str(folder / "changed.bin"), *places(str(folder / "changed.bin"))["cells middle"])
     tokens, cells = np.arange(10, dtype=np.int32), np.zeros(64, np.uint8)
-    (folder / "foreign.bin").write_bytes(file_head("another model's fingerprint", tokens, cells) + tokens.tobytes() + cells.tobytes())
+    (folder / "foreign.bin").write_bytes(
+        file_head("another model's fingerprint", tokens, cells) + tokens.tobytes() + cells.tobytes()
+    )
     for name, why in (
         ("torn.bin", "length is wrong"),
         ("garbage.bin", "not a cllm prefix cache file"),
@@ -131,7 +135,22 @@ def test_bad_requests_are_refused_as_llama_server_refuses_them(slots, http):
         refused(act(slots, slot, "erase"), 400, "Invalid slot ID")
     refused(act(slots, 0, "frob"), 400, "Invalid action")
     refused(slots.post("/slots/0"), 400, "Invalid action")
-    for name in ("", "../a.bin", "a/b.bin", "a\\b", "a..b", ".", "a.", " a", "a ", "a:b", "a?b", "a\x01", "a\u2215b", "x" * 256):
+    for name in (
+        "",
+        "../a.bin",
+        "a/b.bin",
+        "a\\b",
+        "a..b",
+        ".",
+        "a.",
+        " a",
+        "a ",
+        "a:b",
+        "a?b",
+        "a\x01",
+        "a\u2215b",
+        "x" * 256,
+    ):
         refused(act(slots, 0, "save", name), 400, "Invalid filename")
     refused(slots.post("/slots/0?action=save", json={}), 400, "filename")
     refused(slots.post("/slots/0?action=restore", json={"filename": 5}), 400, "filename")
@@ -140,7 +159,9 @@ def test_bad_requests_are_refused_as_llama_server_refuses_them(slots, http):
 
 
 def test_with_replicas_a_slot_id_names_one_engines_stream(tmp_path):
-    with start_server("--replicas", "2", "--parallel", "1", "--ctx-size", "1024", "--slot-save-path", str(tmp_path)) as srv:
+    with start_server(
+        "--replicas", "2", "--parallel", "1", "--ctx-size", "1024", "--slot-save-path", str(tmp_path)
+    ) as srv:
         with srv.client() as http:
             first = complete(http)
             saved = [ok(act(http, slot, "save", f"{slot}.bin"))["n_saved"] for slot in (0, 1)]
@@ -150,7 +171,9 @@ def test_with_replicas_a_slot_id_names_one_engines_stream(tmp_path):
 
 
 def test_without_the_prefix_cache_there_is_nothing_to_save(tmp_path):
-    with start_server("--parallel", "1", "--ctx-size", "512", "--no-prefix-cache", "--slot-save-path", str(tmp_path)) as srv:
+    with start_server(
+        "--parallel", "1", "--ctx-size", "512", "--no-prefix-cache", "--slot-save-path", str(tmp_path)
+    ) as srv:
         with srv.client() as http:
             complete(http)
             refused(act(http, 0, "save", "a.bin"), 501, "prefix cache")

@@ -40,8 +40,10 @@ def servers():
 
 
 def chat(http, prompt: str, **body) -> dict:
-    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 160,
-                                                 "temperature": 0, **body})
+    r = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 160, "temperature": 0, **body},
+    )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
 
@@ -93,13 +95,20 @@ def test_streamed_tokens_arrive_as_accepted(servers):
 
 def test_a_grammar_constrained_request(servers):
     on, off = servers
-    schema = {"type": "object", "properties": {"docstring": {"type": "string", "maxLength": 60}}, "required": ["docstring"]}
+    schema = {
+        "type": "object",
+        "properties": {"docstring": {"type": "string", "maxLength": 60}},
+        "required": ["docstring"],
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "quote", "schema": schema}}
     prompt = f"Here is a file:\n\n{CODE}\n\nQuote its docstring in JSON."
     before = accepted(on)
     a = chat(on, prompt, response_format=fmt, max_tokens=200)
     assert a["finish_reason"] == "stop"
-    assert json.loads(a["message"]["content"])["docstring"] == "A llama_batch backed by numpy arrays that live as long as it"
+    assert (
+        json.loads(a["message"]["content"])["docstring"]
+        == "A llama_batch backed by numpy arrays that live as long as it"
+    )
     assert accepted(on) > before  # the quote came from drafts, each token checked by the grammar
     assert a == chat(off, prompt, response_format=fmt, max_tokens=200)
 

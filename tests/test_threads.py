@@ -28,7 +28,9 @@ def _greedy(engine: LLMEngine, prompts: list[list[int]], first_id: int) -> list[
     """Each prompt's 48 greedy tokens with their top-2 logprobs, decoded together."""
     got: dict[int, list] = {first_id + i: [] for i in range(len(prompts))}
     for i, prompt in enumerate(prompts):
-        engine.add(Submit(first_id + i, prompt, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logprobs=2)))
+        engine.add(
+            Submit(first_id + i, prompt, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logprobs=2))
+        )
     while engine.has_work():
         for out in (o for result in engine.step() for o in result.outputs):
             if out.token is not None:
@@ -51,13 +53,14 @@ def test_the_thread_count_changes_no_output(tok):
     assert one == all_threads  # tokens and logprobs, bit for bit
 
 
-
 @needs_cpus
 def test_without_flash_attention_the_thread_count_changes_no_output_past_512_cells(tok):
     """Flash attention splits a decode over 512+ cells between the threads; the plain attention does not."""
     engine = _engine(fixed_threads=True, flash_attn="off")
     try:
-        prompt = tok.encode("Notes on price. " + " ".join(f"Fact {i}: the price of item {i} is {i * 7 % 13}." for i in range(40)))
+        prompt = tok.encode(
+            "Notes on price. " + " ".join(f"Fact {i}: the price of item {i} is {i * 7 % 13}." for i in range(40))
+        )
         assert len(prompt) + 48 > 512
         all_threads = _greedy(engine, [prompt], 1)
         engine.runner.set_threads(1)
@@ -66,15 +69,20 @@ def test_without_flash_attention_the_thread_count_changes_no_output_past_512_cel
         engine.close()
     assert one == all_threads
 
+
 def _decode_until(engine: LLMEngine, done, timeout: float) -> None:
     """Keep one long request decoding until ``done()``, for at most ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     next_id = 100
     while not done():
-        assert time.monotonic() < deadline, f"not true after {timeout} s; the engine is on {engine.runner.threads.n} threads"
+        assert time.monotonic() < deadline, (
+            f"not true after {timeout} s; the engine is on {engine.runner.threads.n} threads"
+        )
         if not engine.has_work():
             next_id += 1
-            engine.add(Submit(next_id, list(range(100, 140)), SamplingParams(max_tokens=512, temperature=0, ignore_eos=True)))
+            engine.add(
+                Submit(next_id, list(range(100, 140)), SamplingParams(max_tokens=512, temperature=0, ignore_eos=True))
+            )
         list(engine.step())
 
 
@@ -89,7 +97,9 @@ def test_a_new_engine_beside_busy_programs_serves_on_fewer_threads_from_the_star
             p.kill()
             p.wait()
     try:
-        assert engine.runner.threads.n < engine.runner.threads.most and engine.stats().threads == engine.runner.threads.n
+        assert (
+            engine.runner.threads.n < engine.runner.threads.most and engine.stats().threads == engine.runner.threads.n
+        )
     finally:
         engine.close()
 

@@ -48,14 +48,20 @@ ADD = {
     "function": {
         "name": "add",
         "description": "Add two integers",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
     },
 }
 
 
 @pytest.fixture(scope="module")
 def llm(server):
-    return ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model=MODEL, temperature=0, max_retries=0, timeout=300)
+    return ChatOpenAI(
+        base_url=server.url + "/v1", api_key="unused", model=MODEL, temperature=0, max_retries=0, timeout=300
+    )
 
 
 def chat(oai, content: str | list, **kw):
@@ -71,7 +77,9 @@ def check_add(call) -> dict:
 
 
 def test_required_gives_one_valid_call(oai):
-    reply = chat(oai, "What is the weather in Paris?", tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False)
+    reply = chat(
+        oai, "What is the weather in Paris?", tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
@@ -84,7 +92,12 @@ def test_required_gives_one_valid_call(oai):
 
 def test_named_tool_is_the_one_called(oai):
     """The question is about weather; the named tool is called all the same, with arguments of its schema."""
-    reply = chat(oai, "What is the weather in Paris?", tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "add"}})
+    reply = chat(
+        oai,
+        "What is the weather in Paris?",
+        tools=[WEATHER, ADD],
+        tool_choice={"type": "function", "function": {"name": "add"}},
+    )
     (call,) = reply.choices[0].message.tool_calls
     check_add(call)
     assert reply.choices[0].finish_reason == "tool_calls"
@@ -97,7 +110,11 @@ def weather_history() -> list:
     """Two earlier turns whose calls name cities plainly, which SmolLM2 then imitates: `{"city": "Paris"}`."""
     messages: list = []
     for i, city in enumerate(["London", "Berlin"]):
-        call = {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+        }
         messages += [
             {"role": "user", "content": f"Weather in {city}?"},
             {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -115,7 +132,11 @@ def test_auto_call_is_held_to_the_schema(oai):
     call it makes names a code.
     """
     codes = json.loads(json.dumps(WEATHER))
-    codes["function"]["parameters"] = {"type": "object", "properties": {"city": {"enum": CITY_CODES}}, "required": ["city"]}
+    codes["function"]["parameters"] = {
+        "type": "object",
+        "properties": {"city": {"enum": CITY_CODES}},
+        "required": ["city"],
+    }
     free = chat(oai, weather_history(), tools=[codes], tool_choice="none")
     assert '"city": "Paris"' in free.choices[0].message.content  # what the model writes unconstrained
     reply = chat(oai, weather_history(), tools=[codes], parallel_tool_calls=False)
@@ -173,8 +194,12 @@ class Person(BaseModel):
 def test_sdk_parse_with_pydantic(oai):
     messages = [{"role": "user", "content": "Weather in Paris for the next 3 days?"}]
     reply = oai.chat.completions.parse(
-        model=MODEL, messages=messages, tools=[openai.pydantic_function_tool(GetWeather)], tool_choice="required",
-        parallel_tool_calls=False, temperature=0,
+        model=MODEL,
+        messages=messages,
+        tools=[openai.pydantic_function_tool(GetWeather)],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
     )
     assert isinstance(reply.choices[0].message.tool_calls[0].function.parsed_arguments, GetWeather)
     messages = [{"role": "user", "content": "Describe a programmer named Ada, aged 36."}]
@@ -192,11 +217,20 @@ def test_langchain_bind_tools(llm):
     for choice in ("multiply", "any"):
         reply = llm.bind_tools([multiply], tool_choice=choice, parallel_tool_calls=False).invoke("What is 6 times 7?")
         (call,) = reply.tool_calls
-        assert call["name"] == "multiply" and set(call["args"]) == {"a", "b"} and all(type(v) is int for v in call["args"].values())
+        assert (
+            call["name"] == "multiply"
+            and set(call["args"]) == {"a", "b"}
+            and all(type(v) is int for v in call["args"].values())
+        )
         assert multiply.invoke(call["args"]) == call["args"]["a"] * call["args"]["b"]
-    chunks = list(llm.bind_tools([multiply], tool_choice="multiply", parallel_tool_calls=False).stream("What is 6 times 7?"))
+    chunks = list(
+        llm.bind_tools([multiply], tool_choice="multiply", parallel_tool_calls=False).stream("What is 6 times 7?")
+    )
     streamed = sum(chunks[1:], chunks[0])
-    assert [c["name"] for c in streamed.tool_calls] == ["multiply"] and set(streamed.tool_calls[0]["args"]) == {"a", "b"}
+    assert [c["name"] for c in streamed.tool_calls] == ["multiply"] and set(streamed.tool_calls[0]["args"]) == {
+        "a",
+        "b",
+    }
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
@@ -220,13 +254,36 @@ def test_bad_tool_input_is_a_400_naming_the_field(http):
     bad(http, "tool_choice", tool_choice="required")
     # counts are loosened, patterns not
     huge = {"type": "object", "properties": {"xs": {"type": "string", "pattern": "^[0-9]{1,100000}$"}}}
-    bad(http, "tools[1].function.parameters", tools=[ADD, {"type": "function", "function": {"name": "f", "parameters": huge}}])
-    bad(http, "tools[0].function.parameters", tools=[{"type": "function", "function": {"name": "f", "parameters": {"$ref": "https://example.com/s.json"}}}])
+    bad(
+        http,
+        "tools[1].function.parameters",
+        tools=[ADD, {"type": "function", "function": {"name": "f", "parameters": huge}}],
+    )
+    bad(
+        http,
+        "tools[0].function.parameters",
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"$ref": "https://example.com/s.json"}}}],
+    )
     bad(http, "response_format", tools=[ADD], tool_choice="required", response_format={"type": "json_object"})
     bad(http, "messages[0].content", messages=[{"role": "assistant", "content": None}])
     bad(http, "messages[0].tool_call_id", messages=[{"role": "tool", "content": "42"}])
-    bad(http, "messages[0].tool_calls", messages=[{"role": "user", "content": "x", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}])
-    assert http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).status_code == 200
+    bad(
+        http,
+        "messages[0].tool_calls",
+        messages=[
+            {
+                "role": "user",
+                "content": "x",
+                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": "{}"}}],
+            }
+        ],
+    )
+    assert (
+        http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        ).status_code
+        == 200
+    )
     wait_idle(http)
 
 
@@ -260,7 +317,11 @@ def test_a_template_that_renders_tools_gets_them():
     tokenizer = Tokenizer(embedded_model_path())
     template = ChatTemplate(HERMES_TEMPLATE)
     call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
-    messages = [{"role": "user", "content": "1+2?"}, {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+    messages = [
+        {"role": "user", "content": "1+2?"},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    ]
     body = chat_request(msgspec.convert({"messages": messages, "tools": [ADD]}, ChatCompletionRequest))
     plan = tool_plan(body, template, tokenizer.vocab)
     assert plan.format is HERMES and plan.triggers == ["(<tool_call>)"] and plan.system_text is None
@@ -309,11 +370,21 @@ def test_harmony_calls_on_every_route(tmp_path):
     plan = tool_plan(body, ChatTemplate(HARMONY_TEMPLATE), Tokenizer(embedded_model_path()).vocab)
     # the template renders the tools; auto is lazy
     assert plan.format is HARMONY and plan.template_tools and plan.triggers
-    tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": CITY}}
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The weather in a city", "parameters": CITY},
+    }
     with start_server("--parallel", "2", "--ctx-size", "2048", "--chat-template-file", str(template)) as srv:
         with openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=120, max_retries=0) as oai:
             # SmolLM2 spells the markers out a few characters a token: the header alone takes ~40 tokens.
-            kw = {"model": MODEL, "messages": question, "tools": [tool], "tool_choice": "required", "temperature": 0, "max_tokens": 150}
+            kw = {
+                "model": MODEL,
+                "messages": question,
+                "tools": [tool],
+                "tool_choice": "required",
+                "temperature": 0,
+                "max_tokens": 150,
+            }
             choice = oai.chat.completions.create(**kw).choices[0]
             assert choice.finish_reason == "tool_calls" and choice.message.content is None
             (call,) = choice.message.tool_calls
@@ -324,31 +395,54 @@ def test_harmony_calls_on_every_route(tmp_path):
             streamed = "".join(t.function.arguments or "" for c in chunks for t in c.delta.tool_calls or ())
             assert streamed == call.function.arguments
 
-            rkw = {"model": MODEL, "input": question[0]["content"], "tool_choice": "required", "temperature": 0, "max_output_tokens": 150,
-                   "tools": [{"type": "function", "name": "get_weather", "parameters": CITY}]}
+            rkw = {
+                "model": MODEL,
+                "input": question[0]["content"],
+                "tool_choice": "required",
+                "temperature": 0,
+                "max_output_tokens": 150,
+                "tools": [{"type": "function", "name": "get_weather", "parameters": CITY}],
+            }
             (item,) = oai.responses.create(**rkw).output
-            assert (item.type, item.name, item.arguments, item.status) == ("function_call", "get_weather", call.function.arguments, "completed")
+            assert (item.type, item.name, item.arguments, item.status) == (
+                "function_call",
+                "get_weather",
+                call.function.arguments,
+                "completed",
+            )
             events = list(oai.responses.create(**rkw, stream=True))
             done = [e for e in events if e.type == "response.function_call_arguments.done"]
             assert [e.arguments for e in done] == [call.function.arguments] and events[-1].type == "response.completed"
             assert not [e for e in events if e.type == "response.output_text.delta"]
 
         with anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0) as claude:
-            akw = {"model": MODEL, "max_tokens": 150, "messages": question, "tool_choice": {"type": "any"}, "extra_body": {"temperature": 0},
-                   "tools": [{"name": "get_weather", "description": "The weather in a city", "input_schema": CITY}]}
+            akw = {
+                "model": MODEL,
+                "max_tokens": 150,
+                "messages": question,
+                "tool_choice": {"type": "any"},
+                "extra_body": {"temperature": 0},
+                "tools": [{"name": "get_weather", "description": "The weather in a city", "input_schema": CITY}],
+            }
             message = claude.messages.create(**akw)
             assert [(b.type, b.name, b.input) for b in message.content] == [("tool_use", "get_weather", args)]
             assert message.stop_reason == "tool_use"
             with claude.messages.stream(**akw) as stream:
                 final = stream.get_final_message()
-            assert [(b.type, b.input) for b in final.content] == [("tool_use", args)] and final.stop_reason == "tool_use"
+            assert [(b.type, b.input) for b in final.content] == [
+                ("tool_use", args)
+            ] and final.stop_reason == "tool_use"
 
 
 def test_harmony_trigger_is_a_recipient_after_a_header():
     """auto's lazy grammar starts at a call's recipient in either header, not at one the reasoning mentions."""
     trigger = re.compile(trigger_pattern(HARMONY))
-    calls = [" to=functions.", "<|channel|>commentary to=functions.", "x<|end|><|start|>assistant to=functions.",
-             "<|end|><|start|>assistant<|channel|>analysis to=functions."]
+    calls = [
+        " to=functions.",
+        "<|channel|>commentary to=functions.",
+        "x<|end|><|start|>assistant to=functions.",
+        "<|end|><|start|>assistant<|channel|>analysis to=functions.",
+    ]
     for text in calls:
         m = trigger.search(text)
         assert m and text[m.start(1) :] == "to=functions.", text

@@ -73,8 +73,16 @@ def gen_lengths(n: int, gen_tokens: int, staggered: bool) -> list[int]:
     return [rng.randint(max(1, gen_tokens // 2), gen_tokens * 3 // 2) for _ in range(n)]
 
 
-def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, first_id: int = 1, copy: bool = False,
-                       sampled: bool = False, staggered: bool = False) -> list[bytes]:
+def synthetic_requests(
+    tokenize,
+    n: int,
+    prompt_tokens: int,
+    gen_tokens: int,
+    first_id: int = 1,
+    copy: bool = False,
+    sampled: bool = False,
+    staggered: bool = False,
+) -> list[bytes]:
     """Encoded Submit records, as the frontend would write them: fresh prompts of exactly prompt_tokens, or copy tasks.
 
     Greedy, or with ``sampled`` temperature 0.7, top-p 0.9 and a seed of its own per request; each generates
@@ -88,6 +96,7 @@ def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, fi
         if sampled:
             return SamplingParams(max_tokens=lengths[i], temperature=0.7, top_p=0.9, seed=first_id + i, ignore_eos=True)
         return SamplingParams(max_tokens=lengths[i], temperature=0.0, ignore_eos=True)
+
     if copy:
         tasks = list(copy_prompts().values())
         for i in range(n):
@@ -101,8 +110,9 @@ def synthetic_requests(tokenize, n: int, prompt_tokens: int, gen_tokens: int, fi
     return records
 
 
-def drive(engine, records: list[bytes], concurrency: int, totals: dict | None = None,
-          arrivals: list[int] | None = None) -> tuple[int, int, float]:
+def drive(
+    engine, records: list[bytes], concurrency: int, totals: dict | None = None, arrivals: list[int] | None = None
+) -> tuple[int, int, float]:
     """Run the records through the engine, at most `concurrency` at a time: (steps, tokens, seconds).
 
     ``arrivals``: the loop iteration each of the first records arrives at (the rest as others finish).
@@ -175,23 +185,41 @@ def host_per_step(timer: StepTimer | None, steps: int) -> dict[str, dict[str, fl
     return out
 
 
-def bench(model: str, requests: int, concurrency: int, prompt_tokens: int, gen_tokens: int, threads: int,
-          batch_size: int, profile: str | None = None, spec_type: SpecType = "none", copy: bool = False,
-          sampled: bool = False, device_sampling: DeviceSampling = DEFAULTS.device_sampling,
-          staggered: bool = False) -> dict:
+def bench(
+    model: str,
+    requests: int,
+    concurrency: int,
+    prompt_tokens: int,
+    gen_tokens: int,
+    threads: int,
+    batch_size: int,
+    profile: str | None = None,
+    spec_type: SpecType = "none",
+    copy: bool = False,
+    sampled: bool = False,
+    device_sampling: DeviceSampling = DEFAULTS.device_sampling,
+    staggered: bool = False,
+) -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
     longest = max(gen_lengths(requests, gen_tokens, staggered))
     seq_ctx = 256 * ((max(prompt_tokens, 1024 if copy else 0) + longest) // 256 + 1)
-    config = ServeConfig(parallel=concurrency, ctx_size=seq_ctx * concurrency, threads=threads, batch_size=batch_size,
-                         spec_type=spec_type, device_sampling=device_sampling)
+    config = ServeConfig(
+        parallel=concurrency,
+        ctx_size=seq_ctx * concurrency,
+        threads=threads,
+        batch_size=batch_size,
+        spec_type=spec_type,
+        device_sampling=device_sampling,
+    )
     engine = LLMEngine(model, config)
     try:
         tokenize = _tokenizer(engine)
         # The first decodes allocate llama.cpp's compute graphs: warm up untimed.
         drive(engine, synthetic_requests(tokenize, concurrency, prompt_tokens, 4, first_id=10**9), concurrency)
-        records = synthetic_requests(tokenize, requests, prompt_tokens, gen_tokens, copy=copy, sampled=sampled,
-                                     staggered=staggered)
+        records = synthetic_requests(
+            tokenize, requests, prompt_tokens, gen_tokens, copy=copy, sampled=sampled, staggered=staggered
+        )
         # Staggered: the first requests arrive spread over one mean generation length.
         arrivals = [k * gen_tokens // concurrency for k in range(concurrency)] if staggered else None
         totals: dict = defaultdict(float)
@@ -273,7 +301,9 @@ def report(r: dict) -> str:
     host = r["host_us_per_step"]
     if host:
         lines.append("  host us/step (the step outside llama_decode), wall / engine thread CPU:")
-        lines.append("    " + "  ".join(f"{k} {host['wall'][k]:.0f}/{host['cpu'][k]:.0f}" for k in ("host", *HOST_PARTS)))
+        lines.append(
+            "    " + "  ".join(f"{k} {host['wall'][k]:.0f}/{host['cpu'][k]:.0f}" for k in ("host", *HOST_PARTS))
+        )
     return "\n".join(lines)
 
 
@@ -286,13 +316,19 @@ SWEEP = (1, 8, 32, 64)
 
 def sweep_table(results: list[dict]) -> str:
     """Host us per step, engine thread CPU (wall in brackets), by concurrency, greedy and sampled."""
-    head = f"{'c':>3} {'mode':<8}{'host':>13}" + "".join(f"{k:>13}" for k in HOST_PARTS) + f"{'decode ms':>11}{'reused':>8}"
+    head = (
+        f"{'c':>3} {'mode':<8}{'host':>13}"
+        + "".join(f"{k:>13}" for k in HOST_PARTS)
+        + f"{'decode ms':>11}{'reused':>8}"
+    )
     lines = ["host us/step: engine thread CPU [wall]", head]
     for r in results:
         h = r["host_us_per_step"]
         cells = "".join(f"{h['cpu'][k]:>6.0f} [{h['wall'][k]:>4.0f}]" for k in ("host", *HOST_PARTS))
         decode_ms = 1000 * r["parts_seconds"]["llama_decode"] / r["steps"]
-        lines.append(f"{r['concurrency']:>3} {'sampled' if r['sampled'] else 'greedy':<8}{cells}{decode_ms:>11.1f}{_share(r):>8}")
+        lines.append(
+            f"{r['concurrency']:>3} {'sampled' if r['sampled'] else 'greedy':<8}{cells}{decode_ms:>11.1f}{_share(r):>8}"
+        )
     return "\n".join(lines)
 
 
@@ -300,25 +336,48 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0].split(": ", 1)[1])
     ap.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded SmolLM2)")
     ap.add_argument("-n", "--requests", type=int, default=40)
-    ap.add_argument("-c", "--concurrency", type=int, default=8, help="most requests in flight (the engine's --parallel)")
+    ap.add_argument(
+        "-c", "--concurrency", type=int, default=8, help="most requests in flight (the engine's --parallel)"
+    )
     ap.add_argument("-p", "--prompt-tokens", type=int, default=26)
     ap.add_argument("-g", "--gen-tokens", type=int, default=50)
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: one per core)")
     ap.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
-    ap.add_argument("--spec-type", choices=["none", "ngram"], default="none", help="speculative decoding (default none)")
-    ap.add_argument("--prompts", choices=["fresh", "copy"], default="fresh",
-                    help="fresh: synthetic prompts of -p tokens; copy: tasks that copy or quote a ~600-token text")
-    ap.add_argument("--arrivals", choices=["lockstep", "staggered"], default="lockstep",
-                    help="lockstep: every request generates -g tokens, the first C arrive at once; staggered: lengths "
-                         "uniform in [g/2, 3g/2], the first C arriving over g steps (default lockstep)")
-    ap.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)")
-    ap.add_argument("--device-sampling", choices=["auto", "on", "off"], default=DEFAULTS.device_sampling,
-                    help="sample inside llama_decode where a request allows "
-                    f"(auto: with GPU layers; default {DEFAULTS.device_sampling})")
-    ap.add_argument("--sweep", action="store_true",
-                    help=f"host us/step at concurrency {', '.join(map(str, SWEEP))}, greedy and sampled, "
-                    "2c requests each (-c, -n, --sampled ignored)")
-    ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)")
+    ap.add_argument(
+        "--spec-type", choices=["none", "ngram"], default="none", help="speculative decoding (default none)"
+    )
+    ap.add_argument(
+        "--prompts",
+        choices=["fresh", "copy"],
+        default="fresh",
+        help="fresh: synthetic prompts of -p tokens; copy: tasks that copy or quote a ~600-token text",
+    )
+    ap.add_argument(
+        "--arrivals",
+        choices=["lockstep", "staggered"],
+        default="lockstep",
+        help="lockstep: every request generates -g tokens, the first C arrive at once; staggered: lengths "
+        "uniform in [g/2, 3g/2], the first C arriving over g steps (default lockstep)",
+    )
+    ap.add_argument(
+        "--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)"
+    )
+    ap.add_argument(
+        "--device-sampling",
+        choices=["auto", "on", "off"],
+        default=DEFAULTS.device_sampling,
+        help="sample inside llama_decode where a request allows "
+        f"(auto: with GPU layers; default {DEFAULTS.device_sampling})",
+    )
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help=f"host us/step at concurrency {', '.join(map(str, SWEEP))}, greedy and sampled, "
+        "2c requests each (-c, -n, --sampled ignored)",
+    )
+    ap.add_argument(
+        "--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)"
+    )
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     for name in ("requests", "concurrency", "prompt_tokens", "gen_tokens"):
@@ -329,8 +388,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except ModelFileError as e:
         ap.error(str(e))
     run = lambda n, c, sampled, profile=None: bench(  # noqa: E731
-        model, n, c, args.prompt_tokens, args.gen_tokens, args.threads or os.cpu_count() or 1, args.batch_size, profile,
-        args.spec_type, args.prompts == "copy", sampled, args.device_sampling, args.arrivals == "staggered")
+        model,
+        n,
+        c,
+        args.prompt_tokens,
+        args.gen_tokens,
+        args.threads or os.cpu_count() or 1,
+        args.batch_size,
+        profile,
+        args.spec_type,
+        args.prompts == "copy",
+        sampled,
+        args.device_sampling,
+        args.arrivals == "staggered",
+    )
     if args.sweep:
         results = [run(2 * c, c, sampled) for c in SWEEP for sampled in (False, True)]
         print(msgspec.json.encode(results).decode() if args.json else sweep_table(results))

@@ -33,7 +33,6 @@ from cllm.bench.prompts import BASE_TOKENS, make_prompts, requests_for
 WARMUP_TOKENS = 4
 
 
-
 # ---- dialects: the request body, and how to read the answer -------------------
 
 
@@ -74,8 +73,14 @@ class OpenAI(Dialect):
     ban_tokens: tuple[int, ...] = ()
 
     def body(self, prompt, gen_tokens, stream):
-        body = {"model": self.model, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0, "ignore_eos": True,
-                "stream": stream}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": gen_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": stream,
+        }
         if self.ban_tokens:
             body["logit_bias"] = {str(t): -100 for t in self.ban_tokens}
         if stream:
@@ -93,8 +98,14 @@ class OpenAI(Dialect):
 
 class LlamaServer(Dialect):
     def body(self, prompt, gen_tokens, stream):
-        return {"prompt": prompt, "n_predict": gen_tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
-                "stream": stream}
+        return {
+            "prompt": prompt,
+            "n_predict": gen_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "cache_prompt": False,
+            "stream": stream,
+        }
 
     def tokens(self, answer):
         return answer["tokens_predicted"]
@@ -144,8 +155,12 @@ class Ollama(Dialect):
     model: str = "default"  # a name /api/tags lists: the Ollama door answers an unknown one 404
 
     def body(self, prompt, gen_tokens, stream):
-        return {"model": self.model, "messages": [{"role": "user", "content": prompt}], "stream": stream,
-                "options": {"num_predict": gen_tokens, "temperature": 0, "ignore_eos": True}}
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": stream,
+            "options": {"num_predict": gen_tokens, "temperature": 0, "ignore_eos": True},
+        }
 
     def tokens(self, answer):
         return answer["eval_count"]
@@ -157,7 +172,12 @@ class Ollama(Dialect):
         return line.strip() or None
 
 
-CHAT_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses", "ollama": "/api/chat"}
+CHAT_PATHS = {
+    "chat": "/v1/chat/completions",
+    "messages": "/v1/messages",
+    "responses": "/v1/responses",
+    "ollama": "/api/chat",
+}
 
 
 def make_dialect(name: str, model: str = "default", ban_tokens: tuple[int, ...] = ()) -> Dialect:
@@ -257,8 +277,16 @@ async def _one(session, url: str, dialect: Dialect, prompt: str, gen_tokens: int
     return out
 
 
-async def _load(url: str, dialect: Dialect, prompts: list[str], concurrency: int, gen_tokens: int, stream: bool,
-                timeout: float, progress=None) -> tuple[list[Outcome], float]:
+async def _load(
+    url: str,
+    dialect: Dialect,
+    prompts: list[str],
+    concurrency: int,
+    gen_tokens: int,
+    stream: bool,
+    timeout: float,
+    progress=None,
+) -> tuple[list[Outcome], float]:
     import aiohttp
 
     queue = list(reversed(prompts))
@@ -289,8 +317,18 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def run_cell(url: str, dialect: Dialect, concurrency: int, requests: int, prompt_tokens: int, gen_tokens: int,
-             stream: bool, pids: Sequence[int] = (), timeout: float = 600.0, progress: bool = True) -> dict:
+def run_cell(
+    url: str,
+    dialect: Dialect,
+    concurrency: int,
+    requests: int,
+    prompt_tokens: int,
+    gen_tokens: int,
+    stream: bool,
+    pids: Sequence[int] = (),
+    timeout: float = 600.0,
+    progress: bool = True,
+) -> dict:
     """One measured cell: `requests` fresh prompts at `concurrency`, with the server's CPU time around it."""
     from tqdm import tqdm
 
@@ -351,14 +389,30 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0].split(": ", 1)[1])
     ap.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL (default %(default)s)")
     ap.add_argument("--dialect", choices=DIALECTS, default="cllm")
-    ap.add_argument("-c", "--concurrency", default="8", help="comma-separated list of client counts (default %(default)s)")
+    ap.add_argument(
+        "-c", "--concurrency", default="8", help="comma-separated list of client counts (default %(default)s)"
+    )
     ap.add_argument("-n", "--requests", type=int, help="requests per concurrency (default: 5 x concurrency, 8 to 160)")
-    ap.add_argument("-p", "--prompt-tokens", type=int, default=BASE_TOKENS, help="about this many prompt tokens (default %(default)s)")
+    ap.add_argument(
+        "-p",
+        "--prompt-tokens",
+        type=int,
+        default=BASE_TOKENS,
+        help="about this many prompt tokens (default %(default)s)",
+    )
     ap.add_argument("-g", "--gen-tokens", type=int, default=50)
     ap.add_argument("--stream", action="store_true", help="stream the answers (time to first token is measured then)")
-    ap.add_argument("--pid", type=int, action="append", default=[], help="a server process to measure the CPU of (with its children)")
+    ap.add_argument(
+        "--pid",
+        type=int,
+        action="append",
+        default=[],
+        help="a server process to measure the CPU of (with its children)",
+    )
     ap.add_argument("--model-name", default="default", help="the openai and ollama dialects' 'model' field")
-    ap.add_argument("--ban-tokens", default="", help="openai dialect: comma-separated token ids to bias by -100 (the EOS tokens)")
+    ap.add_argument(
+        "--ban-tokens", default="", help="openai dialect: comma-separated token ids to bias by -100 (the EOS tokens)"
+    )
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON list")
@@ -376,8 +430,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         warm_up(args.url, dialect, max(concurrencies), args.timeout)
     results = []
     for c in concurrencies:
-        r = run_cell(args.url, dialect, c, args.requests or requests_for(c), args.prompt_tokens, args.gen_tokens,
-                     args.stream, args.pid, args.timeout)
+        r = run_cell(
+            args.url,
+            dialect,
+            c,
+            args.requests or requests_for(c),
+            args.prompt_tokens,
+            args.gen_tokens,
+            args.stream,
+            args.pid,
+            args.timeout,
+        )
         results.append(r)
         if not args.json:
             print(summary(r), flush=True)

@@ -14,12 +14,31 @@ import random
 import textwrap
 
 BASE_TOKENS = 26
-SUBJECTS = ["a lighthouse keeper", "a lost robot", "two rival chefs", "an old violin", "a desert caravan", "a quiet librarian",
-            "a comet", "a chess prodigy", "a city under snow", "a talking crow", "a retired pilot", "a hidden garden"]
-ASKS = ["Write a short story about", "Describe the daily life of", "Explain, step by step, the history of",
-        "Compose a letter from the point of view of", "Give three surprising facts about"]
-WORDS = ("river stone light morning house water music friend garden window silver market winter paper road story "
-         "mountain green bread field summer cloud letter horse clock forest bridge candle harbor valley").split()
+SUBJECTS = [
+    "a lighthouse keeper",
+    "a lost robot",
+    "two rival chefs",
+    "an old violin",
+    "a desert caravan",
+    "a quiet librarian",
+    "a comet",
+    "a chess prodigy",
+    "a city under snow",
+    "a talking crow",
+    "a retired pilot",
+    "a hidden garden",
+]
+ASKS = [
+    "Write a short story about",
+    "Describe the daily life of",
+    "Explain, step by step, the history of",
+    "Compose a letter from the point of view of",
+    "Give three surprising facts about",
+]
+WORDS = (
+    "river stone light morning house water music friend garden window silver market winter paper road story "
+    "mountain green bread field summer cloud letter horse clock forest bridge candle harbor valley"
+).split()
 
 
 def make_prompts(n: int, tokens: int = BASE_TOKENS, seed: int | None = None) -> list[str]:

@@ -32,7 +32,9 @@ def kv_cache_bytes(model, cells: int, type_k: str = "f16", type_v: str = "f16") 
     arch = meta(model, "general.architecture")
     n_head = _int(meta(model, f"{arch}.attention.head_count")) or 1
     n_head_kv = _int(meta(model, f"{arch}.attention.head_count_kv")) or n_head
-    head_k = _int(meta(model, f"{arch}.attention.key_length")) or _int(meta(model, f"{arch}.embedding_length")) // n_head
+    head_k = (
+        _int(meta(model, f"{arch}.attention.key_length")) or _int(meta(model, f"{arch}.embedding_length")) // n_head
+    )
     head_v = _int(meta(model, f"{arch}.attention.value_length")) or head_k
     per_cell = n_head_kv * (head_k * CACHE_TYPE_BYTES[type_k] + head_v * CACHE_TYPE_BYTES[type_v])
     return int(_int(meta(model, f"{arch}.block_count")) * cells * per_cell)

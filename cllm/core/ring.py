@@ -148,9 +148,7 @@ class Ring:
         waiting consumer needs it now (else it may sleep on until the next)."""
         need = _LEN.size + len(payload)
         if need > self.capacity:
-            raise RecordTooLarge(
-                f"record of {len(payload)} bytes does not fit a ring of {self.capacity} bytes"
-            )
+            raise RecordTooLarge(f"record of {len(payload)} bytes does not fit a ring of {self.capacity} bytes")
         tail = self._hdr[_TAIL // 8]
         if self.capacity - (tail - self._hdr[_HEAD // 8]) < need:
             return False

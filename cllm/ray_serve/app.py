@@ -58,7 +58,11 @@ def app_builder(args: dict[str, str]) -> serve.Application:
     except msgspec.ValidationError as e:
         raise ConfigError(f"invalid argument: {e}") from None
     # The rest are `cllm serve` settings, as the YAML file would write them (threads=1 is the number 1).
-    overrides = {k.replace("-", "_"): _scalar(v) for k, v in args.items() if k.replace("_", "-") not in AppArgs.__struct_encode_fields__}
+    overrides = {
+        k.replace("-", "_"): _scalar(v)
+        for k, v in args.items()
+        if k.replace("_", "-") not in AppArgs.__struct_encode_fields__
+    }
     config = load_config(app_args.config, overrides, os.environ)
     return application(config, app_args.router, app_args.min_replicas, app_args.max_replicas, app_args.num_cpus)
 
@@ -68,19 +72,32 @@ def _scalar(value):
 
 
 def application(
-    config: ServeConfig, router: Router = "cllm", min_replicas: int | None = None, max_replicas: int | None = None, num_cpus: float | None = None
+    config: ServeConfig,
+    router: Router = "cllm",
+    min_replicas: int | None = None,
+    max_replicas: int | None = None,
+    num_cpus: float | None = None,
 ) -> serve.Application:
     specs = build_registry(msgspec.structs.replace(config, replicas=1))  # each Ray replica runs one engine
     if len(specs) > 1:
         raise ConfigError("a Ray Serve application serves one model: give --model (or none), not a registry")
     scale = (
-        {"autoscaling_config": {"min_replicas": min_replicas, "max_replicas": max_replicas, "target_ongoing_requests": config.parallel}}
+        {
+            "autoscaling_config": {
+                "min_replicas": min_replicas,
+                "max_replicas": max_replicas,
+                "target_ongoing_requests": config.parallel,
+            }
+        }
         if min_replicas is not None and max_replicas is not None
         else {"num_replicas": config.replicas}
     )
     chosen: dict[str, Any] = {"request_router_class": ROUTER_CLASSES[router]} if router in ROUTER_CLASSES else {}
     if router == "cllm":  # the engine pool's settings: half a batch of slack, about what an engine's cells hold
-        chosen["request_router_kwargs"] = {"slack": max(2, config.parallel // 2), "max_blocks": 2 * config.ctx_size // 32}
+        chosen["request_router_kwargs"] = {
+            "slack": max(2, config.parallel // 2),
+            "max_blocks": 2 * config.ctx_size // 32,
+        }
     routing = RequestRouterConfig(request_routing_stats_period_s=1.0, request_routing_stats_timeout_s=5.0, **chosen)
     engines = serve.deployment(
         EngineReplica,
@@ -94,7 +111,9 @@ def application(
         ray_actor_options={"num_cpus": num_cpus if num_cpus is not None else (config.threads or 1)},
         request_router_config=routing,
     )
-    ingress = serve.deployment(Ingress, name="cllm-ingress", max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0})
+    ingress = serve.deployment(
+        Ingress, name="cllm-ingress", max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}
+    )
     return ingress.bind(engines.bind(specs[0], config.api_key), config.max_body_bytes)
 
 
@@ -105,7 +124,13 @@ def run(config: ServeConfig, address: str) -> int:
     local = address == "local"
     temp = tempfile.mkdtemp(prefix="cllm-ray-") if local else None
     app = application(config)
-    ray.init(address=None if local else address, num_cpus=os.cpu_count() if local else None, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
+    ray.init(
+        address=None if local else address,
+        num_cpus=os.cpu_count() if local else None,
+        include_dashboard=False,
+        _temp_dir=temp,
+        log_to_driver=False,
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
         signal.signal(sig, lambda *_: stop.set())
@@ -113,7 +138,11 @@ def run(config: ServeConfig, address: str) -> int:
         serve.start(http_options={"host": config.host, "port": config.port})
         serve.run(app, name=APP_NAME, route_prefix="/")
         model = os.path.basename(build_registry(msgspec.structs.replace(config, replicas=1))[0].path)
-        print(f"cllm: serving {model} through Ray Serve ({config.replicas} replicas) at http://{config.host}:{config.port}", flush=True)
+        print(
+            f"cllm: serving {model} through Ray Serve ({config.replicas} replicas) at "
+            f"http://{config.host}:{config.port}",
+            flush=True,
+        )
         stop.wait()
         return 0
     finally:

@@ -40,7 +40,15 @@ class Ingress:
         scope = request.scope
         # Ray's PrefixCacheAffinityRouter fails on an empty prompt: a request without one is routed by its path.
         prompt = (routing_text(bytes(body)) if request.method == "POST" else "") or f"{scope['method']} {scope['path']}"
-        call = HttpCall(scope["method"], scope["path"], scope.get("query_string", b""), list(scope["headers"]), bytes(body), prompt, text_blocks(prompt))
+        call = HttpCall(
+            scope["method"],
+            scope["path"],
+            scope.get("query_string", b""),
+            list(scope["headers"]),
+            bytes(body),
+            prompt,
+            text_blocks(prompt),
+        )
         for attempt in range(ATTEMPTS):
             if attempt:
                 await asyncio.sleep(RETRY_DELAY * attempt)  # a dying replica is gone by then, and known to be
@@ -51,7 +59,12 @@ class Ingress:
             except Exception as e:  # Ray's: the replica died before answering (nothing ran), or none could be reached
                 failure = e
         else:
-            failed = ApiError(503, "replica unavailable", f"no cllm replica could serve the request ({type(failure).__name__}); retry shortly", RETRY_AFTER)
+            failed = ApiError(
+                503,
+                "replica unavailable",
+                f"no cllm replica could serve the request ({type(failure).__name__}); retry shortly",
+                RETRY_AFTER,
+            )
             return error_response(call.path, failed)
         response = StreamingResponse(_rest(first, replies), status) if more else Response(first, status)
         response.raw_headers = headers

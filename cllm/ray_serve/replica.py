@@ -53,7 +53,10 @@ class EngineReplica:
         if api_key is not None:
             os.environ["CLLM_API_KEY"] = api_key  # the frontend takes it from there (and removes it)
         launch = Launch(
-            config=spec.config, models=[ModelSlot(spec=spec, rings=[rings], loaded=True)], lifeline=self._notices[0], control=self._control[1]
+            config=spec.config,
+            models=[ModelSlot(spec=spec, rings=[rings], loaded=True)],
+            lifeline=self._notices[0],
+            control=self._control[1],
         )
         self.app, self._pool = build(launch)
         self._active = 0  # calls running
@@ -122,9 +125,19 @@ class EngineReplica:
             return {"type": "http.disconnect"}
 
         scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "scheme": "http", "method": call.method,
-            "path": call.path, "raw_path": call.path.encode(), "query_string": call.query, "root_path": "",
-            "headers": call.headers, "client": None, "server": None, "app": self.app,
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "scheme": "http",
+            "method": call.method,
+            "path": call.path,
+            "raw_path": call.path.encode(),
+            "query_string": call.query,
+            "root_path": "",
+            "headers": call.headers,
+            "client": None,
+            "server": None,
+            "app": self.app,
         }
         task = asyncio.get_running_loop().create_task(self.app(scope, receive, sent.put))
         task.add_done_callback(lambda _: sent.put_nowait(None))
@@ -139,7 +152,9 @@ class EngineReplica:
             headers = start.get("headers", [])
             if call.path == "/metrics" and start["status"] == 200:
                 chunk = self._label(chunk)
-                headers = [(k, v) for k, v in headers if k != b"content-length"] + [(b"content-length", str(len(chunk)).encode())]
+                headers = [(k, v) for k, v in headers if k != b"content-length"] + [
+                    (b"content-length", str(len(chunk)).encode())
+                ]
             yield start["status"], headers, chunk, more
             while more:
                 msg = await sent.get()
@@ -164,7 +179,11 @@ class EngineReplica:
         for line in text.split(b"\n"):
             if line and not line.startswith(b"#"):
                 # The engine's own figures carry replica="0" (its index in this replica): that one is replaced.
-                line = line.replace(b'replica="0"', label, 1) if b'replica="0"' in line else _SAMPLE.sub(add, line, count=1)
+                line = (
+                    line.replace(b'replica="0"', label, 1)
+                    if b'replica="0"' in line
+                    else _SAMPLE.sub(add, line, count=1)
+                )
             lines.append(line)
         return b"\n".join(lines)
 

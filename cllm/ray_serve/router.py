@@ -69,7 +69,14 @@ class CllmRouter(RequestRouter):
         by_id = {r.replica_id: r for r in candidate_replicas}
         loads = {rid: self._in_flight[rid] for rid in by_id}
         least = min(loads.values())
-        lengths = {rid: max(self._remembered(rid, blocks), reported_longest(r.routing_stats, blocks)) for rid, r in by_id.items()} if blocks else {}
+        lengths = (
+            {
+                rid: max(self._remembered(rid, blocks), reported_longest(r.routing_stats, blocks))
+                for rid, r in by_id.items()
+            }
+            if blocks
+            else {}
+        )
         idle = [rid for rid in by_id if loads[rid] == least]
         random.shuffle(idle)
         first = [by_id[pick(lengths, loads, self._slack, idle)]]

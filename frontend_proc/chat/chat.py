@@ -56,7 +56,9 @@ class ChatPrompt:
         self.tokens = st.tokenizer.encode(text)
         self.tool_plan = tool_plan
         harmony = is_harmony(st.chat_template.source)
-        self._new_splitter = splitter_factory(text, harmony, tool_plan.parse) if st.config.reasoning_format == "auto" else None
+        self._new_splitter = (
+            splitter_factory(text, harmony, tool_plan.parse) if st.config.reasoning_format == "auto" else None
+        )
         # The reply's text must show the control tokens it is read by: a tool-call opener, harmony's markers.
         shown = shown_tokens(tool_plan, st.tokenizer)
         self.shown = (shown | st.tokenizer.control_tokens(HARMONY_TOKENS)) if harmony else shown
@@ -79,8 +81,15 @@ async def start(st: ModelState, req: ChatRequest, chat: ChatPrompt) -> Generatio
     sampling = msgspec.structs.replace(req.sampling, grammar=grammar, grammar_triggers=triggers)
     fields = req.fields
     return await generation.start(
-        st, [chat.tokens], sampling, n=req.n, stops=req.stops, stream=req.stream,
-        prompt_param=fields.messages, limit_param=fields.max_tokens, shown=chat.shown,
+        st,
+        [chat.tokens],
+        sampling,
+        n=req.n,
+        stops=req.stops,
+        stream=req.stream,
+        prompt_param=fields.messages,
+        limit_param=fields.max_tokens,
+        shown=chat.shown,
     )
 
 

@@ -206,7 +206,8 @@ Splitter = ReasoningSplitter | HarmonySplitter
 
 
 def splitter_factory(prompt: str, harmony: bool, calls: bool = False):
-    """Makes a splitter for each reply to this prompt (the prompt may have opened the thinking; calls: read for them)."""
+    """Makes a splitter for each reply to this prompt (the prompt may have opened the thinking; calls: read for
+    them)."""
     if harmony:
         in_analysis = opened_in_harmony(prompt)
         return lambda: HarmonySplitter(in_analysis, calls)

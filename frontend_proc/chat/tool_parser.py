@@ -302,7 +302,8 @@ class HarmonyCallParser:
         return out
 
     def finish(self) -> list[str | ToolCallDelta]:
-        """What is left once the output is complete: the last call's end, or text (a header cut short, unless a call's)."""
+        """What is left once the output is complete: the last call's end, or text (a header cut short, unless a
+        call's)."""
         out: list[str | ToolCallDelta] = []
         if self._name is not None:
             self._send(self._pending, out)

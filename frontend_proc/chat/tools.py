@@ -45,7 +45,21 @@ COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SCHEMAS = ("items", "additionalProperties", "not", "contains", "if", "then", "else", "propertyNames")
-TYPED = {"type", "$ref", "anyOf", "oneOf", "allOf", "const", "enum", "properties", "additionalProperties", "items", "prefixItems", "pattern", "format"}
+TYPED = {
+    "type",
+    "$ref",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "const",
+    "enum",
+    "properties",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "pattern",
+    "format",
+}
 ANY = ["string", "number", "boolean", "object", "array", "null"]
 
 
@@ -118,7 +132,9 @@ def plan(tools: list[Tool], choice: str, parallel: bool, fmt: ToolFormat, vocab)
         return ToolPlan(fmt, None, None, None, None, parse=False)
     names = [t.name for t in tools]
     if choice not in ("auto", "required") and choice not in names:
-        raise ToolError(f"tool_choice names `{choice}`, which is not one of the tools ({', '.join(names)})", "tool_choice")
+        raise ToolError(
+            f"tool_choice names `{choice}`, which is not one of the tools ({', '.join(names)})", "tool_choice"
+        )
     enforced = [_enforceable(t) for t in tools]
     for i, tool in enumerate(enforced):  # each schema alone, so the 400 says which tool is at fault
         try:
@@ -138,7 +154,8 @@ def plan(tools: list[Tool], choice: str, parallel: bool, fmt: ToolFormat, vocab)
 
 def _enforceable(tool: Tool) -> Tool:
     """The tool as its grammar enforces it (the prompt shows the schema as sent): counts above COUNT_MAX left out, and a
-    schema of annotations only (`{"description": ...}`: any value), which llama.cpp's converter refuses, made explicit."""
+    schema of annotations only (`{"description": ...}`: any value), which llama.cpp's converter refuses, made
+    explicit."""
     schema = json.loads(tool.parameters)
     changes: list[str] = []
     todo = [schema]
@@ -161,7 +178,9 @@ def _enforceable(tool: Tool) -> Tool:
                 todo.extend(v for v in value if isinstance(v, dict))
     if not changes:
         return tool
-    log.debug("a tool's schema loosened for its grammar", extra={"fields": {"tool": tool.name, "changes": ", ".join(changes)}})
+    log.debug(
+        "a tool's schema loosened for its grammar", extra={"fields": {"tool": tool.name, "changes": ", ".join(changes)}}
+    )
     return Tool(tool.name, tool.description, json.dumps(schema))
 
 
@@ -190,11 +209,13 @@ def call_grammar(tools: tuple[Tool, ...], fmt: ToolFormat, parallel: bool, vocab
         params = json.loads(tool.parameters)
         defs.update(params.pop("$defs", {}))  # refs point at the root: lift the definitions there
         defs.update(params.pop("definitions", {}))
-        variants.append({
-            "type": "object",
-            "properties": {"name": {"const": tool.name}, fmt.args_key: params or {"type": "object"}},
-            "required": ["name", fmt.args_key],
-        })
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, fmt.args_key: params or {"type": "object"}},
+                "required": ["name", fmt.args_key],
+            }
+        )
     schema: dict = variants[0] if len(variants) == 1 else {"anyOf": variants}
     if defs:
         schema = {**schema, "$defs": defs}
@@ -285,7 +306,11 @@ def generic_messages(messages: list[dict], system_text: str | None, tool_role: b
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
             calls = "\n".join(
-                "<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False) + "</tool_call>"
+                "<tool_call>"
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False
+                )
+                + "</tool_call>"
                 for c in m["tool_calls"]
             )
             text = (m.get("content") or "") + ("\n" if m.get("content") else "") + calls

@@ -58,7 +58,11 @@ async def start(
     try:
         for prompt in prompts:
             for i in range(n):
-                params = sampling if i == 0 or sampling.seed is None else msgspec.structs.replace(sampling, seed=sampling.seed + i)
+                params = (
+                    sampling
+                    if i == 0 or sampling.seed is None
+                    else msgspec.structs.replace(sampling, seed=sampling.seed + i)
+                )
                 rs = await st.client.submit(prompt, params, per_step)
                 choices.append(Choice(len(choices), rs, st.client, st.tokenizer.detokenizer(shown), stops))
     except BaseException:
@@ -119,7 +123,9 @@ def cut_at_first(text: str, markers: Sequence[str]) -> tuple[str, str | None, st
 class Choice:
     """One sequence of a request: its text, cut at a stop string, and why it ended."""
 
-    def __init__(self, index: int, stream: RequestStream, client: EngineClient, detok: Detokenizer, stops: Sequence[str]):
+    def __init__(
+        self, index: int, stream: RequestStream, client: EngineClient, detok: Detokenizer, stops: Sequence[str]
+    ):
         self.index = index
         self.stream = stream
         self.n_tokens = 0  # tokens that made the text (a stop string ends the count)
@@ -278,5 +284,8 @@ async def disconnected(request: Request) -> None:
 def engine_refused() -> ApiError:
     # The frontend parses grammars before submitting, so this is one that led to a dead end.
     return ApiError(
-        400, "invalid request", "the engine gave up on this request's grammar: it allows no token to go on with", param="response_format"
+        400,
+        "invalid request",
+        "the engine gave up on this request's grammar: it allows no token to go on with",
+        param="response_format",
     )

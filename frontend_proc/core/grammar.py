@@ -41,7 +41,9 @@ def schema_grammar(schema: dict, vocab) -> str:
     """The grammar of one JSON schema; GrammarError for one llama.cpp cannot enforce."""
     repeats = schema_repeats(schema)
     if repeats > MAX_REPEATS:
-        raise GrammarError(f"unsupported JSON schema: its lengths and counts add up to {repeats}, more than {MAX_REPEATS}")
+        raise GrammarError(
+            f"unsupported JSON schema: its lengths and counts add up to {repeats}, more than {MAX_REPEATS}"
+        )
     return json_schema_grammar(msgspec.json.encode(schema).decode(), vocab)
 
 
@@ -122,7 +124,7 @@ def nesting(gbnf: str) -> int:
     i, n = 0, len(gbnf)
     while i < n:
         c = gbnf[i]
-        if c in "\"[":
+        if c in '"[':
             close = '"' if c == '"' else "]"
             i += 1
             while i < n and gbnf[i] != close:

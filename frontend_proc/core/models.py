@@ -69,7 +69,13 @@ class Model:
 
 class ModelPool:
     def __init__(
-        self, slots: list[ModelSlot], default: ModelState, clients: list[list[EngineClient]], control_fd: int, metrics: Metrics, multi: bool
+        self,
+        slots: list[ModelSlot],
+        default: ModelState,
+        clients: list[list[EngineClient]],
+        control_fd: int,
+        metrics: Metrics,
+        multi: bool,
     ):
         self.models = [Model(slot, c) for slot, c in zip(slots, clients)]
         self.default = self.models[0]
@@ -91,7 +97,9 @@ class ModelPool:
             if slot.loaded:
                 model.stopped.clear()
                 model.status = "loading"
-                model.loading = self._spawn(self._await_ready(model, None))  # started by the supervisor: no duration to measure
+                model.loading = self._spawn(
+                    self._await_ready(model, None)
+                )  # started by the supervisor: no duration to measure
         if self.multi and any(m.keep_alive for m in self.models):
             self._expiring = self._spawn(self._expire())
 
@@ -115,7 +123,9 @@ class ModelPool:
             return self.default  # one model: any name is answered by it, as llama-server does
         model = self.by_name.get(name)
         if model is None:
-            raise ApiError(404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found")
+            raise ApiError(
+                404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found"
+            )
         return model
 
     async def state_for(self, name: str | None) -> ModelState:
@@ -139,7 +149,9 @@ class ModelPool:
         try:
             await asyncio.wait_for(asyncio.shield(model.loading), self._config.load_timeout)
         except asyncio.TimeoutError:
-            raise ApiError(503, "model loading", f"the model `{model.id}` is still loading; retry shortly", RETRY_AFTER) from None
+            raise ApiError(
+                503, "model loading", f"the model `{model.id}` is still loading; retry shortly", RETRY_AFTER
+            ) from None
 
     async def _load(self, model: Model) -> None:
         t0 = time.monotonic()
@@ -149,7 +161,9 @@ class ModelPool:
             if model.state is None:
                 tokenizer = await asyncio.to_thread(Tokenizer, model.spec.path)
                 # A ReplicaSet has an EngineClient's face: the state holds either.
-                model.state = ModelState(self._config, cast(EngineClient, model.client), tokenizer, tokenizer.chat_template(), model.id)
+                model.state = ModelState(
+                    self._config, cast(EngineClient, model.client), tokenizer, tokenizer.chat_template(), model.id
+                )
             self._check_memory(model)
             await self._make_room(model)
             model.status, model.error = "loading", ""
@@ -157,7 +171,9 @@ class ModelPool:
             for client in model.clients:
                 client.hello()
             self._send(LoadModel(model.id))
-            log.info("loading model %s", model.id, extra={"fields": {"model": model.id, "replicas": len(model.clients)}})
+            log.info(
+                "loading model %s", model.id, extra={"fields": {"model": model.id, "replicas": len(model.clients)}}
+            )
         except BaseException:
             model.loading = None
             raise
@@ -168,8 +184,15 @@ class ModelPool:
             readies = [c.ready for c in model.clients if c.ready is not None]  # hello() made each one's
             await asyncio.wait_for(asyncio.gather(*readies), self._config.load_timeout)
         except (ApiError, asyncio.TimeoutError) as e:
-            error = e if isinstance(e, ApiError) else ApiError(
-                503, "model unavailable", f"the model `{model.id}` did not start within {self._config.load_timeout:g} s", RETRY_AFTER
+            error = (
+                e
+                if isinstance(e, ApiError)
+                else ApiError(
+                    503,
+                    "model unavailable",
+                    f"the model `{model.id}` did not start within {self._config.load_timeout:g} s",
+                    RETRY_AFTER,
+                )
             )
             model.error = error.message or ""
             model.loading = None
@@ -185,7 +208,12 @@ class ModelPool:
             return
         seconds = time.monotonic() - t0
         self.metrics.load_seconds.labels(model.id).observe(seconds)
-        log.info("model %s loaded in %.2f s", model.id, seconds, extra={"fields": {"model": model.id, "seconds": round(seconds, 3)}})
+        log.info(
+            "model %s loaded in %.2f s",
+            model.id,
+            seconds,
+            extra={"fields": {"model": model.id, "seconds": round(seconds, 3)}},
+        )
 
     def _check_memory(self, model: Model) -> None:
         """Refuse a load that would not fit the memory left: the file plus every replica's KV cache."""
@@ -195,7 +223,8 @@ class ModelPool:
         available = psutil.virtual_memory().available
         if need > available:
             raise ApiError(
-                503, "insufficient memory",
+                503,
+                "insufficient memory",
                 f"the model `{model.id}` needs {need / MIB:.0f} MiB (file and KV cache of {config.kv_cells} cells"
                 f" x {len(model.clients)} replicas) but {available / MIB:.0f} MiB are available",
             )
@@ -208,7 +237,9 @@ class ModelPool:
             return
         idle = sorted((m for m in loaded if m.status == "loaded" and m.idle()), key=lambda m: m.last_used)
         if not idle:
-            raise ApiError(503, "too many models", f"{most} models are loaded and busy (--models-max); retry shortly", RETRY_AFTER)
+            raise ApiError(
+                503, "too many models", f"{most} models are loaded and busy (--models-max); retry shortly", RETRY_AFTER
+            )
         await self.unload(idle[0], "evicted")
 
     # ---- unloading -----------------------------------------------------------
@@ -230,7 +261,9 @@ class ModelPool:
         try:
             await asyncio.wait_for(model.stopped.wait(), UNLOAD_WAIT)
         except asyncio.TimeoutError:
-            raise ApiError(503, "model unloading", f"the model `{model.id}` is still stopping; retry shortly", RETRY_AFTER) from None
+            raise ApiError(
+                503, "model unloading", f"the model `{model.id}` is still stopping; retry shortly", RETRY_AFTER
+            ) from None
 
     def engine_exited(self, notice: EngineExited) -> None:
         """The supervisor's word on an engine: restarted (its requests failed), or gone for good."""
@@ -248,7 +281,11 @@ class ModelPool:
         for client in model.clients:
             self.metrics.engine_gone(model.id, client.replica)
         seconds = round(time.monotonic() - model.unloading_since, 3) if model.unloading_since else None
-        log.info("model %s stopped", model.id, extra={"fields": {"model": model.id, "reason": notice.reason, "seconds": seconds}})
+        log.info(
+            "model %s stopped",
+            model.id,
+            extra={"fields": {"model": model.id, "reason": notice.reason, "seconds": seconds}},
+        )
         model.unloading_since = 0.0
 
     async def _expire(self) -> None:

@@ -44,7 +44,9 @@ def _strftime_now(fmt: str) -> str:
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "", strip_bos: bool = False):
         """strip_bos: the tokenizer adds BOS itself, so a BOS the template writes first is dropped."""
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
@@ -70,7 +72,11 @@ class ChatTemplate:
             return False
 
     def render(
-        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None, context: dict | None = None
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        context: dict | None = None,
     ) -> str:
         """The prompt text; `tools` (OpenAI's shape) is passed only when given, as transformers does.
 

@@ -25,7 +25,13 @@ class FimTokens(NamedTuple):
 
 def fim_tokens(vocab) -> FimTokens:
     """Where a model's fill-in-the-middle tokens are read (/infill, Ollama's suffix and its capabilities)."""
-    kinds = (L.llama_vocab_fim_pre, L.llama_vocab_fim_suf, L.llama_vocab_fim_mid, L.llama_vocab_fim_rep, L.llama_vocab_fim_sep)
+    kinds = (
+        L.llama_vocab_fim_pre,
+        L.llama_vocab_fim_suf,
+        L.llama_vocab_fim_mid,
+        L.llama_vocab_fim_rep,
+        L.llama_vocab_fim_sep,
+    )
     return FimTokens(*(kind(vocab) for kind in kinds))
 
 

@@ -64,12 +64,28 @@ class RequestStream:
     """Tokens of one request as they arrive from the engine."""
 
     __slots__ = (
-        "id", "owner", "prompt_tokens", "sampling", "tokens", "logprobs", "prompt_logprobs", "cached_tokens", "finish", "error", "t_submit",
-        "t_first", "t_done", "timer",
-        "_tail", "_event", "_per_step",
+        "id",
+        "owner",
+        "prompt_tokens",
+        "sampling",
+        "tokens",
+        "logprobs",
+        "prompt_logprobs",
+        "cached_tokens",
+        "finish",
+        "error",
+        "t_submit",
+        "t_first",
+        "t_done",
+        "timer",
+        "_tail",
+        "_event",
+        "_per_step",
     )
 
-    def __init__(self, rid: int, owner: EngineClient, prompt_tokens: int, per_step: bool, sampling: SamplingParams | None = None):
+    def __init__(
+        self, rid: int, owner: EngineClient, prompt_tokens: int, per_step: bool, sampling: SamplingParams | None = None
+    ):
         self.id = rid
         self.owner = owner  # the engine client that runs it (of one replica)
         self.prompt_tokens = prompt_tokens
@@ -167,7 +183,13 @@ class EmbeddingJob:
 
 class EngineClient:
     def __init__(
-        self, config: ServeConfig, rings: EngineRings, metrics: Metrics, model: str = "", replica: int = 0, ids: Iterator[int] | None = None
+        self,
+        config: ServeConfig,
+        rings: EngineRings,
+        metrics: Metrics,
+        model: str = "",
+        replica: int = 0,
+        ids: Iterator[int] | None = None,
     ):
         self.metrics = metrics
         self._ids = ids or itertools.count(1)  # request ids: shared by the clients of one frontend, unique in all
@@ -247,7 +269,9 @@ class EngineClient:
                 raise not_ready()
             return await asyncio.wait_for(job.done, timeout)
         except asyncio.TimeoutError:
-            raise ApiError(408, "request timeout", f"the request took longer than {self._config.request_timeout:g} s") from None
+            raise ApiError(
+                408, "request timeout", f"the request took longer than {self._config.request_timeout:g} s"
+            ) from None
         finally:
             if self._embeddings.pop(rid, None) is not None and not job.done.done():
                 self._abort_id(rid)
@@ -263,7 +287,9 @@ class EngineClient:
                 raise not_ready()
             return await asyncio.wait_for(done, self._config.request_timeout or None)
         except asyncio.TimeoutError:
-            raise ApiError(408, "request timeout", f"the slot stayed busy longer than {self._config.request_timeout:g} s") from None
+            raise ApiError(
+                408, "request timeout", f"the slot stayed busy longer than {self._config.request_timeout:g} s"
+            ) from None
         finally:
             self._slot_actions.pop(rid, None)
 
@@ -301,7 +327,9 @@ class EngineClient:
         self._aborts.append(rid)
 
     def _time_out(self, stream: RequestStream) -> None:
-        self.cancel(stream, ApiError(408, "request timeout", f"the request took longer than {self._config.request_timeout:g} s"))
+        self.cancel(
+            stream, ApiError(408, "request timeout", f"the request took longer than {self._config.request_timeout:g} s")
+        )
 
     def _flush_aborts(self) -> None:
         ids, self._aborts = self._aborts, []
@@ -339,13 +367,17 @@ class EngineClient:
         if restarting and self.info is not None and self.generation > generation:
             return  # a later engine already answered our Hello: nothing of ours was lost
         why = "it is restarting" if restarting else f"the model was stopped: {reason}"
-        self._fail_all(ApiError(503, "engine failed", f"the engine stopped while serving this request; {why}", RETRY_AFTER))
+        self._fail_all(
+            ApiError(503, "engine failed", f"the engine stopped while serving this request; {why}", RETRY_AFTER)
+        )
         if restarting:
             self._hello()
             return
         self.running = False
         if self.ready is not None and not self.ready.done():
-            self.ready.set_exception(ApiError(503, "model unavailable", f"the model could not start: {reason}", RETRY_AFTER))
+            self.ready.set_exception(
+                ApiError(503, "model unavailable", f"the model could not start: {reason}", RETRY_AFTER)
+            )
 
     def _fail_all(self, error: ApiError) -> None:
         self.info = self.stats = None

@@ -44,13 +44,16 @@ class Limits:
         return self.max_tokens if max_tokens == REST else max_tokens
 
     def capped(self, sampling: SamplingParams) -> SamplingParams:
-        """``sampling`` asking for a number, at most --max-tokens (0, a prompt scored and nothing generated, stays 0)."""
+        """``sampling`` asking for a number, at most --max-tokens (0, a prompt scored and nothing generated, stays
+        0)."""
         asked = self.asked(sampling.max_tokens)
         if 0 < self.cap < asked:
             asked = self.cap
         return sampling if asked == sampling.max_tokens else msgspec.structs.replace(sampling, max_tokens=asked)
 
-    def check(self, prompts: list[list[int]], max_tokens: int, n: int, prompt_param: str, limit_param: str = "max_tokens") -> None:
+    def check(
+        self, prompts: list[list[int]], max_tokens: int, n: int, prompt_param: str, limit_param: str = "max_tokens"
+    ) -> None:
         """limit_param: the field the client set max_tokens with (num_predict, max_output_tokens...), for the 400."""
         for prompt in prompts:
             if not prompt:
@@ -65,7 +68,10 @@ class Limits:
                 )
         if max_tokens > self.max_tokens:
             raise ApiError(
-                400, "invalid request", f"{limit_param} {max_tokens} exceeds the context of one sequence ({self.max_tokens})", param=limit_param
+                400,
+                "invalid request",
+                f"{limit_param} {max_tokens} exceeds the context of one sequence ({self.max_tokens})",
+                param=limit_param,
             )
         if n * len(prompts) > self.sequences:
             raise ApiError(

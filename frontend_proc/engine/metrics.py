@@ -45,50 +45,100 @@ class Metrics:
 
     def __init__(self):
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("cllm_requests_total", "HTTP responses, by route and status", ["route", "status"], registry=r)
+        self.requests = Counter(
+            "cllm_requests_total", "HTTP responses, by route and status", ["route", "status"], registry=r
+        )
         self.running = Gauge("cllm_requests_running", "Sequences the engine is decoding", ENGINE, registry=r)
         self.waiting = Gauge("cllm_requests_waiting", "Requests waiting for a free engine slot", ENGINE, registry=r)
         self.threads = Gauge(
-            "cllm_engine_threads", "llama.cpp threads the engine decodes on now: fewer than set while other programs take its CPUs", ENGINE, registry=r
+            "cllm_engine_threads",
+            "llama.cpp threads the engine decodes on now: fewer than set while other programs take its CPUs",
+            ENGINE,
+            registry=r,
         )
-        self.prompt_tokens = Counter("cllm_prompt_tokens_total", "Prompt tokens of requests that reached the engine", registry=r)
-        self.generation_tokens = Counter("cllm_generation_tokens_total", "Tokens generated for requests, as their usage says", registry=r)
+        self.prompt_tokens = Counter(
+            "cllm_prompt_tokens_total", "Prompt tokens of requests that reached the engine", registry=r
+        )
+        self.generation_tokens = Counter(
+            "cllm_generation_tokens_total", "Tokens generated for requests, as their usage says", registry=r
+        )
         self.ttft = Histogram(
-            "cllm_time_to_first_token_seconds", "From a request's arrival to its first token", buckets=TTFT_BUCKETS, registry=r
+            "cllm_time_to_first_token_seconds",
+            "From a request's arrival to its first token",
+            buckets=TTFT_BUCKETS,
+            registry=r,
         )
         self.tpot = Histogram(
-            "cllm_time_per_output_token_seconds", "Mean time between a request's outputs after the first", buckets=TPOT_BUCKETS, registry=r
+            "cllm_time_per_output_token_seconds",
+            "Mean time between a request's outputs after the first",
+            buckets=TPOT_BUCKETS,
+            registry=r,
         )
         self.e2e = Histogram(
-            "cllm_e2e_request_latency_seconds", "From a request's arrival to the end of its response", buckets=E2E_BUCKETS, registry=r
+            "cllm_e2e_request_latency_seconds",
+            "From a request's arrival to the end of its response",
+            buckets=E2E_BUCKETS,
+            registry=r,
         )
         self.step = Histogram(
-            "cllm_engine_step_seconds", "Engine steps: schedule, one llama_decode, sample", ENGINE, buckets=STEP_BUCKETS, registry=r
+            "cllm_engine_step_seconds",
+            "Engine steps: schedule, one llama_decode, sample",
+            ENGINE,
+            buckets=STEP_BUCKETS,
+            registry=r,
         )
-        self.batch = Histogram("cllm_batch_size", "Sequences in one engine step", ENGINE, buckets=BATCH_BUCKETS, registry=r)
-        self.kv_usage = Gauge("cllm_kv_cache_usage_ratio", "KV cells held by running sequences / all KV cells", ENGINE, registry=r)
+        self.batch = Histogram(
+            "cllm_batch_size", "Sequences in one engine step", ENGINE, buckets=BATCH_BUCKETS, registry=r
+        )
+        self.kv_usage = Gauge(
+            "cllm_kv_cache_usage_ratio", "KV cells held by running sequences / all KV cells", ENGINE, registry=r
+        )
         self.cache_hit_tokens = Counter(
-            "cllm_prefix_cache_hit_tokens_total", "Prompt tokens whose KV cells came from the prefix cache", ENGINE, registry=r
+            "cllm_prefix_cache_hit_tokens_total",
+            "Prompt tokens whose KV cells came from the prefix cache",
+            ENGINE,
+            registry=r,
         )
         self.cache_lookups = Counter(
-            "cllm_prefix_cache_lookups_total", "Prefix cache lookups, one per admitted request, by result", [*ENGINE, "result"], registry=r
+            "cllm_prefix_cache_lookups_total",
+            "Prefix cache lookups, one per admitted request, by result",
+            [*ENGINE, "result"],
+            registry=r,
         )
-        self.cache_cells = Gauge("cllm_prefix_cache_cells", "KV cells held by the prefix cache in KV streams", ENGINE, registry=r)
+        self.cache_cells = Gauge(
+            "cllm_prefix_cache_cells", "KV cells held by the prefix cache in KV streams", ENGINE, registry=r
+        )
         self.cache_restored = Counter(
-            "cllm_prefix_cache_restored_total", "Prefix cache hits served from host RAM (--cache-ram)", ENGINE, registry=r
+            "cllm_prefix_cache_restored_total",
+            "Prefix cache hits served from host RAM (--cache-ram)",
+            ENGINE,
+            registry=r,
         )
-        self.cache_host_bytes = Gauge("cllm_prefix_cache_host_bytes", "Host RAM held by the prefix cache's entries", ENGINE, registry=r)
+        self.cache_host_bytes = Gauge(
+            "cllm_prefix_cache_host_bytes", "Host RAM held by the prefix cache's entries", ENGINE, registry=r
+        )
         self.cache_disk_hits = Counter(
             "cllm_prefix_cache_disk_hits_total", "Prefix cache hits served from files (--cache-dir)", ENGINE, registry=r
         )
-        self.cache_disk_entries = Gauge("cllm_prefix_cache_disk_entries", "Prefix cache entries in files (--cache-dir)", ENGINE, registry=r)
-        self.cache_disk_bytes = Gauge("cllm_prefix_cache_disk_bytes", "Bytes of the prefix cache's entries in files (--cache-dir)", ENGINE, registry=r)
+        self.cache_disk_entries = Gauge(
+            "cllm_prefix_cache_disk_entries", "Prefix cache entries in files (--cache-dir)", ENGINE, registry=r
+        )
+        self.cache_disk_bytes = Gauge(
+            "cllm_prefix_cache_disk_bytes",
+            "Bytes of the prefix cache's entries in files (--cache-dir)",
+            ENGINE,
+            registry=r,
+        )
         self.cache_disk_load_seconds = Counter(
-            "cllm_prefix_cache_disk_load_seconds", "Time spent reading files for prefix cache hits (--cache-dir)", ENGINE, registry=r
+            "cllm_prefix_cache_disk_load_seconds",
+            "Time spent reading files for prefix cache hits (--cache-dir)",
+            ENGINE,
+            registry=r,
         )
         self.cache_disk_rejected = Counter(
             "cllm_prefix_cache_disk_rejected_total",
-            "Prefix cache files dropped as damaged or not of this format (--cache-dir): removed, their cells never used",
+            "Prefix cache files dropped as damaged or not of this format (--cache-dir): removed, their cells never "
+            "used",
             ENGINE,
             registry=r,
         )
@@ -96,28 +146,48 @@ class Metrics:
             "cllm_spec_drafted_tokens_total", "Tokens drafted by speculative decoding and verified", ENGINE, registry=r
         )
         self.accepted = Counter(
-            "cllm_spec_accepted_tokens_total", "Drafted tokens the sampler agreed with: each saved a decode step", ENGINE, registry=r
+            "cllm_spec_accepted_tokens_total",
+            "Drafted tokens the sampler agreed with: each saved a decode step",
+            ENGINE,
+            registry=r,
         )
         self.step_drafted = Histogram(
-            "cllm_spec_step_drafted_tokens", "Tokens drafted in one engine step, of steps that drafted", ENGINE, buckets=DRAFT_BUCKETS, registry=r
+            "cllm_spec_step_drafted_tokens",
+            "Tokens drafted in one engine step, of steps that drafted",
+            ENGINE,
+            buckets=DRAFT_BUCKETS,
+            registry=r,
         )
         self.step_accepted = Histogram(
-            "cllm_spec_step_accepted_tokens", "Drafted tokens accepted in one engine step, of steps that drafted", ENGINE,
-            buckets=(0, *DRAFT_BUCKETS), registry=r,
+            "cllm_spec_step_accepted_tokens",
+            "Drafted tokens accepted in one engine step, of steps that drafted",
+            ENGINE,
+            buckets=(0, *DRAFT_BUCKETS),
+            registry=r,
         )
         self.decode_steps = Counter(
             "cllm_decode_steps_total", "llama_decode calls of decoding sequences' tokens", ENGINE, registry=r
         )
         self.reused_steps = Counter(
-            "cllm_decode_steps_graph_reused_total", "Decode steps that reused the step before's compute graph (llama.cpp)",
-            ENGINE, registry=r,
+            "cllm_decode_steps_graph_reused_total",
+            "Decode steps that reused the step before's compute graph (llama.cpp)",
+            ENGINE,
+            registry=r,
         )
         self.restarts = Counter("cllm_engine_restarts_total", "Engines started after the first", ENGINE, registry=r)
-        self.loads = Counter("cllm_model_loads_total", "Models loaded, by result (ok, failed)", ["model", "result"], registry=r)
-        self.load_seconds = Histogram(
-            "cllm_model_load_seconds", "From asking for a model's engines to all of them serving", ["model"], buckets=LOAD_BUCKETS, registry=r
+        self.loads = Counter(
+            "cllm_model_loads_total", "Models loaded, by result (ok, failed)", ["model", "result"], registry=r
         )
-        self.unloads = Counter("cllm_model_unloads_total", "Models unloaded, by reason", ["model", "reason"], registry=r)
+        self.load_seconds = Histogram(
+            "cllm_model_load_seconds",
+            "From asking for a model's engines to all of them serving",
+            ["model"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.unloads = Counter(
+            "cllm_model_unloads_total", "Models unloaded, by reason", ["model", "reason"], registry=r
+        )
         self._engines: dict[tuple[str, str], _EngineSeen] = {}
         self.token_rates: dict[tuple[str, str], TokenRate] = {}
 

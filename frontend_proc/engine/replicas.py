@@ -24,7 +24,10 @@ class ReplicaSet:
         head = replicas[0]._config
         # Remember about what an engine can hold; let the cached replica be up to half a batch busier.
         self.router = PrefixRouter(
-            len(replicas), max_blocks=2 * head.ctx_size // BLOCK, slack=max(2, head.parallel // 2), affinity=head.replica_routing == "prefix"
+            len(replicas),
+            max_blocks=2 * head.ctx_size // BLOCK,
+            slack=max(2, head.parallel // 2),
+            affinity=head.replica_routing == "prefix",
         )
         self._prompts: dict[RequestStream, tuple[int, list[int]]] = {}  # -> (replica, prompt)
 

@@ -1,1 +1,2 @@
-"""HTTP: the Starlette app, body decoding, Server-Sent Events, middleware, the OpenAPI document and a response's lifecycle."""
+"""HTTP: the Starlette app, body decoding, Server-Sent Events, middleware, the OpenAPI document and a response's
+lifecycle."""

@@ -33,7 +33,10 @@ async def _on_api_error(request: Request, exc: ApiError) -> Response:
 
 
 async def _on_http_error(request: Request, exc: HTTPException) -> Response:
-    return error_response(request.url.path, ApiError(exc.status_code, exc.detail.lower(), f"{request.method} {request.url.path}", dict(exc.headers or {})))
+    return error_response(
+        request.url.path,
+        ApiError(exc.status_code, exc.detail.lower(), f"{request.method} {request.url.path}", dict(exc.headers or {})),
+    )
 
 
 def state(request: Request) -> ModelState:
@@ -55,7 +58,9 @@ async def _openapi(request: Request) -> Response:
     srv = server(request)
     if not srv.openapi:
         maxima = state(request).client.limits.maxima()
-        srv.openapi = msgspec.json.encode(document("cllm", srv.operations, OPEN_PATHS, secured=srv.api_key is not None, maxima=maxima))
+        srv.openapi = msgspec.json.encode(
+            document("cllm", srv.operations, OPEN_PATHS, secured=srv.api_key is not None, maxima=maxima)
+        )
     return Response(srv.openapi, media_type="application/json")
 
 

@@ -1,4 +1,5 @@
-"""A request's body read into a route's type: content type, UTF-8, JSON and fields, each refused with a 4xx naming what is wrong."""
+"""A request's body read into a route's type: content type, UTF-8, JSON and fields, each refused with a 4xx naming what
+is wrong."""
 
 from __future__ import annotations
 
@@ -67,7 +68,9 @@ def _integral(value):
 def _check_content_type(value: str) -> None:
     media, *params = (part.strip().lower() for part in value.split(";"))
     if media and media not in JSON_MEDIA_TYPES and not media.endswith("+json"):
-        raise ApiError(415, "unsupported media type", f"the body must be JSON (Content-Type: application/json), not {media}")
+        raise ApiError(
+            415, "unsupported media type", f"the body must be JSON (Content-Type: application/json), not {media}"
+        )
     for param in params:
         if param.startswith("charset=") and param[8:].strip('"') not in ("utf-8", "utf8"):
             raise ApiError(415, "unsupported media type", f"JSON must be UTF-8, not {param[8:]}")

@@ -65,16 +65,27 @@ class LlamaServerError(msgspec.Struct):
 
 
 # The routes of llama-server's own API (frontend_proc.doors.llama_server): its clients read its error shape.
-LLAMA_SERVER_PATHS = frozenset(("/completion", "/completions", "/infill", "/props", "/slots", "/apply-template", "/tokenize", "/detokenize"))
+LLAMA_SERVER_PATHS = frozenset(
+    ("/completion", "/completions", "/infill", "/props", "/slots", "/apply-template", "/tokenize", "/detokenize")
+)
 # llama-server's error type per status (its format_error_response).
 LLAMA_SERVER_TYPES = {
-    401: "authentication_error", 403: "permission_error", 404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
 }
 
 # Anthropic's error type per status; the SDK raises its exception class from the status.
 ANTHROPIC_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
 }
 
 
@@ -101,7 +112,9 @@ def error_body(path: str, exc: ApiError) -> Error | OpenAIError | AnthropicError
         if exc.param and exc.status == 400 and exc.param not in message:
             message = f"{exc.param}: {message}"
         default = "invalid_request_error" if exc.status < 500 else "server_error"
-        return LlamaServerError(LlamaServerErrorDetail(exc.status, message, LLAMA_SERVER_TYPES.get(exc.status, default)))
+        return LlamaServerError(
+            LlamaServerErrorDetail(exc.status, message, LLAMA_SERVER_TYPES.get(exc.status, default))
+        )
     if kind is OllamaError:
         message = exc.message or exc.error
         return OllamaError(f"{exc.param}: {message}" if exc.param and exc.status == 400 else message)

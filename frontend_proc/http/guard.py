@@ -67,7 +67,8 @@ class Guard:
         name = host_name(host.decode("latin-1"))
         if not (name in self.hosts or name.endswith(".localhost") or _loopback_address(name)):
             raise ApiError(
-                403, "forbidden",
+                403,
+                "forbidden",
                 f"this server answers requests to its loopback address, localhost or {socket.gethostname()}, "
                 f"not to {name!r} (start it with --allowed-hosts {name} to answer that name)",
             )
@@ -78,7 +79,11 @@ class Guard:
             return
         host = headers.get(b"host", b"").decode("latin-1").lower()
         if origin.partition("://")[2] != host:  # not the chat page of this server itself
-            raise ApiError(403, "forbidden", f"requests from web pages of {origin} are not allowed (--allowed-origins lets them in)")
+            raise ApiError(
+                403,
+                "forbidden",
+                f"requests from web pages of {origin} are not allowed (--allowed-origins lets them in)",
+            )
 
     def _check(self, scope, headers: dict) -> bool:
         """Pass the key and the declared length; True if the body comes in chunks of unknown total."""
@@ -91,8 +96,11 @@ class Guard:
                 token = headers.get(b"x-api-key", b"")  # Anthropic's clients send x-api-key
             if not hmac.compare_digest(token.strip(), self.api_key):
                 raise ApiError(
-                    401, "unauthorized", "send the API key as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                    {"WWW-Authenticate": "Bearer"}, code="invalid_api_key",
+                    401,
+                    "unauthorized",
+                    "send the API key as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                    {"WWW-Authenticate": "Bearer"},
+                    code="invalid_api_key",
                 )
         if length > self.max_body:
             raise self._too_large()
@@ -116,13 +124,16 @@ class Guard:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether --host is a loopback address (or localhost): then only this machine's clients, and its browsers, reach it."""
+    """Whether --host is a loopback address (or localhost): then only this machine's clients, and its browsers, reach
+    it."""
     return host.lower().rstrip(".") == "localhost" or _loopback_address(host)
 
 
 def host_names(config: ServeConfig) -> frozenset[str]:
     """The names a Host header may give besides loopback addresses and names under localhost."""
-    return frozenset({"localhost", socket.gethostname().lower(), *(h.lower().rstrip(".") for h in config.allowed_hosts)})
+    return frozenset(
+        {"localhost", socket.gethostname().lower(), *(h.lower().rstrip(".") for h in config.allowed_hosts)}
+    )
 
 
 def host_name(host: str) -> str:
@@ -146,13 +157,16 @@ def _loopback_address(name: str) -> bool:
 
 def _preflight(origin: str, headers: dict):
     """The answer to an allowed origin's preflight: what it asked for, granted."""
-    return Response(status_code=204, headers={
-        "Access-Control-Allow-Origin": origin,
-        "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
-        "Access-Control-Allow-Headers": headers.get(b"access-control-request-headers", b"").decode("latin-1"),
-        "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
-        "Vary": "Origin",
-    })
+    return Response(
+        status_code=204,
+        headers={
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+            "Access-Control-Allow-Headers": headers.get(b"access-control-request-headers", b"").decode("latin-1"),
+            "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
+            "Vary": "Origin",
+        },
+    )
 
 
 def _granting(send, origin: str):

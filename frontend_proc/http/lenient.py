@@ -37,7 +37,8 @@ def decode(value, type_: type):
 
 
 def _unknown(message: str, value) -> tuple[str | None, str]:
-    """The unknown field the message names and the path of its object, once dropped from ``value``; (None, "") if none."""
+    """The unknown field the message names and the path of its object, once dropped from ``value``; (None, "") if
+    none."""
     if not message.startswith(_UNKNOWN) or not message.endswith("`"):
         return None, ""
     rest = message[len(_UNKNOWN) : -1]
@@ -63,7 +64,7 @@ def _drop(value, path: str, field: str) -> bool:
     if step is None:
         return False
     key, index = step.groups()
-    rest = path[step.end():]
+    rest = path[step.end() :]
     if step.group(0) == "[...]":
         return isinstance(value, dict) and any(_drop(v, rest, field) for v in value.values())
     try:
@@ -73,7 +74,8 @@ def _drop(value, path: str, field: str) -> bool:
 
 
 def known(raw: list, types: dict[str, type], path: str, what: str, default: str | None = None) -> list:
-    """The entries of ``raw`` of a kind in ``types``, decoded; ``path`` names the list in errors, ``default`` the kind of an entry without `type`."""
+    """The entries of ``raw`` of a kind in ``types``, decoded; ``path`` names the list in errors, ``default`` the kind
+    of an entry without `type`."""
     out = []
     for i, entry in enumerate(raw):
         where = f"{path}[{i}]"

@@ -49,7 +49,13 @@ class ObserveMiddleware:
             for gen in gens:
                 log.info("request done", extra={"fields": _fields(path, status, t_start, t_end, gen)})
             if not gens and log.isEnabledFor(logging.DEBUG):
-                log.debug("%s %s %d", scope["method"], scope["path"], status, extra={"fields": {"seconds": round(t_end - t_start, 6)}})
+                log.debug(
+                    "%s %s %d",
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    extra={"fields": {"seconds": round(t_end - t_start, 6)}},
+                )
 
 
 def _fields(route: str, status: int, t_start: float, t_end: float, gen: Generation) -> dict:

@@ -56,12 +56,18 @@ class Operation:
         return _PARAM.sub(r"{\1}", self.path)
 
 
-def document(title: str, operations: list[Operation], open_paths: tuple[str, ...], secured: bool, maxima: dict[str, int]) -> dict:
+def document(
+    title: str, operations: list[Operation], open_paths: tuple[str, ...], secured: bool, maxima: dict[str, int]
+) -> dict:
     """``maxima``: limits set at run time, as the maximum of request fields of that name."""
-    types = list(dict.fromkeys(t for op in operations for t in (op.body, op.response, op.events) if t not in (None, str)))
+    types = list(
+        dict.fromkeys(t for op in operations for t in (op.body, op.response, op.events) if t not in (None, str))
+    )
     types += [Error, OpenAIError, AnthropicError, OllamaError, LlamaServerError]
     refs, schemas = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
-    for schema in schemas.values():  # a field no Struct declares is ignored (frontend_proc/http/lenient.py), not refused
+    for (
+        schema
+    ) in schemas.values():  # a field no Struct declares is ignored (frontend_proc/http/lenient.py), not refused
         if schema.get("additionalProperties") is False:
             del schema["additionalProperties"]
     ref = dict(zip(types, refs))
@@ -78,7 +84,9 @@ def document(title: str, operations: list[Operation], open_paths: tuple[str, ...
             data: dict[str, Any] = {"type": "string"}
             if op.events is not str:
                 data |= {"contentMediaType": "application/json", "contentSchema": ref[op.events]}
-            content["text/event-stream"] = {"schema": {"type": "object", "properties": {"data": data}, "required": ["data"]}}
+            content["text/event-stream"] = {
+                "schema": {"type": "object", "properties": {"data": data}, "required": ["data"]}
+            }
         responses = {"200": {"description": "OK", "content": content}}
         for status in op.also:
             responses[str(status)] = {"description": ERRORS[status], "content": content}
@@ -89,9 +97,18 @@ def document(title: str, operations: list[Operation], open_paths: tuple[str, ...
         for status in sorted(errors):
             responses[str(status)] = {"description": ERRORS[status], "content": {"application/json": {"schema": error}}}
         path = op.doc_path
-        entry: dict[str, Any] = {"summary": op.summary, "operationId": _PARAM.sub(r"\1", path).strip("/").replace("/", "_") or "index", "responses": responses}
-        parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in _PARAM.findall(path)]
-        parameters += [{"name": name, "in": "query", "required": False, "schema": {"enum": list(v)}} for name, v in op.query]
+        entry: dict[str, Any] = {
+            "summary": op.summary,
+            "operationId": _PARAM.sub(r"\1", path).strip("/").replace("/", "_") or "index",
+            "responses": responses,
+        }
+        parameters = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in _PARAM.findall(path)
+        ]
+        parameters += [
+            {"name": name, "in": "query", "required": False, "schema": {"enum": list(v)}} for name, v in op.query
+        ]
         if parameters:
             entry["parameters"] = parameters
         if op.body:

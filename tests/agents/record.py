@@ -30,7 +30,9 @@ KEPT_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta",
 
 def scrub(text: str, paths: dict[str, str]) -> str:
     """The recording without what names this machine, its user or the session (``paths``: directory -> stand-in)."""
-    text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "00000000-0000-0000-0000-000000000000", text)
+    text = re.sub(
+        r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "00000000-0000-0000-0000-000000000000", text
+    )
     text = re.sub(r"\b[0-9a-f]{64}\b", "0" * 64, text)
     text = re.sub(r'(turn_started_at_unix_ms[\\"]*:)\d+', r"\g<1>0", text)
     text = re.sub(r'(agent_name[\\"]*:[\\"]*)/[^\\"]*', r"\g<1>/user", text)
@@ -61,26 +63,61 @@ def _tool_name(tools: list | None, *names: str) -> tuple[str, str] | None:
 
 def anthropic(body: dict) -> list[bytes]:
     usage = {"input_tokens": 10, "output_tokens": 3, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
-    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": body.get("model", ""), "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": usage}
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", ""),
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
     out = [_sse("message_start", {"type": "message_start", "message": message})]
     tool = _asked_for_tool(body) and _tool_name(body.get("tools"), "Bash")
     if tool:
         out += [
-            _sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                         "content_block": {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}}),
-            _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                         "delta": {"type": "input_json_delta", "partial_json": json.dumps({"command": "ls", "description": "List files"})}}),
+            _sse(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}},
+                },
+            ),
+            _sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {
+                        "type": "input_json_delta",
+                        "partial_json": json.dumps({"command": "ls", "description": "List files"}),
+                    },
+                },
+            ),
         ]
     else:
         out += [
-            _sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-            _sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello."}}),
+            _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            ),
+            _sse(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello."}},
+            ),
         ]
     out += [
         _sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        _sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use" if tool else "end_turn", "stop_sequence": None},
-                               "usage": {"output_tokens": 3}}),
+        _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use" if tool else "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 3},
+            },
+        ),
         _sse("message_stop", {"type": "message_stop"}),
     ]
     return out
@@ -90,24 +127,73 @@ def responses(body: dict) -> list[bytes]:
     tool = _asked_for_tool(body) and _tool_name(body.get("tools"), "shell", "exec_command", "shell_command")
     if tool:
         args = {"command": ["ls"]} if tool[1] == "shell" else {"cmd": "ls"}
-        item: dict[str, Any] = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": tool[1], "arguments": json.dumps(args), "status": "completed"}
+        item: dict[str, Any] = {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "call_1",
+            "name": tool[1],
+            "arguments": json.dumps(args),
+            "status": "completed",
+        }
     else:
-        item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                "content": [{"type": "output_text", "text": "Hello.", "annotations": []}]}
-    response = {"id": "resp_1", "object": "response", "created_at": 0, "status": "in_progress", "model": body.get("model", ""), "output": []}
-    done = {**response, "status": "completed", "output": [item],
-            "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 3,
-                      "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 13}}
+        item = {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Hello.", "annotations": []}],
+        }
+    response = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 0,
+        "status": "in_progress",
+        "model": body.get("model", ""),
+        "output": [],
+    }
+    done = {
+        **response,
+        "status": "completed",
+        "output": [item],
+        "usage": {
+            "input_tokens": 10,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 3,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 13,
+        },
+    }
     out = [
         _sse("response.created", {"type": "response.created", "sequence_number": 0, "response": response}),
-        _sse("response.output_item.added", {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
-                                            "item": {**item, "status": "in_progress"}}),
+        _sse(
+            "response.output_item.added",
+            {
+                "type": "response.output_item.added",
+                "sequence_number": 1,
+                "output_index": 0,
+                "item": {**item, "status": "in_progress"},
+            },
+        ),
     ]
     if item["type"] == "message":
-        out.append(_sse("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 2, "item_id": "msg_1",
-                                                       "output_index": 0, "content_index": 0, "delta": "Hello."}))
+        out.append(
+            _sse(
+                "response.output_text.delta",
+                {
+                    "type": "response.output_text.delta",
+                    "sequence_number": 2,
+                    "item_id": "msg_1",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": "Hello.",
+                },
+            )
+        )
     return out + [
-        _sse("response.output_item.done", {"type": "response.output_item.done", "sequence_number": 3, "output_index": 0, "item": item}),
+        _sse(
+            "response.output_item.done",
+            {"type": "response.output_item.done", "sequence_number": 3, "output_index": 0, "item": item},
+        ),
         _sse("response.completed", {"type": "response.completed", "sequence_number": 4, "response": done}),
     ]
 
@@ -141,7 +227,11 @@ class Recorder(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._record(b"")
         if self.path.startswith("/v1/models"):
-            return self._send(200, [json.dumps({"object": "list", "data": [{"id": "smollm2", "object": "model"}]}).encode()], "application/json")
+            return self._send(
+                200,
+                [json.dumps({"object": "list", "data": [{"id": "smollm2", "object": "model"}]}).encode()],
+                "application/json",
+            )
         self._send(404, [b'{"error": "not found"}'], "application/json")
 
     def do_HEAD(self) -> None:

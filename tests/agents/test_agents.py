@@ -41,8 +41,12 @@ if not os.environ.get("CLLM_TEST_AGENTS"):
 
 # Nothing but the server: no telemetry, update checks or error reports (the network may be off).
 CLAUDE_ENV = {
-    "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-    "DISABLE_ERROR_REPORTING": "1", "ANTHROPIC_API_KEY": "sk-local", "API_TIMEOUT_MS": str(RUN_TIMEOUT * 1000),
+    "DISABLE_AUTOUPDATER": "1",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "ANTHROPIC_API_KEY": "sk-local",
+    "API_TIMEOUT_MS": str(RUN_TIMEOUT * 1000),
     "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
 }
 # What each says, exiting 1, when its last reply was cut at its limit (stop_reason max_tokens, status incomplete).
@@ -80,7 +84,13 @@ def home(tmp_path_factory):
 def run(argv: list[str], home, env: dict) -> subprocess.CompletedProcess:
     base = {"PATH": os.environ["PATH"], "HOME": str(home / "home"), "LANG": "C.UTF-8"}
     return subprocess.run(
-        argv, cwd=home / "project", env={**base, **env}, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+        argv,
+        cwd=home / "project",
+        env={**base, **env},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
     )
 
 
@@ -117,13 +127,19 @@ def codex(server, home, prompt: str) -> subprocess.CompletedProcess:
     codex_home = home / "home" / ".codex"
     codex_home.mkdir(exist_ok=True)
     (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=server.url, idle_ms=RUN_TIMEOUT * 1000))
-    return run([os.path.join(BIN, "codex"), "exec", "--skip-git-repo-check", prompt], home, {"CODEX_HOME": str(codex_home)})
+    return run(
+        [os.path.join(BIN, "codex"), "exec", "--skip-git-repo-check", prompt], home, {"CODEX_HOME": str(codex_home)}
+    )
 
 
-@pytest.mark.parametrize("args", [
-    ("Say hello.", "--max-turns", "1"),
-    ("List the files in this directory.", "--max-turns", "3", "--allowedTools", "Bash"),
-], ids=["plain", "tools"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("Say hello.", "--max-turns", "1"),
+        ("List the files in this directory.", "--max-turns", "3", "--allowedTools", "Bash"),
+    ],
+    ids=["plain", "tools"],
+)
 def test_claude_code(server, home, args):
     before = len(server.stderr_lines)
     check(claude(server, home, *args), server, "/v1/messages", before, CLAUDE_CUT)

@@ -41,7 +41,11 @@ def check_anthropic_stream(stream: list[tuple[str, dict]], limit: int) -> None:
     names = [n for n, _ in stream if n != "ping"]
     assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"], names
     start = stream[0][1]["message"]
-    assert start["role"] == "assistant" and start["content"] == [] and set(start["usage"]) >= {"input_tokens", "output_tokens"}
+    assert (
+        start["role"] == "assistant"
+        and start["content"] == []
+        and set(start["usage"]) >= {"input_tokens", "output_tokens"}
+    )
     index, open_block = -1, None
     for name, data in stream[1:]:
         if name == "content_block_start":
@@ -49,7 +53,10 @@ def check_anthropic_stream(stream: list[tuple[str, dict]], limit: int) -> None:
             index, open_block = data["index"], data["content_block"]["type"]
         elif name == "content_block_delta":
             assert data["index"] == index and open_block is not None
-            assert data["delta"]["type"] == {"text": "text_delta", "tool_use": "input_json_delta", "thinking": "thinking_delta"}[open_block]
+            assert (
+                data["delta"]["type"]
+                == {"text": "text_delta", "tool_use": "input_json_delta", "thinking": "thinking_delta"}[open_block]
+            )
         elif name == "content_block_stop":
             assert data["index"] == index and open_block is not None
             open_block = None
@@ -66,15 +73,25 @@ def check_anthropic_stream(stream: list[tuple[str, dict]], limit: int) -> None:
 def check_responses_stream(stream: list[tuple[str, dict]], limit: int) -> None:
     """created, in_progress, items added/deltas/done in order, then completed; sequence numbers 0, 1, ..."""
     names = [n for n, _ in stream]
-    assert names[:2] == ["response.created", "response.in_progress"] and names[-1] in ("response.completed", "response.incomplete"), names
+    assert names[:2] == ["response.created", "response.in_progress"] and names[-1] in (
+        "response.completed",
+        "response.incomplete",
+    ), names
     assert [d["sequence_number"] for _, d in stream] == list(range(len(stream)))
     added = [d["output_index"] for n, d in stream if n == "response.output_item.added"]
     done = [d["output_index"] for n, d in stream if n == "response.output_item.done"]
     assert added == done == list(range(len(added))) and added
     final = stream[-1][1]["response"]
-    assert len(final["output"]) == len(added) and {o["type"] for o in final["output"]} <= {"message", "function_call", "reasoning"}
+    assert len(final["output"]) == len(added) and {o["type"] for o in final["output"]} <= {
+        "message",
+        "function_call",
+        "reasoning",
+    }
     usage = final["usage"]
-    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] and "cached_tokens" in usage["input_tokens_details"]
+    assert (
+        usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+        and "cached_tokens" in usage["input_tokens_details"]
+    )
     assert usage["output_tokens"] <= limit and (names[-1] == "response.completed" or usage["output_tokens"] == limit)
 
 

@@ -16,8 +16,15 @@ from tests.conftest import ROOT, start_server, wait_idle, wait_until
 playwright = pytest.importorskip("playwright.sync_api", reason="make test-browser installs playwright")
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = Path(os.environ.get("ARTIFACTS_DIR", os.path.join(ROOT, "tests", "browser", "artifacts")))
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 WAIT_MS = 60_000
@@ -110,8 +117,10 @@ def test_stop_button_aborts_a_long_reply(page, http):
 
 def test_markdown_keyboard_and_screenshots(page, server):
     reply = "Here is **code**:\n\n```python\nprint('<hi>')\n```\n\n- one\n- two `x`"
-    chat = [{"role": "user", "content": "Show me code"}, {"role": "assistant", "content": reply,
-             "stats": {"ttft": "0.12", "tokens": 20, "rate": "95.0"}}]
+    chat = [
+        {"role": "user", "content": "Show me code"},
+        {"role": "assistant", "content": reply, "stats": {"ttft": "0.12", "tokens": 20, "rate": "95.0"}},
+    ]
     page.evaluate("c => localStorage.setItem('cllm-chat', JSON.stringify({chat: c}))", chat)
     page.reload()
     page.wait_for_selector(".msg.assistant pre code")

@@ -8,7 +8,8 @@ import pytest
 from frontend_proc.core.template import FALLBACK_TEMPLATE, ChatTemplate, ChatTemplateError
 
 CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 LLAMA2ISH = (
@@ -37,14 +38,21 @@ def test_chatml_multi_turn_with_generation_prompt():
 
 def test_bos_eos_tokens_and_raise_exception():
     tmpl = ChatTemplate(LLAMA2ISH, bos_token="<s>", eos_token="</s>")
-    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}]
+    turns = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Bye"},
+    ]
     assert tmpl.render(turns) == "<s>[INST] Hi [/INST] Hello</s>[INST] Bye [/INST]"
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
         tmpl.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
 
 
 def test_bos_written_by_the_template_is_dropped_when_the_tokenizer_adds_it():
-    assert ChatTemplate(LLAMA2ISH, bos_token="<s>", eos_token="</s>", strip_bos=True).render(TURNS[1:2]) == "[INST] Hi [/INST]"
+    assert (
+        ChatTemplate(LLAMA2ISH, bos_token="<s>", eos_token="</s>", strip_bos=True).render(TURNS[1:2])
+        == "[INST] Hi [/INST]"
+    )
 
 
 def test_fallback_template_for_files_without_one():

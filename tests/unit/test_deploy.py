@@ -38,13 +38,17 @@ def manifests() -> dict[str, dict]:
 def test_kubernetes_manifests_validate_against_the_schemas():
     kv = pytest.importorskip("kubernetes_validate")
     docs = manifests()
-    assert {"Deployment", "Service", "Secret", "HorizontalPodAutoscaler", "ServiceMonitor", "Kustomization"} <= set(docs)
+    assert {"Deployment", "Service", "Secret", "HorizontalPodAutoscaler", "ServiceMonitor", "Kustomization"} <= set(
+        docs
+    )
     for kind, doc in docs.items():
         if kind in ("ServiceMonitor", "Kustomization"):  # not Kubernetes' own kinds: no schema bundled
             continue
         kv.validate(doc, KUBERNETES, strict=True)  # raises on any unknown or ill-typed field
     listed = yaml.safe_load(read(os.path.join(K8S, "kustomization.yaml")))["resources"]
-    assert sorted(listed) == sorted(os.path.basename(p) for p in glob.glob(os.path.join(K8S, "*.yaml")) if "kustomization" not in p)
+    assert sorted(listed) == sorted(
+        os.path.basename(p) for p in glob.glob(os.path.join(K8S, "*.yaml")) if "kustomization" not in p
+    )
 
 
 def test_the_deployment_probes_health_and_takes_its_key_from_the_secret():
@@ -79,7 +83,10 @@ def test_the_systemd_unit_verifies(tmp_path):
 def test_the_installer_writes_the_unit_a_private_key_and_a_config(tmp_path):
     run = subprocess.run(
         [os.path.join(ROOT, "scripts", "install-systemd.sh"), "--no-start"],
-        env={**os.environ, "DESTDIR": str(tmp_path)}, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DESTDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert run.returncode == 0, run.stderr
     env = tmp_path / "etc" / "cllm" / "cllm.env"
@@ -90,7 +97,14 @@ def test_the_installer_writes_the_unit_a_private_key_and_a_config(tmp_path):
 
     assert load_config(str(tmp_path / "etc" / "cllm" / "cllm.yaml"), {}).port == 8080
     key = env.read_text()  # a second run keeps the key and the settings
-    assert subprocess.run([os.path.join(ROOT, "scripts", "install-systemd.sh"), "--no-start"], env={**os.environ, "DESTDIR": str(tmp_path)}, timeout=60).returncode == 0
+    assert (
+        subprocess.run(
+            [os.path.join(ROOT, "scripts", "install-systemd.sh"), "--no-start"],
+            env={**os.environ, "DESTDIR": str(tmp_path)},
+            timeout=60,
+        ).returncode
+        == 0
+    )
     assert env.read_text() == key
 
 
@@ -98,5 +112,8 @@ def test_the_dockerfile_builds_in_two_stages_and_runs_as_a_user_with_a_health_ch
     text = read(os.path.join(ROOT, "Dockerfile"))
     assert len(re.findall(r"^FROM ", text, re.M)) == 2 and "COPY --from=build" in text
     assert re.search(r"^USER (?!root)\w+", text, re.M)
-    assert re.search(r"^HEALTHCHECK .*\n.*CLLM_HEALTH_URL", text, re.M) and "CLLM_HEALTH_URL=http://127.0.0.1:8080/health" in text
+    assert (
+        re.search(r"^HEALTHCHECK .*\n.*CLLM_HEALTH_URL", text, re.M)
+        and "CLLM_HEALTH_URL=http://127.0.0.1:8080/health" in text
+    )
     assert "ARG CMAKE_ARGS" in text and '"--host", "0.0.0.0"' in text

@@ -19,7 +19,12 @@ from frontend_proc.http import lifecycle
 def test_template_context_and_calls():
     req = ChatRequest(messages=[], sampling=SamplingParams(), effort="none", template_kwargs={"x": 1})
     assert req.template_context() == {"x": 1, "reasoning_effort": "none", "enable_thinking": False}
-    assert ChatRequest(messages=[], sampling=SamplingParams(), thinking=True, effort="none").template_context()["enable_thinking"] is True
+    assert (
+        ChatRequest(messages=[], sampling=SamplingParams(), thinking=True, effort="none").template_context()[
+            "enable_thinking"
+        ]
+        is True
+    )
     assert template_call("c1", "f", '{"a": 1}')["function"]["arguments"] == {"a": 1}
     assert template_call("c1", "f", "not json")["function"]["arguments"] == "not json"
 
@@ -38,13 +43,26 @@ class Recorder(Blocks):
 def test_blocks_open_at_each_change_of_kind_and_each_new_call():
     blocks = Recorder()
     parts = [
-        (REASONING, "hm"), (REASONING, "."), (CONTENT, "Hi"),
-        (CALL, ToolCallDelta(0, "c0", "f")), (CALL, ToolCallDelta(0, arguments="{}")), (CALL, ToolCallDelta(1, "c1", "g")),
+        (REASONING, "hm"),
+        (REASONING, "."),
+        (CONTENT, "Hi"),
+        (CALL, ToolCallDelta(0, "c0", "f")),
+        (CALL, ToolCallDelta(0, arguments="{}")),
+        (CALL, ToolCallDelta(1, "c1", "g")),
     ]
     assert blocks.feed(parts) + blocks.end() == [
-        "open reasoning", "reasoning 'hm'", "reasoning '.'", "close reasoning",
-        "open content", "content 'Hi'", "close content",
-        "open call f", "call '{}'", "close call", "open call g", "close call",
+        "open reasoning",
+        "reasoning 'hm'",
+        "reasoning '.'",
+        "close reasoning",
+        "open content",
+        "content 'Hi'",
+        "close content",
+        "open call f",
+        "call '{}'",
+        "close call",
+        "open call g",
+        "close call",
     ]
     assert Recorder().end() == []
 

@@ -32,8 +32,23 @@ from frontend_proc.engine.client import EngineClient
 from frontend_proc.engine.metrics import Metrics
 
 INFO = ModelInfo(
-    model_path="m.gguf", model_name="m", model_family="llama", quantization="Q4_1", vocab_size=100, num_layers=2, n_params=135_000_000, model_bytes=90 << 20, n_ctx_train=2048,
-    ctx_size=8192, kv_bytes=1 << 20, seq_ctx=1024, parallel=8, batch_size=512, threads=2, gpu_layers=0, use_mmap=True,
+    model_path="m.gguf",
+    model_name="m",
+    model_family="llama",
+    quantization="Q4_1",
+    vocab_size=100,
+    num_layers=2,
+    n_params=135_000_000,
+    model_bytes=90 << 20,
+    n_ctx_train=2048,
+    ctx_size=8192,
+    kv_bytes=1 << 20,
+    seq_ctx=1024,
+    parallel=8,
+    batch_size=512,
+    threads=2,
+    gpu_layers=0,
+    use_mmap=True,
 )
 PROMPT = list(range(1, 300))  # a Submit of about 600 bytes: a few fill the request ring
 
@@ -84,6 +99,7 @@ def rings():
 
 def test_engine_death_while_the_frontend_waits_for_room(rings):
     requests, outputs = rings
+
     async def scenario():
         client = EngineClient(ServeConfig(request_timeout=0), EngineRings(requests.spec, outputs.spec), Metrics())
         client.start()
@@ -140,6 +156,7 @@ def test_a_new_frontend_ignores_what_the_engine_said_to_the_old_one(rings):
     # What a frontend that died left unread: an answer to its Hello, outputs for its request 1.
     assert outputs.try_put(encode(EngineReady(INFO, 12345, 0)))
     assert outputs.try_put(encode(StepOutputs([SeqOutput(1, 42, "length")])))
+
     async def scenario():
         client = EngineClient(ServeConfig(), EngineRings(requests.spec, outputs.spec), Metrics())
         client.start()
@@ -155,7 +172,6 @@ def test_a_new_frontend_ignores_what_the_engine_said_to_the_old_one(rings):
         client.stop()
 
     asyncio.run(scenario())
-
 
 
 def test_an_embeddings_error_fails_that_request_with_a_503(rings):

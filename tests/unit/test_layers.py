@@ -42,6 +42,7 @@ MODEL_LOADERS = {
     "conftest": {"start_server"},
 }
 
+
 def module_name(path: str) -> str:
     parts = os.path.relpath(path, ROOT)[: -len(".py")].split(os.sep)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -157,8 +158,11 @@ def test_the_shared_bottom_imports_nothing_above_it():
 def test_neither_process_package_imports_the_other():
     edges = graph()
     crossing = [
-        (m, t) for m in edges for t in edges[m]
-        if (under(m, ("engine_proc",)) and under(t, ("frontend_proc",))) or (under(m, ("frontend_proc",)) and under(t, ("engine_proc",)))
+        (m, t)
+        for m in edges
+        for t in edges[m]
+        if (under(m, ("engine_proc",)) and under(t, ("frontend_proc",)))
+        or (under(m, ("frontend_proc",)) and under(t, ("engine_proc",)))
     ]
     assert crossing == []
 

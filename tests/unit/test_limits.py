@@ -10,8 +10,23 @@ from cllm.core.protocol import ModelInfo, SamplingParams
 from frontend_proc.engine.limits import Limits
 
 INFO = ModelInfo(
-    model_path="m.gguf", model_name="m", model_family="llama", quantization="Q4_1", vocab_size=100, num_layers=2, n_params=135_000_000, model_bytes=90 << 20, n_ctx_train=2048,
-    ctx_size=1024, kv_bytes=1 << 20, seq_ctx=512, parallel=2, batch_size=512, threads=2, gpu_layers=0, use_mmap=True,
+    model_path="m.gguf",
+    model_name="m",
+    model_family="llama",
+    quantization="Q4_1",
+    vocab_size=100,
+    num_layers=2,
+    n_params=135_000_000,
+    model_bytes=90 << 20,
+    n_ctx_train=2048,
+    ctx_size=1024,
+    kv_bytes=1 << 20,
+    seq_ctx=512,
+    parallel=2,
+    batch_size=512,
+    threads=2,
+    gpu_layers=0,
+    use_mmap=True,
 )
 
 
@@ -44,5 +59,7 @@ def test_max_prompt_tokens_lowers_but_never_raises_the_limit():
 )
 def test_each_limit_is_a_400_that_states_it(prompts, max_tokens, n, param, message):
     with pytest.raises(ApiError) as e:
-        Limits.of(ServeConfig(max_waiting=10), INFO).check(prompts, max_tokens, n, "messages" if param == "messages" else "prompt")
+        Limits.of(ServeConfig(max_waiting=10), INFO).check(
+            prompts, max_tokens, n, "messages" if param == "messages" else "prompt"
+        )
     assert e.value.status == 400 and e.value.message == message and e.value.param == param

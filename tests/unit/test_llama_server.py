@@ -19,7 +19,9 @@ def enc(text: str) -> list[int]:
 
 
 def test_infill_prompt_with_repository_tokens():
-    prompt = infill_prompt(enc, FIM, BOS, enc("def f("), enc("):\n"), [("a.py", "x = 1")], enc("x"), n_batch=64, n_ctx=512)
+    prompt = infill_prompt(
+        enc, FIM, BOS, enc("def f("), enc("):\n"), [("a.py", "x = 1")], enc("x"), n_batch=64, n_ctx=512
+    )
     extra = [FIM.rep, *enc("myproject\n"), FIM.sep, *enc("a.py\n"), *enc("x = 1"), FIM.sep, *enc("filename\n")]
     assert prompt == [*extra, BOS, FIM.pre, *enc("def f("), *enc("x"), FIM.suf, *enc("):\n"), FIM.mid]
 
@@ -42,21 +44,37 @@ def test_infill_prompt_keeps_the_prefix_end_the_suffix_start_and_the_last_contex
 
 def test_missing_fim_says_what_llama_server_says():
     assert missing_fim(FIM) == ""
-    assert missing_fim(FimTokens(-1, -1, -1, -1, -1)) == "prefix token is missing. suffix token is missing. middle token is missing. "
+    assert (
+        missing_fim(FimTokens(-1, -1, -1, -1, -1))
+        == "prefix token is missing. suffix token is missing. middle token is missing. "
+    )
     assert missing_fim(FIM._replace(mid=-1)) == "middle token is missing. "
 
 
 def test_completion_body_aliases_and_defaults():
     body = msgspec.json.decode(b'{"prompt": "x"}', type=CompletionBody)
-    assert (body.predict, body.probs, body.count, body.stops, body.temperature, body.top_p, body.min_p) == (-1, 0, 1, [], 0.8, 0.95, 0.05)
-    body = msgspec.json.decode(b'{"prompt": [1, "a"], "max_tokens": 5, "logprobs": 3, "n": 2, "stop": ["", "\\n"]}', type=CompletionBody)
+    assert (body.predict, body.probs, body.count, body.stops, body.temperature, body.top_p, body.min_p) == (
+        -1,
+        0,
+        1,
+        [],
+        0.8,
+        0.95,
+        0.05,
+    )
+    body = msgspec.json.decode(
+        b'{"prompt": [1, "a"], "max_tokens": 5, "logprobs": 3, "n": 2, "stop": ["", "\\n"]}', type=CompletionBody
+    )
     assert (body.predict, body.probs, body.count, body.stops) == (5, 3, 2, ["\n"])
     assert msgspec.json.decode(b'{"n_predict": 0, "max_tokens": 5}', type=CompletionBody).predict == 0
 
 
 def test_llama_cpp_fields_cLLM_does_not_apply_are_accepted_and_others_refused():
     fields = {name: 1 for name in IGNORED}
-    body = msgspec.json.decode(msgspec.json.encode({"prompt": "x", **fields, "samplers": ["top_k"], "dry_sequence_breakers": ["\n"]}), type=CompletionBody)
+    body = msgspec.json.decode(
+        msgspec.json.encode({"prompt": "x", **fields, "samplers": ["top_k"], "dry_sequence_breakers": ["\n"]}),
+        type=CompletionBody,
+    )
     assert body.prompt == "x"
     with pytest.raises(msgspec.ValidationError, match="n_prdict"):
         msgspec.json.decode(b'{"prompt": "x", "n_prdict": 3}', type=CompletionBody)
@@ -67,7 +85,12 @@ def test_llama_cpp_fields_cLLM_does_not_apply_are_accepted_and_others_refused():
 def test_infill_body_needs_prefix_and_suffix():
     with pytest.raises(msgspec.ValidationError, match="input_prefix"):
         msgspec.json.decode(b'{"input_suffix": ""}', type=InfillBody)
-    body = msgspec.json.decode(b'{"input_prefix": [5, "a"], "input_suffix": "b", "input_extra": [{"text": "t"}], "dry_base": 2}', type=InfillBody)
+    body = msgspec.json.decode(
+        b'{"input_prefix": [5, "a"], "input_suffix": "b", "input_extra": [{"text": "t"}], "dry_base": 2}',
+        type=InfillBody,
+    )
     assert body.input_extra[0].filename == "tmp" and body.input_prefix == [5, "a"]
     with pytest.raises(msgspec.ValidationError, match="text"):
-        msgspec.json.decode(b'{"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}', type=InfillBody)
+        msgspec.json.decode(
+            b'{"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}', type=InfillBody
+        )

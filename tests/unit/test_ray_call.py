@@ -9,7 +9,12 @@ from cllm.ray_serve.call import BLOCK_CHARS, routing_text, text_blocks
 
 def chat(*turns: str) -> bytes:
     roles = ["user", "assistant"]
-    return json.dumps({"messages": [{"role": "system", "content": "Be brief."}] + [{"role": roles[i % 2], "content": t} for i, t in enumerate(turns)]}).encode()
+    return json.dumps(
+        {
+            "messages": [{"role": "system", "content": "Be brief."}]
+            + [{"role": roles[i % 2], "content": t} for i, t in enumerate(turns)]
+        }
+    ).encode()
 
 
 def test_a_chat_turn_starts_with_the_text_of_the_turn_before():
@@ -24,7 +29,9 @@ def test_a_chat_turn_starts_with_the_text_of_the_turn_before():
 def test_every_api_shape_gives_its_text():
     assert routing_text(b'{"prompt": "Once upon a time"}') == "Once upon a time"
     assert routing_text(b'{"prompt": [1, 2]}') == "1,2,"
-    anthropic = routing_text(b'{"system": "S", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}')
+    anthropic = routing_text(
+        b'{"system": "S", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}'
+    )
     assert anthropic.startswith("S") and "hi" in anthropic
     assert "hello" in routing_text(b'{"input": "hello", "instructions": "I"}')
 

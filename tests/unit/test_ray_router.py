@@ -10,7 +10,9 @@ import pytest
 
 pytestmark = [
     pytest.mark.ray,
-    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the ray extra is not installed (make test-ray)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None, reason="the ray extra is not installed (make test-ray)"
+    ),
 ]
 
 

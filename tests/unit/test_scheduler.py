@@ -164,7 +164,10 @@ def test_books_stay_right_through_conversations_outnumbering_the_streams(host_by
     ids = iter(range(10**6))
     convs = conversation_turns(rng, 8, 5)
     for turn in range(5):
-        batch = [Sequence(next(ids), np.array(c[turn], np.int32), SamplingParams(max_tokens=rng.randrange(1, 12)), None) for c in convs]
+        batch = [
+            Sequence(next(ids), np.array(c[turn], np.int32), SamplingParams(max_tokens=rng.randrange(1, 12)), None)
+            for c in convs
+        ]
         rng.shuffle(batch)
         run(sched, kv, batch[:4], rng)
         run(sched, kv, batch[4:], rng)
@@ -212,7 +215,9 @@ def test_exact_mode_reuses_only_whole_prompt_blocks():
 
 
 @pytest.mark.parametrize(
-    "host_bytes, min_cells", [(0, HEAD), (1 << 20, HEAD), (1 << 20, MIN_CELLS)], ids=["no-host-ram", "host-ram", "host-ram-too-short"]
+    "host_bytes, min_cells",
+    [(0, HEAD), (1 << 20, HEAD), (1 << 20, MIN_CELLS)],
+    ids=["no-host-ram", "host-ram", "host-ram-too-short"],
 )
 def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(host_bytes, min_cells, monkeypatch):
     """Six conversations take turns on three streams: with host RAM each turn reuses all of the previous one,
@@ -253,13 +258,18 @@ def test_an_entry_back_from_host_ram_lands_in_its_sequences_slot_when_streams_mo
     kv = FakeStreams(2, host_streams)
     sched = Scheduler(1, 2, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=1 << 20)
     ids = iter(range(10**6))
-    first, *others = [Sequence(next(ids), np.arange(300, dtype=np.int32) + 1000 * c, SamplingParams(max_tokens=4), None) for c in range(3)]
+    first, *others = [
+        Sequence(next(ids), np.arange(300, dtype=np.int32) + 1000 * c, SamplingParams(max_tokens=4), None)
+        for c in range(3)
+    ]
     for seq in (first, *others):  # the two others push the first one's entry out of the streams, into host RAM
         run(sched, kv, [seq], rng)
     assert [e.tokens[0] for e in sched.cache.host.entries.values()] == [0]
     moves = recorded(kv, "copy", "swap", "restore")
     history = first.known(len(first.prompt) + len(first.output))
-    turn = Sequence(next(ids), np.concatenate((history, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=3), None)
+    turn = Sequence(
+        next(ids), np.concatenate((history, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=3), None
+    )
     before = sched.cache.stats().hit_tokens
     run(sched, kv, [turn], rng)
     assert sched.cache.stats().hit_tokens - before == len(history) - 1 and sched.cache.stats().restored == 1
@@ -303,22 +313,37 @@ def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_device_strea
     assert sched.cache.persist_wait() is None  # nothing left to warm: the idle engine sleeps
     ids = iter(range(10**6))
     for conv in (convs[0], convs[2]):  # the oldest from its file, the newest from its warmed stream
-        turn = Sequence(next(ids), np.concatenate((conv, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=2), None)
+        turn = Sequence(
+            next(ids), np.concatenate((conv, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=2), None
+        )
         run(sched, kv, [turn], rng)
     stats = sched.cache.stats()
     assert stats.hit_tokens == 2 * 300 and stats.disk_hits == 2
 
     # Warmed streams no prompt reuses make way for others without a copy to host RAM: their files hold them.
-    fresh = Scheduler(2, 2, 64, 4096, TokenFiles(2), prefix_cache=True, exact=False, host_bytes=1 << 30,
-                      disk=DiskCache(str(tmp_path), 1 << 30, ident))
+    fresh = Scheduler(
+        2,
+        2,
+        64,
+        4096,
+        TokenFiles(2),
+        prefix_cache=True,
+        exact=False,
+        host_bytes=1 << 30,
+        disk=DiskCache(str(tmp_path), 1 << 30, ident),
+    )
     while fresh.warm():
         pass
-    others = [Sequence(next(ids), np.arange(200, dtype=np.int32) + 5000 * (k + 1), SamplingParams(max_tokens=2), None) for k in range(2)]
+    others = [
+        Sequence(next(ids), np.arange(200, dtype=np.int32) + 5000 * (k + 1), SamplingParams(max_tokens=2), None)
+        for k in range(2)
+    ]
     run(fresh, fresh.kv, others, rng)
     assert not any(e.warmed for e in fresh.cache.entries.values()) and fresh.cache.host.bytes == 0
 
-    later = Scheduler(2, 2, 64, 4096, TokenFiles(2), prefix_cache=True, exact=False,
-                      disk=DiskCache(str(tmp_path), 1 << 30, ident))
+    later = Scheduler(
+        2, 2, 64, 4096, TokenFiles(2), prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 1 << 30, ident)
+    )
     run(later, later.kv, [Sequence(next(ids), np.arange(5, dtype=np.int32), SamplingParams(max_tokens=1), None)], rng)
     assert not later.warm() and not any(e.warmed for e in later.cache.entries.values())
     assert later.cache.persist_wait() is None and later.cache.disk.entries
@@ -360,9 +385,19 @@ def test_a_short_entry_goes_to_host_ram_rather_than_pushing_a_longer_one_there(m
     kv.save = save
     ids = iter(range(10**6))
     for c in range(3):
-        run(sched, kv, [Sequence(next(ids), np.arange(200, dtype=np.int32) + 1000 * c, SamplingParams(max_tokens=4), None)], rng)
+        run(
+            sched,
+            kv,
+            [Sequence(next(ids), np.arange(200, dtype=np.int32) + 1000 * c, SamplingParams(max_tokens=4), None)],
+            rng,
+        )
     for c in range(4):
-        run(sched, kv, [Sequence(next(ids), np.arange(40, dtype=np.int32) + 5000 + 100 * c, SamplingParams(max_tokens=4), None)], rng)
+        run(
+            sched,
+            kv,
+            [Sequence(next(ids), np.arange(40, dtype=np.int32) + 5000 + 100 * c, SamplingParams(max_tokens=4), None)],
+            rng,
+        )
     # The first short prompt displaces the newest long entry (it is worth more than the oldest): the oldest
     # goes out. Each later one displaces its short predecessor, which goes out in its stead.
     assert saved == [203] + [43] * 3
@@ -392,7 +427,7 @@ def test_host_ram_keeps_what_adds_cells_and_stays_within_its_bytes(monkeypatch):
     stored, n = host.lookup(np.concatenate((c[:-2], [0])), longest=HEAD + 1, unit=1)
     assert stored is not None and n == HEAD + 1
     assert host.lookup(b, longest=len(b), unit=1) == (None, 0)  # gone
-    assert host.lookup(c[:HEAD - 1], longest=HEAD - 1, unit=1) == (None, 0)  # shorter than the head
+    assert host.lookup(c[: HEAD - 1], longest=HEAD - 1, unit=1) == (None, 0)  # shorter than the head
 
 
 def test_host_ram_keeps_no_entry_shorter_than_its_minimum():
@@ -434,12 +469,27 @@ def test_a_step_starts_one_request_that_continues_a_cache_entry():
     rng = random.Random(3)
     kv = FakeStreams(16)
     sched = Scheduler(8, 16, 512, 4096, kv, prefix_cache=True, exact=False)
-    firsts = [Sequence(i, np.arange(100 * i, 100 * i + 40, dtype=np.int32), SamplingParams(max_tokens=5), None) for i in range(6)]
+    firsts = [
+        Sequence(i, np.arange(100 * i, 100 * i + 40, dtype=np.int32), SamplingParams(max_tokens=5), None)
+        for i in range(6)
+    ]
     run(sched, kv, firsts, rng)
-    turns = [Sequence(10 + i, np.concatenate((s.known(45), np.arange(900, 910, dtype=np.int32))), SamplingParams(max_tokens=50), None)
-             for i, s in enumerate(firsts)]
+    turns = [
+        Sequence(
+            10 + i,
+            np.concatenate((s.known(45), np.arange(900, 910, dtype=np.int32))),
+            SamplingParams(max_tokens=50),
+            None,
+        )
+        for i, s in enumerate(firsts)
+    ]
     # Shares 30 tokens of an entry it does not extend (a system prompt, say), and a prompt shared with nothing.
-    sharer = Sequence(20, np.concatenate((firsts[5].prompt[:30], np.arange(3000, 3010, dtype=np.int32))), SamplingParams(max_tokens=50), None)
+    sharer = Sequence(
+        20,
+        np.concatenate((firsts[5].prompt[:30], np.arange(3000, 3010, dtype=np.int32))),
+        SamplingParams(max_tokens=50),
+        None,
+    )
     fresh = Sequence(21, np.arange(2000, 2030, dtype=np.int32), SamplingParams(max_tokens=50), None)
     for seq in [turns[0], sharer, fresh, *turns[1:]]:
         sched.add(seq)
@@ -479,5 +529,11 @@ def test_prefix_lengths_and_held_match_the_plain_comparisons():
     held.add(10, arrays[4])
     for prefix in prompts + arrays:
         assert held.holds(prefix) == any(starts_with(a, prefix) for a in arrays[:5]), prefix
-    assert [(slot, n) for slot, _, n in held.prefixes(base)] == [(0, 0), (1, 1), (2, PROBE - 1), (3, PROBE), (10, PROBE + 1)]
+    assert [(slot, n) for slot, _, n in held.prefixes(base)] == [
+        (0, 0),
+        (1, 1),
+        (2, PROBE - 1),
+        (3, PROBE),
+        (10, PROBE + 1),
+    ]
     assert not Held({}).holds(base[:1])

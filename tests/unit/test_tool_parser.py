@@ -81,7 +81,10 @@ def test_llama3_plain_answer_is_text(step):
 def test_mistral_array_of_calls(step):
     content, calls, _ = parse(MISTRAL, MISTRAL_CALLS, step)
     assert content == ""
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2})]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("add", {"a": 1, "b": 2}),
+    ]
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -99,7 +102,12 @@ def test_arguments_written_as_a_json_string():
 
 @pytest.mark.parametrize("step", STEPS)
 def test_text_that_only_looks_like_a_call_is_given_back(step):
-    for text in ["a <tool_ b", "<tool_call>not json</tool_call> after", '<tool_call>{"arguments": {}}</tool_call>', "ends with <tool_c"]:
+    for text in [
+        "a <tool_ b",
+        "<tool_call>not json</tool_call> after",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        "ends with <tool_c",
+    ]:
         content, calls, _ = parse(HERMES, text, step)
         assert (content, calls) == (text, [])
 
@@ -122,7 +130,8 @@ HARMONY_CALLS = [
     # Thinking, then a call, the recipient in the channel's header.
     (
         "<|channel|>analysis<|message|>The user wants Tokyo's weather. Call get_weather.<|end|>"
-        '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"location":"Tokyo"}',
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather "
+        '<|constrain|>json<|message|>{"location":"Tokyo"}',
         "The user wants Tokyo's weather. Call get_weather.",
         "",
         [("get_weather", {"location": "Tokyo"})],
@@ -136,8 +145,10 @@ HARMONY_CALLS = [
     ),
     # Several calls in a row, one after a preamble; a call without arguments.
     (
-        "<|channel|>analysis<|message|>Two lookups.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking both.<|end|>"
-        '<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"location":"Oslo"}<|call|>'
+        "<|channel|>analysis<|message|>Two lookups.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking "
+        "both.<|end|>"
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary "
+        '<|constrain|>json<|message|>{"location":"Oslo"}<|call|>'
         '<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz": "CET"}<|end|>'
         "<|start|>assistant<|channel|>commentary to=functions.ping<|message|><|call|>",
         "Two lookups.",
@@ -146,14 +157,21 @@ HARMONY_CALLS = [
     ),
     # A built-in tool's message (not a function) is no call and never text; the final answer is the answer.
     (
-        "<|channel|>analysis<|message|>Compute it.<|end|><|start|>assistant<|channel|>analysis to=python code<|message|>print(6*7)<|end|>"
+        "<|channel|>analysis<|message|>Compute it.<|end|><|start|>assistant<|channel|>analysis to=python "
+        "code<|message|>print(6*7)<|end|>"
         "<|start|>assistant<|channel|>final<|message|>It is 42.",
         "Compute it.",
         "It is 42.",
         [],
     ),
     # gpt-oss-20b's stray commentary prefix names the assistant: no call.
-    ("<|channel|>commentary to=assistant<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Hi.", "Hm.", "Hi.", []),
+    (
+        "<|channel|>commentary "
+        "to=assistant<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Hi.",
+        "Hm.",
+        "Hi.",
+        [],
+    ),
 ]
 
 
@@ -195,7 +213,8 @@ def test_harmony_calls_in_text_left_as_written(step):
     """--reasoning-format none: the parser alone reads the calls; the other messages stay text, as written."""
     content, calls, whole = parse(HARMONY, HARMONY_CALLS[2][0], step)
     assert content == (
-        "<|channel|>analysis<|message|>Two lookups.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking both.<|end|>"
+        "<|channel|>analysis<|message|>Two lookups.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking "
+        "both.<|end|>"
     )
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == HARMONY_CALLS[2][3]
     assert [(c.id, c.name, c.arguments) for c in whole] == [(c["id"], c["name"], c["arguments"]) for c in calls]

@@ -97,7 +97,11 @@ def chat_request(body: CountTokensRequest, max_tokens: int = REST) -> ChatReques
         messages=template_messages(body),
         sampling=body.params(max_tokens),
         tools=[Tool(t.name, t.description, json.dumps(t.input_schema)) for t in body.tools or ()],
-        tool_choice={ToolChoiceAny: "required", ToolChoiceTool: getattr(choice, "name", None), ToolChoiceNone: "none"}.get(type(choice), "auto"),
+        tool_choice={
+            ToolChoiceAny: "required",
+            ToolChoiceTool: getattr(choice, "name", None),
+            ToolChoiceNone: "none",
+        }.get(type(choice), "auto"),
         parallel_tool_calls=choice is None or not getattr(choice, "disable_parallel_tool_use", False),
         output=JsonOutput(fmt.schema) if fmt else None,
         thinking=None if body.thinking is None else not isinstance(body.thinking, ThinkingDisabled),
@@ -119,7 +123,11 @@ async def messages(request: Request) -> Response:
     choice, reply = gen.choices[0], prompt.reply()
     message = message_object(gen, st.model_id)
     parts = reply.whole(text)
-    blocks = [content_block(kind, part) for kind, part in parts if kind != CALL and not (reply.calls and kind == CONTENT and not part.strip())]
+    blocks = [
+        content_block(kind, part)
+        for kind, part in parts
+        if kind != CALL and not (reply.calls and kind == CONTENT and not part.strip())
+    ]
     blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": arguments(c.arguments)} for c in reply.calls]
     message["content"] = blocks
     message["stop_reason"], message["stop_sequence"] = stop_reason(choice, reply), choice.stop_string
@@ -128,13 +136,28 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     body = await decode_body(request, CountTokensRequest)
-    return json_response({"input_tokens": len(chat.prompt(await model_state(request, body.model), chat_request(body)).tokens)})
+    return json_response(
+        {"input_tokens": len(chat.prompt(await model_state(request, body.model), chat_request(body)).tokens)}
+    )
 
 
 operations = [
     Operation(
-        "POST", "/v1/messages", messages, "Anthropic: messages",
-        body=MessagesRequest, response=dict, events=str, errors=GENERATE_ERRORS,
+        "POST",
+        "/v1/messages",
+        messages,
+        "Anthropic: messages",
+        body=MessagesRequest,
+        response=dict,
+        events=str,
+        errors=GENERATE_ERRORS,
     ),
-    Operation("POST", "/v1/messages/count_tokens", count_tokens, "Anthropic: count a conversation's tokens", body=CountTokensRequest, response=dict),
+    Operation(
+        "POST",
+        "/v1/messages/count_tokens",
+        count_tokens,
+        "Anthropic: count a conversation's tokens",
+        body=CountTokensRequest,
+        response=dict,
+    ),
 ]

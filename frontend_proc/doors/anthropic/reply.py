@@ -13,7 +13,9 @@ from frontend_proc.http.errors import error_body
 from frontend_proc.http.sse import sse_event
 
 PATH = "/v1/messages"
-PING = sse_event("ping", {"type": "ping"})  # while a stream waits for its first token, as Anthropic keeps idle streams alive
+PING = sse_event(
+    "ping", {"type": "ping"}
+)  # while a stream waits for its first token, as Anthropic keeps idle streams alive
 
 
 def stop_reason(choice: Choice, reply: Reply) -> str:
@@ -62,7 +64,11 @@ def content_block(kind: str, part) -> dict:
     return {"type": "text", "text": part}
 
 
-DELTA = {REASONING: ("thinking_delta", "thinking"), CALL: ("input_json_delta", "partial_json"), CONTENT: ("text_delta", "text")}
+DELTA = {
+    REASONING: ("thinking_delta", "thinking"),
+    CALL: ("input_json_delta", "partial_json"),
+    CONTENT: ("text_delta", "text"),
+}
 
 
 def arguments(arguments: str) -> dict:
@@ -84,11 +90,20 @@ class ContentBlocks(Blocks):
     def open(self, kind: str, call: ToolCallDelta | None) -> list[bytes]:
         self.index += 1
         block = content_block(kind, "" if call is None else call)
-        return [sse_event("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})]
+        return [
+            sse_event(
+                "content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}
+            )
+        ]
 
     def delta(self, kind: str, text: str) -> list[bytes]:
         type_, key = DELTA[kind]
-        return [sse_event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": {"type": type_, key: text}})]
+        return [
+            sse_event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": self.index, "delta": {"type": type_, key: text}},
+            )
+        ]
 
     def close(self) -> list[bytes]:
         return [sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
@@ -114,7 +129,8 @@ class Stream(lifecycle.Stream):
     def end(self) -> bytes:
         choice = self.gen.choices[0]
         delta = {"stop_reason": stop_reason(choice, self.reply), "stop_sequence": choice.stop_string}
-        # Cumulative, as Anthropic sends it: the cache's hit is known only once the prompt was read, after message_start.
+        # Cumulative, as Anthropic sends it: the cache's hit is known only once the prompt was read, after
+        # message_start.
         end = [sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage(self.gen)})]
         return b"".join([*self.blocks.end(), *end, sse_event("message_stop", {"type": "message_stop"})])
 

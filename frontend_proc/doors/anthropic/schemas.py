@@ -79,7 +79,9 @@ class Message(msgspec.Struct):
 
 
 class Tool(msgspec.Struct):
-    name: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,128}$")]  # Anthropic's rule: names go into prompts and grammars as they are
+    name: Annotated[
+        str, Meta(pattern="^[A-Za-z0-9_-]{1,128}$")
+    ]  # Anthropic's rule: names go into prompts and grammars as they are
     input_schema: dict
     description: str | None = None
     defer_loading: bool = False  # offered once a tool_reference block names it
@@ -166,11 +168,14 @@ class CountTokensRequest(Sampling, kw_only=True, forbid_unknown_fields=True):
 
 
 def _blocks(raw: list, path: str, referenced: set[str]) -> list:
-    """A message's content blocks, decoded; the tools its tool results' tool_reference blocks name go into ``referenced``."""
+    """A message's content blocks, decoded; the tools its tool results' tool_reference blocks name go into
+    ``referenced``."""
     for block in raw:
         if isinstance(block, dict) and block.get("type") == "tool_result" and isinstance(block.get("content"), list):
             referenced.update(
-                b["tool_name"] for b in block["content"] if isinstance(b, dict) and b.get("type") == "tool_reference" and b.get("tool_name")
+                b["tool_name"]
+                for b in block["content"]
+                if isinstance(b, dict) and b.get("type") == "tool_reference" and b.get("tool_name")
             )
     return known(raw, BLOCKS, path, "content block")
 

@@ -17,7 +17,8 @@ from starlette.responses import Response
 PAGE = files("frontend_proc.doors.cllm").joinpath("static/chat.html").read_bytes()
 HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' "
+        "data:"
     ),
     "Cache-Control": "no-cache",
 }

@@ -76,7 +76,9 @@ class _Stream(lifecycle.Stream):
         return sse(StreamEvent(self.rid, text, False)) if text is not None else b""
 
     def end(self) -> bytes:
-        return sse(StreamEvent(self.rid, "", True, generated_tokens=self.choice.n_tokens, finish_reason=self.choice.finish))
+        return sse(
+            StreamEvent(self.rid, "", True, generated_tokens=self.choice.n_tokens, finish_reason=self.choice.finish)
+        )
 
     def error(self, e: ApiError) -> bytes:
         return sse(StreamEvent(self.rid, "", True, error=e.error, message=e.message))
@@ -94,13 +96,31 @@ async def model_info(request: Request) -> Response:
 
 operations = [
     Operation(
-        "POST", "/generate", generate, 'generate text ("stream": true for SSE)',
-        body=GenerateRequest, response=Ok[GenerateResult], events=StreamEvent, errors=GENERATE_ERRORS,
+        "POST",
+        "/generate",
+        generate,
+        'generate text ("stream": true for SSE)',
+        body=GenerateRequest,
+        response=Ok[GenerateResult],
+        events=StreamEvent,
+        errors=GENERATE_ERRORS,
     ),
     Operation(
-        "POST", "/generate_stream", generate_stream, "generate text as Server-Sent Events",
-        body=GenerateRequest, events=StreamEvent, errors=GENERATE_ERRORS,
+        "POST",
+        "/generate_stream",
+        generate_stream,
+        "generate text as Server-Sent Events",
+        body=GenerateRequest,
+        events=StreamEvent,
+        errors=GENERATE_ERRORS,
     ),
     Operation("POST", "/encode", encode, "tokenize text", body=EncodeRequest, response=Ok[EncodeResult]),
-    Operation("GET", "/model/info", model_info, "the served model and llama.cpp settings", response=Ok[ModelInfo], errors=(503,)),
+    Operation(
+        "GET",
+        "/model/info",
+        model_info,
+        "the served model and llama.cpp settings",
+        response=Ok[ModelInfo],
+        errors=(503,),
+    ),
 ]

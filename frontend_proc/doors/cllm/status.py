@@ -63,10 +63,20 @@ async def health(request: Request) -> Response:
         data.model = client.info
         cache = stats.prefix_cache if stats else PrefixCacheStats()
         data.prefix_cache = PrefixCacheFigures(
-            st.config.prefix_cache, cache.hits, cache.misses, cache.hit_tokens, cache.cells, cache.restored, cache.host_cells, cache.host_bytes
+            st.config.prefix_cache,
+            cache.hits,
+            cache.misses,
+            cache.hit_tokens,
+            cache.cells,
+            cache.restored,
+            cache.host_cells,
+            cache.host_bytes,
         )
         data.prefix_cache.disk_hits, data.prefix_cache.disk_entries = cache.disk_hits, cache.disk_entries
-        data.prefix_cache.disk_bytes, data.prefix_cache.disk_load_seconds = cache.disk_bytes, round(cache.disk_load_seconds, 6)
+        data.prefix_cache.disk_bytes, data.prefix_cache.disk_load_seconds = (
+            cache.disk_bytes,
+            round(cache.disk_load_seconds, 6),
+        )
         data.prefix_cache.disk_rejected = cache.disk_rejected
     return json_response(Ok(data=data), 200 if healthy else 503)
 
@@ -79,10 +89,18 @@ def _engines(pool: ModelPool) -> list[EngineStatus]:
                 continue
             stats = c.stats
             status = "serving" if c.info is not None else "starting" if not c.ready.done() else "restarting"
-            engines.append(EngineStatus(
-                model.id, c.replica, status, stats.running if stats else 0, stats.waiting if stats else 0,
-                stats.kv_used if stats else 0, c.info.ctx_size if c.info else 0, c.generation,
-            ))
+            engines.append(
+                EngineStatus(
+                    model.id,
+                    c.replica,
+                    status,
+                    stats.running if stats else 0,
+                    stats.waiting if stats else 0,
+                    stats.kv_used if stats else 0,
+                    c.info.ctx_size if c.info else 0,
+                    c.generation,
+                )
+            )
     return engines
 
 
@@ -111,11 +129,24 @@ async def metrics(request: Request) -> Response:
 
 
 operations = [
-    Operation("GET", "/", index, "this list; the chat page for a browser (Accept: text/html)", response=Ok[Index], text="text/html"),
+    Operation(
+        "GET",
+        "/",
+        index,
+        "this list; the chat page for a browser (Accept: text/html)",
+        response=Ok[Index],
+        text="text/html",
+    ),
     Operation("GET", "/ui", chat_page.page, "the chat page", text="text/html"),
     Operation(
-        "GET", "/health", health, "liveness; ?level=basic|detailed|full",
-        response=Ok[Health], also=(503,), errors=(400,), query=(("level", HEALTH_LEVELS),),
+        "GET",
+        "/health",
+        health,
+        "liveness; ?level=basic|detailed|full",
+        response=Ok[Health],
+        also=(503,),
+        errors=(400,),
+        query=(("level", HEALTH_LEVELS),),
     ),
     Operation("GET", "/metrics", metrics, "Prometheus metrics", text="text/plain"),
 ]

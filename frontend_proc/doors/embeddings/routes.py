@@ -58,7 +58,9 @@ async def embeddings(request: Request) -> Response:
     st = await model_state(request, body.model)
     info = generation.engine_info(st)
     if body.dimensions is not None and body.dimensions != info.embedding_dim:
-        raise ApiError(400, "invalid request", f"this model's vectors have {info.embedding_dim} dimensions", param="dimensions")
+        raise ApiError(
+            400, "invalid request", f"this model's vectors have {info.embedding_dim} dimensions", param="dimensions"
+        )
     vectors, n_tokens = await embed(st, request, body.input)
     if body.encoding_format == "base64":
         data = [Embedding(i, base64.b64encode(v.astype("<f4").tobytes()).decode()) for i, v in enumerate(vectors)]
@@ -68,8 +70,6 @@ async def embeddings(request: Request) -> Response:
 
 
 operations = [
-    Operation(
-        "POST", path, embeddings, summary, body=EmbeddingRequest, response=EmbeddingList, errors=(408, 429, 503)
-    )
+    Operation("POST", path, embeddings, summary, body=EmbeddingRequest, response=EmbeddingList, errors=(408, 429, 503))
     for path, summary in (("/v1/embeddings", "OpenAI: embeddings"), ("/embeddings", "llama-server: embeddings"))
 ]

@@ -105,7 +105,9 @@ def pick(fields: list[str] | None, result: dict) -> dict:
 class Answer:
     """Builds llama-server's objects for the choices of one request."""
 
-    def __init__(self, st: ModelState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]], gen: Generation):
+    def __init__(
+        self, st: ModelState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]], gen: Generation
+    ):
         self.st, self.body, self.gen, self.prompts = st, body, gen, prompts
         applied = gen.choices[0].stream.sampling  # as the generation core submitted it, --max-tokens applied
         self.settings = settings(applied, body, capped=applied.max_tokens != st.client.limits.asked(params.max_tokens))
@@ -174,15 +176,40 @@ class Stream(lifecycle.Stream):
 def nothing(st: ModelState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]]) -> list[dict]:
     """n_predict 0: every result empty, at once (the prompts are checked as any other)."""
     st.client.limits.check(prompts, 0, body.count, "prompt")
-    keys = ("cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
-            "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second")
+    keys = (
+        "cache_n",
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_token_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_token_ms",
+        "predicted_per_second",
+    )
     zero = {k: 0 if k.endswith("_n") else 0.0 for k in keys}
     return [
-        pick(body.response_fields, {
-            "index": i * body.count + j, "content": "", "tokens": [], "id_slot": -1, "stop": True, "model": st.model_id,
-            "tokens_predicted": 0, "tokens_evaluated": len(prompt), "generation_settings": settings(params, body),
-            "prompt": st.tokenizer.decode(prompt).decode(errors="replace"), "has_new_line": False, "truncated": False,
-            "stop_type": "limit", "stopping_word": "", "tokens_cached": len(prompt), "timings": zero,
-        })
-        for i, prompt in enumerate(prompts) for j in range(body.count)
+        pick(
+            body.response_fields,
+            {
+                "index": i * body.count + j,
+                "content": "",
+                "tokens": [],
+                "id_slot": -1,
+                "stop": True,
+                "model": st.model_id,
+                "tokens_predicted": 0,
+                "tokens_evaluated": len(prompt),
+                "generation_settings": settings(params, body),
+                "prompt": st.tokenizer.decode(prompt).decode(errors="replace"),
+                "has_new_line": False,
+                "truncated": False,
+                "stop_type": "limit",
+                "stopping_word": "",
+                "tokens_cached": len(prompt),
+                "timings": zero,
+            },
+        )
+        for i, prompt in enumerate(prompts)
+        for j in range(body.count)
     ]

@@ -87,12 +87,16 @@ def logit_bias(st: ModelState, bias) -> dict[int, float] | None:
             raise invalid("a logit_bias bias is a number, or false to ban the token", "logit_bias")
         if isinstance(key, str) and _ID.fullmatch(key):
             key = int(key)
-        ids = [key] if type(key) is int else st.tokenizer.encode(key, add_special=False) if isinstance(key, str) else None
+        ids = (
+            [key] if type(key) is int else st.tokenizer.encode(key, add_special=False) if isinstance(key, str) else None
+        )
         if ids is None:
             raise invalid("a logit_bias token is an id or a text", "logit_bias")
         for t in ids:
             if not 0 <= t < st.tokenizer.n_vocab:
-                raise invalid(f"logit_bias names token {t}, outside the vocabulary (0..{st.tokenizer.n_vocab - 1})", "logit_bias")
+                raise invalid(
+                    f"logit_bias names token {t}, outside the vocabulary (0..{st.tokenizer.n_vocab - 1})", "logit_bias"
+                )
             out[t] = float(value)
     return out
 
@@ -112,7 +116,8 @@ def output(body: CompletionFields) -> JsonOutput | GrammarOutput | None:
 def sampling(st: ModelState, body: CompletionFields) -> SamplingParams:
     if body.post_sampling_probs:
         raise invalid(
-            "post_sampling_probs is not supported: cLLM reports the model's probabilities, before sampling", "post_sampling_probs"
+            "post_sampling_probs is not supported: cLLM reports the model's probabilities, before sampling",
+            "post_sampling_probs",
         )
     predict = body.predict
     params = plain_sampling(body, REST if predict < 0 else predict)
@@ -144,7 +149,9 @@ async def answer(request: Request, st: ModelState, body: CompletionFields, promp
         if body.stream:
             return sse_response(iter([b"".join(map(sse, results))]))
         return json_response(results[0] if len(results) == 1 else results)
-    gen = await generation.start(st, prompts, params, n=body.count, stops=body.stops, stream=body.stream, limit_param=body.predict_field)
+    gen = await generation.start(
+        st, prompts, params, n=body.count, stops=body.stops, stream=body.stream, limit_param=body.predict_field
+    )
     out = Answer(st, body, params, prompts, gen)
     if body.stream:
         return lifecycle.stream(gen, Stream(out, request.url.path))
@@ -182,7 +189,14 @@ async def infill(request: Request) -> Response:
     typed = st.tokenizer.encode(body.prompt, add_special=False, parse_special=True)
     prompt = infill_prompt(
         lambda text: st.tokenizer.encode(text, add_special=False, parse_special=False),
-        fim, added_bos(vocab), prefix, suffix, extra, typed, info.batch_size, info.seq_ctx,
+        fim,
+        added_bos(vocab),
+        prefix,
+        suffix,
+        extra,
+        typed,
+        info.batch_size,
+        info.seq_ctx,
     )
     return await answer(request, st, body, [prompt])
 
@@ -191,15 +205,33 @@ ANSWER = dict | list[dict]  # an array for several prompts or n_cmpl > 1
 
 operations = [
     Operation(
-        "POST", "/completion", completion, "llama-server: text completion in its own shape",
-        body=CompletionBody, response=ANSWER, events=dict, errors=GENERATE_ERRORS,
+        "POST",
+        "/completion",
+        completion,
+        "llama-server: text completion in its own shape",
+        body=CompletionBody,
+        response=ANSWER,
+        events=dict,
+        errors=GENERATE_ERRORS,
     ),
     Operation(
-        "POST", "/completions", completion, "llama-server: /completion under its other name",
-        body=CompletionBody, response=ANSWER, events=dict, errors=GENERATE_ERRORS,
+        "POST",
+        "/completions",
+        completion,
+        "llama-server: /completion under its other name",
+        body=CompletionBody,
+        response=ANSWER,
+        events=dict,
+        errors=GENERATE_ERRORS,
     ),
     Operation(
-        "POST", "/infill", infill, "llama-server: fill in the middle (501 for a model without FIM tokens)",
-        body=InfillBody, response=ANSWER, events=dict, errors=(*GENERATE_ERRORS, 501),
+        "POST",
+        "/infill",
+        infill,
+        "llama-server: fill in the middle (501 for a model without FIM tokens)",
+        body=InfillBody,
+        response=ANSWER,
+        events=dict,
+        errors=(*GENERATE_ERRORS, 501),
     ),
 ]

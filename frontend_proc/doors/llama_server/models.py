@@ -24,7 +24,11 @@ class ModelRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 def _model(pool: ModelPool, name: str) -> Model:
     if not pool.multi:
-        raise ApiError(400, "invalid request", "this server serves one model; --models-dir or a models: list lets it load and unload")
+        raise ApiError(
+            400,
+            "invalid request",
+            "this server serves one model; --models-dir or a models: list lets it load and unload",
+        )
     return pool.find(name)
 
 
@@ -51,11 +55,21 @@ async def unload(request: Request) -> Response:
 operations = [
     Operation("GET", "/models", list_models, "every model of the registry, with its status", response=dict),
     Operation(
-        "POST", "/models/load", load, "load a model of the registry (by id); answers once it serves",
-        body=ModelRequest, response=dict, errors=(404, 503),
+        "POST",
+        "/models/load",
+        load,
+        "load a model of the registry (by id); answers once it serves",
+        body=ModelRequest,
+        response=dict,
+        errors=(404, 503),
     ),
     Operation(
-        "POST", "/models/unload", unload, "unload a model (its requests in flight fail with 503)",
-        body=ModelRequest, response=dict, errors=(404, 503),
+        "POST",
+        "/models/unload",
+        unload,
+        "unload a model (its requests in flight fail with 503)",
+        body=ModelRequest,
+        response=dict,
+        errors=(404, 503),
     ),
 ]

@@ -64,7 +64,12 @@ async def detokenize(request: Request) -> Response:
     tokenizer = state(request).tokenizer
     bad = next((t for t in body.tokens if not 0 <= t < tokenizer.n_vocab), None)
     if bad is not None:
-        raise ApiError(400, "invalid request", f"token {bad} is outside the vocabulary (0..{tokenizer.n_vocab - 1})", param="tokens")
+        raise ApiError(
+            400,
+            "invalid request",
+            f"token {bad} is outside the vocabulary (0..{tokenizer.n_vocab - 1})",
+            param="tokens",
+        )
     return json_response(DetokenizeResult(tokenizer.decode(body.tokens).decode(errors="replace")))
 
 
@@ -77,27 +82,33 @@ async def get_props(request: Request) -> Response:
     st = state(request)
     info = generation.engine_info(st)
     template = st.chat_template
-    return json_response({
-        "default_generation_settings": {"params": default_settings(), "n_ctx": info.seq_ctx},
-        "total_slots": info.parallel * len(_replicas(st)),
-        "model_alias": st.model_id,
-        "model_ftype": info.quantization,
-        "model_path": info.model_path,
-        "modalities": {"vision": False, "video": False, "audio": False},
-        "endpoint_slots": True,
-        "endpoint_props": False,
-        "endpoint_metrics": True,
-        "chat_template": template.source,
-        "bos_token": template.bos_token,
-        "eos_token": template.eos_token,
-        "build_info": f"cllm {version('cllm')} (llama-cpp-python {L.__version__})",
-        "is_sleeping": False,
-    })
+    return json_response(
+        {
+            "default_generation_settings": {"params": default_settings(), "n_ctx": info.seq_ctx},
+            "total_slots": info.parallel * len(_replicas(st)),
+            "model_alias": st.model_id,
+            "model_ftype": info.quantization,
+            "model_path": info.model_path,
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": True,
+            "endpoint_props": False,
+            "endpoint_metrics": True,
+            "chat_template": template.source,
+            "bos_token": template.bos_token,
+            "eos_token": template.eos_token,
+            "build_info": f"cllm {version('cllm')} (llama-cpp-python {L.__version__})",
+            "is_sleeping": False,
+        }
+    )
 
 
 async def post_props(request: Request) -> Response:
     # llama-server changes nothing here unless started with --props; cLLM's settings are fixed at launch.
-    raise ApiError(501, "not supported", "This server does not support changing global properties: cLLM's settings are fixed at launch")
+    raise ApiError(
+        501,
+        "not supported",
+        "This server does not support changing global properties: cLLM's settings are fixed at launch",
+    )
 
 
 def _slot(slot_id: int, n_ctx: int, speculative: bool, rs: RequestStream | None) -> dict:
@@ -113,12 +124,14 @@ def _slot(slot_id: int, n_ctx: int, speculative: bool, rs: RequestStream | None)
         "n_prompt_tokens_processed": rs.prompt_tokens - rs.cached_tokens if rs.t_first is not None else 0,
         "n_prompt_tokens_cache": rs.cached_tokens,
         "params": params,
-        "next_token": [{
-            "has_next_token": rs.finish is None,
-            "has_new_line": False,  # not tracked per token: the text is made in the request's own task
-            "n_remain": max(rs.sampling.max_tokens - n_decoded, 0),
-            "n_decoded": n_decoded,
-        }],
+        "next_token": [
+            {
+                "has_next_token": rs.finish is None,
+                "has_new_line": False,  # not tracked per token: the text is made in the request's own task
+                "n_remain": max(rs.sampling.max_tokens - n_decoded, 0),
+                "n_decoded": n_decoded,
+            }
+        ],
     }
 
 
@@ -131,14 +144,17 @@ async def slots(request: Request) -> Response:
     for client in _replicas(st):
         running = client.streams[: info.parallel]
         for i in range(info.parallel):
-            out.append(_slot(len(out), info.seq_ctx, info.spec_type != "none", running[i] if i < len(running) else None))
+            out.append(
+                _slot(len(out), info.seq_ctx, info.spec_type != "none", running[i] if i < len(running) else None)
+            )
     if "fail_on_no_slot" in request.query_params and all(s["is_processing"] for s in out):
         raise ApiError(503, "unavailable", "no slot available")
     return json_response(out)
 
 
 # What llama-server's fs_validate_filename refuses besides control characters and surrogates: path separators,
-# characters Windows forbids, and look-alikes of the full stop, slash and backslash, the replacement character, the byte order mark.
+# characters Windows forbids, and look-alikes of the full stop, slash and backslash, the replacement character, the byte
+# order mark.
 _NOT_IN_NAMES = frozenset(':*?"<>|/\\\uff0e\u2215\u2216\ufffd\ufeff')
 
 
@@ -150,7 +166,8 @@ def valid_filename(name: str) -> bool:
             return False
     return (
         0 < len(name.encode()) <= 255
-        and name[0] != " " and name[-1] not in " ."  # Windows strips them: another file's name
+        and name[0] != " "
+        and name[-1] not in " ."  # Windows strips them: another file's name
         and ".." not in name
     )
 
@@ -160,7 +177,9 @@ async def slot_action(request: Request) -> Response:
     st = state(request)
     folder = st.config.slot_save_path
     if folder is None:
-        raise ApiError(501, "not supported", "This server does not support slots action. Start it with `--slot-save-path`")
+        raise ApiError(
+            501, "not supported", "This server does not support slots action. Start it with `--slot-save-path`"
+        )
     raw_id = request.path_params["id_slot"]
     if not (raw_id.isascii() and raw_id.isdigit()):
         raise ApiError(400, "invalid request", "Invalid slot ID")
@@ -189,13 +208,37 @@ async def slot_action(request: Request) -> Response:
 
 
 operations = [
-    Operation("POST", "/tokenize", tokenize, "llama-server: text to tokens", body=TokenizeRequest, response=TokenizeResult),
-    Operation("POST", "/detokenize", detokenize, "llama-server: tokens to text", body=DetokenizeRequest, response=DetokenizeResult),
-    Operation("GET", "/props", get_props, "llama-server: the server's and model's properties", response=dict, errors=(503,)),
-    Operation("POST", "/props", post_props, "llama-server: change properties (refused, as llama-server without --props)", errors=(501,)),
-    Operation("GET", "/slots", slots, "llama-server: the slots and the requests they run", response=dict, errors=(503,)),
     Operation(
-        "POST", "/slots/{id_slot}", slot_action, "llama-server: save a slot's cached cells to a file, restore them, or erase them",
-        response=dict, query=(("action", ("save", "restore", "erase")),), errors=(400, 408, 501, 503),
+        "POST", "/tokenize", tokenize, "llama-server: text to tokens", body=TokenizeRequest, response=TokenizeResult
+    ),
+    Operation(
+        "POST",
+        "/detokenize",
+        detokenize,
+        "llama-server: tokens to text",
+        body=DetokenizeRequest,
+        response=DetokenizeResult,
+    ),
+    Operation(
+        "GET", "/props", get_props, "llama-server: the server's and model's properties", response=dict, errors=(503,)
+    ),
+    Operation(
+        "POST",
+        "/props",
+        post_props,
+        "llama-server: change properties (refused, as llama-server without --props)",
+        errors=(501,),
+    ),
+    Operation(
+        "GET", "/slots", slots, "llama-server: the slots and the requests they run", response=dict, errors=(503,)
+    ),
+    Operation(
+        "POST",
+        "/slots/{id_slot}",
+        slot_action,
+        "llama-server: save a slot's cached cells to a file, restore them, or erase them",
+        response=dict,
+        query=(("action", ("save", "restore", "erase")),),
+        errors=(400, 408, 501, 503),
     ),
 ]

@@ -1,4 +1,5 @@
-"""Request bodies of llama-server's own API (/completion, /infill, /apply-template, /tokenize, /detokenize, /slots/{id}).
+"""Request bodies of llama-server's own API (/completion, /infill, /apply-template, /tokenize, /detokenize,
+/slots/{id}).
 
 Defaults are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p
 0.05, n_predict -1: until the end of generation or of the sequence's
@@ -21,19 +22,62 @@ from frontend_proc.core.sampling import RepetitionPenalty, Sampling, Seed
 # Fields of llama-server's /completion that cLLM accepts and ignores (see docs/llama-server-api.md).
 IGNORED = (
     # sampling cLLM's sampler chain does not have
-    "dynatemp_range", "dynatemp_exponent", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold",
-    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
-    "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target", "adaptive_decay", "min_keep", "samplers",
-    "repeat_last_n", "tfs_z", "penalize_nl", "backend_sampling",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "adaptive_target",
+    "adaptive_decay",
+    "min_keep",
+    "samplers",
+    "repeat_last_n",
+    "tfs_z",
+    "penalize_nl",
+    "backend_sampling",
     # context and cache management cLLM does on its own
-    "n_keep", "n_discard", "n_cache_reuse", "id_slot", "slot_id",
+    "n_keep",
+    "n_discard",
+    "n_cache_reuse",
+    "id_slot",
+    "slot_id",
     # output and transport details
-    "verbose", "timings_per_token", "return_progress", "sse_ping_interval", "stream_options", "n_indent", "t_max_predict_ms",
+    "verbose",
+    "timings_per_token",
+    "return_progress",
+    "sse_ping_interval",
+    "stream_options",
+    "n_indent",
+    "t_max_predict_ms",
     # chat parsing, reasoning budgets and adapters: /v1/chat/completions' business, or not cLLM's
-    "chat_format", "reasoning_format", "generation_prompt", "parse_tool_calls", "chat_parser", "continue_final_message", "echo",
-    "preserved_tokens", "grammar_triggers", "grammar_type", "reasoning_control", "reasoning_budget_tokens",
-    "reasoning_budget_start_tag", "reasoning_budget_end_tags", "reasoning_budget_end_tag", "reasoning_budget_message",
-    "message_delimiters", "lora", "model",
+    "chat_format",
+    "reasoning_format",
+    "generation_prompt",
+    "parse_tool_calls",
+    "chat_parser",
+    "continue_final_message",
+    "echo",
+    "preserved_tokens",
+    "grammar_triggers",
+    "grammar_type",
+    "reasoning_control",
+    "reasoning_budget_tokens",
+    "reasoning_budget_start_tag",
+    "reasoning_budget_end_tags",
+    "reasoning_budget_end_tag",
+    "reasoning_budget_message",
+    "message_delimiters",
+    "lora",
+    "model",
 )
 
 NProbs = Annotated[int, Meta(ge=0, le=20)]
@@ -101,7 +145,12 @@ class CompletionFields(Sampling, kw_only=True):
 
 def _with_ignored(name: str, base: type) -> type:
     return msgspec.defstruct(
-        name, [(field, Any, None) for field in IGNORED], bases=(base,), kw_only=True, forbid_unknown_fields=True, module=__name__
+        name,
+        [(field, Any, None) for field in IGNORED],
+        bases=(base,),
+        kw_only=True,
+        forbid_unknown_fields=True,
+        module=__name__,
     )
 
 
@@ -150,7 +199,8 @@ class DetokenizeResult(msgspec.Struct):
 
 
 class SlotFileRequest(msgspec.Struct):
-    """POST /slots/{id}?action=save|restore: the file, a name in --slot-save-path (other fields are ignored, as llama-server does)."""
+    """POST /slots/{id}?action=save|restore: the file, a name in --slot-save-path (other fields are ignored, as
+    llama-server does)."""
 
     filename: str
 

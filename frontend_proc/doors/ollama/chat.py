@@ -90,8 +90,15 @@ def _request(body: ChatBody | GenerateBody, messages: list[dict], st: ModelState
     options = body.options or NO_OPTIONS
     thinking, effort = _thinking(body.think)
     return ChatRequest(
-        messages=messages, sampling=_sampling(st, options), tools=list(tools), output=_output(body.format),
-        thinking=thinking, effort=effort, stops=options.stop or (), stream=body.stream, fields=_FIELDS if isinstance(body, ChatBody) else _GENERATE_FIELDS,
+        messages=messages,
+        sampling=_sampling(st, options),
+        tools=list(tools),
+        output=_output(body.format),
+        thinking=thinking,
+        effort=effort,
+        stops=options.stop or (),
+        stream=body.stream,
+        fields=_FIELDS if isinstance(body, ChatBody) else _GENERATE_FIELDS,
     )
 
 
@@ -100,7 +107,8 @@ def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest) -> ch
     if body.template:
         raise invalid(
             "cllm renders the model's own chat template and cannot run an Ollama (Go) template;"
-            " send raw: true with the prompt already formatted", "template",
+            " send raw: true with the prompt already formatted",
+            "template",
         )
     if body.suffix is None and not body.raw:
         return chat.prompt(st, req)
@@ -111,13 +119,25 @@ def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest) -> ch
         vocab = st.tokenizer.vocab
         fim = fim_tokens(vocab)[:3]
         if min(fim) < 0:
-            raise invalid("this model has no fill-in-the-middle tokens, so it cannot complete between prompt and suffix", "suffix")
+            raise invalid(
+                "this model has no fill-in-the-middle tokens, so it cannot complete between prompt and suffix", "suffix"
+            )
         pre, suf, mid = (L.llama_vocab_get_text(vocab, t).decode() for t in fim)  # encoded back as the control tokens
         text = f"{pre}{body.prompt}{suf}{body.suffix}{mid}"
     return chat.ChatPrompt(st, text, chat.tool_plan(req, st.chat_template, st.tokenizer.vocab))
 
 
-async def _respond(request: Request, body, st: ModelState, req: ChatRequest, prompt: chat.ChatPrompt, model: Model, keep, t0: int, load_ns: int):
+async def _respond(
+    request: Request,
+    body,
+    st: ModelState,
+    req: ChatRequest,
+    prompt: chat.ChatPrompt,
+    model: Model,
+    keep,
+    t0: int,
+    load_ns: int,
+):
     gen = await chat.start(st, req, prompt)
     writer, reply = Writer(body.model, isinstance(body, ChatBody)), prompt.reply()
     after = BackgroundTask(server(request).pool.unload, model, "keep-alive") if unloads(request, model, keep) else None
@@ -128,7 +148,12 @@ async def _respond(request: Request, body, st: ModelState, req: ChatRequest, pro
         parts = reply.whole(text)
         content = join(parts, CONTENT)
         calls = tool_calls(reply)
-        response = json_response({**writer.obj(content if not calls or content.strip() else "", join(parts, REASONING), calls), **done(gen, reply, t0, load_ns)})
+        response = json_response(
+            {
+                **writer.obj(content if not calls or content.strip() else "", join(parts, REASONING), calls),
+                **done(gen, reply, t0, load_ns),
+            }
+        )
     response.background = after
     return response
 
@@ -154,12 +179,32 @@ async def generate(request: Request) -> Response:
     if not body.prompt and body.suffix is None:
         return await load_only(request, model, keep, body.model, False)
     st, load_ns = await loaded_state(request, model, keep)
-    messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
+    messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
+        {"role": "user", "content": body.prompt}
+    ]
     req = _request(body, messages, st)
     return await _respond(request, body, st, req, _generate_prompt(body, st, req), model, keep, t0, load_ns)
 
 
 operations = [
-    Operation("POST", "/api/chat", chat_route, "Ollama: chat", body=ChatBody, response=dict, text=NDJSON, errors=(404, *GENERATE_ERRORS)),
-    Operation("POST", "/api/generate", generate, "Ollama: generate", body=GenerateBody, response=dict, text=NDJSON, errors=(404, *GENERATE_ERRORS)),
+    Operation(
+        "POST",
+        "/api/chat",
+        chat_route,
+        "Ollama: chat",
+        body=ChatBody,
+        response=dict,
+        text=NDJSON,
+        errors=(404, *GENERATE_ERRORS),
+    ),
+    Operation(
+        "POST",
+        "/api/generate",
+        generate,
+        "Ollama: generate",
+        body=GenerateBody,
+        response=dict,
+        text=NDJSON,
+        errors=(404, *GENERATE_ERRORS),
+    ),
 ]

@@ -22,10 +22,15 @@ async def embed(request: Request) -> Response:
     model = find(request, body.model)
     st, load_ns = await loaded_state(request, model, keep_alive(body.keep_alive))
     vectors, n_tokens = await vectors_of(st, request, body.input)
-    return json_response({
-        "model": body.model, "embeddings": vectors.tolist(),
-        "total_duration": time.perf_counter_ns() - t0, "load_duration": load_ns, "prompt_eval_count": n_tokens,
-    })
+    return json_response(
+        {
+            "model": body.model,
+            "embeddings": vectors.tolist(),
+            "total_duration": time.perf_counter_ns() - t0,
+            "load_duration": load_ns,
+            "prompt_eval_count": n_tokens,
+        }
+    )
 
 
 async def embeddings(request: Request) -> Response:
@@ -37,6 +42,16 @@ async def embeddings(request: Request) -> Response:
 
 
 operations = [
-    Operation("POST", "/api/embed", embed, "Ollama: embeddings", body=EmbedBody, response=dict, errors=(404, *GENERATE_ERRORS)),
-    Operation("POST", "/api/embeddings", embeddings, "Ollama: one embedding (older route)", body=EmbeddingsBody, response=dict, errors=(404, *GENERATE_ERRORS)),
+    Operation(
+        "POST", "/api/embed", embed, "Ollama: embeddings", body=EmbedBody, response=dict, errors=(404, *GENERATE_ERRORS)
+    ),
+    Operation(
+        "POST",
+        "/api/embeddings",
+        embeddings,
+        "Ollama: one embedding (older route)",
+        body=EmbeddingsBody,
+        response=dict,
+        errors=(404, *GENERATE_ERRORS),
+    ),
 ]

@@ -67,11 +67,21 @@ async def no_files(request: Request) -> Response:
 
 operations = [
     *(
-        Operation(method, path, no_files, f"Ollama: {what} (refused: cllm serves the files it was started with)", errors=(400,))
+        Operation(
+            method,
+            path,
+            no_files,
+            f"Ollama: {what} (refused: cllm serves the files it was started with)",
+            errors=(400,),
+        )
         for method, path, what in (
-            ("POST", "/api/pull", "pull a model"), ("POST", "/api/push", "push a model"), ("POST", "/api/create", "create a model"),
-            ("POST", "/api/copy", "copy a model"), ("DELETE", "/api/delete", "delete a model"),
-            ("POST", "/api/blobs/{digest}", "upload a blob"), ("HEAD", "/api/blobs/{digest}", "check a blob"),
+            ("POST", "/api/pull", "pull a model"),
+            ("POST", "/api/push", "push a model"),
+            ("POST", "/api/create", "create a model"),
+            ("POST", "/api/copy", "copy a model"),
+            ("DELETE", "/api/delete", "delete a model"),
+            ("POST", "/api/blobs/{digest}", "upload a blob"),
+            ("HEAD", "/api/blobs/{digest}", "check a blob"),
         )
     ),
 ]

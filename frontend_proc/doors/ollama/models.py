@@ -80,7 +80,9 @@ def _metadata(path: str, size: int, mtime_ns: int) -> dict:
         for i in range(L.llama_model_meta_count(model)):
             L.llama_model_meta_key_by_index(model, i, key, len(key))
             name = key.value.decode(errors="replace")
-            if name.startswith(_SKIPPED) or L.llama_model_meta_val_str_by_index(model, i, value, len(value)) >= len(value):
+            if name.startswith(_SKIPPED) or L.llama_model_meta_val_str_by_index(model, i, value, len(value)) >= len(
+                value
+            ):
                 continue
             out[name] = _typed(value.value.decode(errors="replace"))
         fim = fim_tokens(L.llama_model_get_vocab(model))
@@ -129,7 +131,11 @@ def _quantization(meta: dict, model: Model) -> str:
     # "SmolLM2-135M-Instruct.Q4_1.gguf": the usual name carries it; else the file type's number.
     stem = os.path.basename(model.spec.path).rsplit(".", 1)[0]
     tail = stem.rsplit(".", 1)[-1].rsplit("-", 1)[-1]
-    return tail.upper() if tail[:1] in "QqFfBbIi" and any(c.isdigit() for c in tail) else str(meta.get("general.file_type", ""))
+    return (
+        tail.upper()
+        if tail[:1] in "QqFfBbIi" and any(c.isdigit() for c in tail)
+        else str(meta.get("general.file_type", ""))
+    )
 
 
 def details(meta: dict, model: Model) -> dict:
@@ -217,20 +223,30 @@ async def show(request: Request) -> Response:
         capabilities.append("thinking")
     if meta.get("cllm.fim"):
         capabilities.append("insert")
-    return json_response({
-        "modelfile": f"# cllm serves this GGUF file as it is\nFROM {model.spec.path}\n",
-        "parameters": _parameters(),
-        "template": template,  # Jinja, as the GGUF carries it (Ollama's own are Go templates)
-        "details": details(meta, model),
-        "model_info": info,
-        "capabilities": capabilities,
-        "modified_at": rfc3339(os.path.getmtime(model.spec.path)),
-    })
+    return json_response(
+        {
+            "modelfile": f"# cllm serves this GGUF file as it is\nFROM {model.spec.path}\n",
+            "parameters": _parameters(),
+            "template": template,  # Jinja, as the GGUF carries it (Ollama's own are Go templates)
+            "details": details(meta, model),
+            "model_info": info,
+            "capabilities": capabilities,
+            "modified_at": rfc3339(os.path.getmtime(model.spec.path)),
+        }
+    )
 
 
 operations = [
     Operation("GET", "/api/version", version, "Ollama: the API version answered", response=dict),
     Operation("GET", "/api/tags", tags, "Ollama: the models served", response=dict),
     Operation("GET", "/api/ps", ps, "Ollama: the models loaded", response=dict),
-    Operation("POST", "/api/show", show, "Ollama: a model's details, metadata and template", body=ShowBody, response=dict, errors=(404,)),
+    Operation(
+        "POST",
+        "/api/show",
+        show,
+        "Ollama: a model's details, metadata and template",
+        body=ShowBody,
+        response=dict,
+        errors=(404,),
+    ),
 ]

@@ -29,7 +29,16 @@ def tool_calls(reply: Reply) -> list[dict]:
             arguments = json.loads(c.arguments)
         except ValueError:
             arguments = {}
-        out.append({"id": c.id, "function": {"index": len(out), "name": c.name, "arguments": arguments if isinstance(arguments, dict) else {}}})
+        out.append(
+            {
+                "id": c.id,
+                "function": {
+                    "index": len(out),
+                    "name": c.name,
+                    "arguments": arguments if isinstance(arguments, dict) else {},
+                },
+            }
+        )
     return out
 
 

@@ -46,7 +46,9 @@ NO_OPTIONS = Options()
 
 class CallFunction(msgspec.Struct, kw_only=True):
     name: str
-    arguments: dict | str = msgspec.field(default_factory=dict)  # an object, as Ollama writes it (a JSON string taken too)
+    arguments: dict | str = msgspec.field(
+        default_factory=dict
+    )  # an object, as Ollama writes it (a JSON string taken too)
 
 
 class ToolCall(msgspec.Struct, kw_only=True):
@@ -85,7 +87,9 @@ class _Generating(msgspec.Struct, kw_only=True):
 
 
 class ChatBody(_Generating, kw_only=True):
-    messages: list[Message] = msgspec.field(default_factory=list)  # none: only load (or, keep_alive 0, unload) the model
+    messages: list[Message] = msgspec.field(
+        default_factory=list
+    )  # none: only load (or, keep_alive 0, unload) the model
     tools: list[Tool] | None = None
 
 

@@ -38,7 +38,9 @@ def chat_request(body: ChatCompletionRequest) -> ChatRequest:
     choice = body.tool_choice or "auto"
     return ChatRequest(
         messages=messages,
-        sampling=body.sampling(body.max_completion_tokens or body.max_tokens or REST, (body.top_logprobs or 0) if body.logprobs else None),
+        sampling=body.sampling(
+            body.max_completion_tokens or body.max_tokens or REST, (body.top_logprobs or 0) if body.logprobs else None
+        ),
         tools=[tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()],
         tool_choice=choice if isinstance(choice, str) else choice.function.name,
         parallel_tool_calls=body.parallel_tool_calls,
@@ -74,7 +76,9 @@ def _message(reply: Reply, text: str) -> dict:
     message: dict = {"role": "assistant", "content": content}
     if calls:
         message["content"] = content if content.strip() else None
-        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
     if reasoning := join(parts, REASONING):
         message["reasoning_content"] = reasoning
     return message
@@ -125,7 +129,12 @@ async def chat_completions(request: Request) -> Response:
         }
 
     def opening(choice: Choice) -> dict:
-        return {"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        return {
+            "index": choice.index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
 
     def delta(choice: Choice, text: str | None, start: int, end: int) -> list[dict]:
         reply = replies[choice.index]
@@ -164,11 +173,21 @@ async def apply_template(request: Request) -> Response:
 
 operations = [
     Operation(
-        "POST", "/v1/chat/completions", chat_completions, "OpenAI: chat completions",
-        body=ChatCompletionRequest, response=dict, events=str, errors=GENERATE_ERRORS,
+        "POST",
+        "/v1/chat/completions",
+        chat_completions,
+        "OpenAI: chat completions",
+        body=ChatCompletionRequest,
+        response=dict,
+        events=str,
+        errors=GENERATE_ERRORS,
     ),
     Operation(
-        "POST", "/apply-template", apply_template, "llama-server: a chat body's prompt, with the model's chat template",
-        body=ChatCompletionRequest, response=TemplateResult,
+        "POST",
+        "/apply-template",
+        apply_template,
+        "llama-server: a chat body's prompt, with the model's chat template",
+        body=ChatCompletionRequest,
+        response=TemplateResult,
     ),
 ]

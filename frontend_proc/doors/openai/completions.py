@@ -40,17 +40,22 @@ def _completion_prompts(st: ModelState, prompt: str | list) -> list[list[int]]:
             prompts.append(st.tokenizer.encode(p))
         elif isinstance(p, list):
             if not all(0 <= t < st.tokenizer.n_vocab for t in p):
-                raise invalid(f"prompt {i} has a token id outside the vocabulary (0..{st.tokenizer.n_vocab - 1})", "prompt")
+                raise invalid(
+                    f"prompt {i} has a token id outside the vocabulary (0..{st.tokenizer.n_vocab - 1})", "prompt"
+                )
             prompts.append(p)
         else:
-            raise invalid("prompt must be a string, a list of token ids, or a list of strings or token-id lists", "prompt")
+            raise invalid(
+                "prompt must be a string, a list of token ids, or a list of strings or token-id lists", "prompt"
+            )
     if not prompts:
         raise invalid("prompt is empty", "prompt")
     return prompts
 
 
 def _legacy_logprobs(st: ModelState, token_ids: list[int], entries: list[TokenLogprobs | None], offset: int) -> dict:
-    """Legacy completions logprobs of the tokens (None: a token without, the prompt's first); text_offset counts from offset."""
+    """Legacy completions logprobs of the tokens (None: a token without, the prompt's first); text_offset counts from
+    offset."""
     token_str = st.tokenizer.token_str
     tokens = [token_str(t) for t in token_ids]
     return {
@@ -91,7 +96,9 @@ async def completions(request: Request) -> Response:
     sampling = body.sampling(max_tokens, body.logprobs, scored)
     check_logit_bias(sampling, st.tokenizer.n_vocab)
     sampling.grammar = grammar_for(st.tokenizer.vocab, output(body), "response_format", body.ignore_eos)
-    gen = await generation.start(st, prompts, sampling, n=body.n, stops=body.stops, stream=body.stream, prompt_param="prompt")
+    gen = await generation.start(
+        st, prompts, sampling, n=body.n, stops=body.stops, stream=body.stream, prompt_param="prompt"
+    )
     head = response_head(gen, "cmpl", "text_completion", st)
     text_len = [0] * len(gen.choices)
 
@@ -108,7 +115,12 @@ async def completions(request: Request) -> Response:
                 logprobs = _echo_logprobs(st, prompt_of(choice), choice)
             else:
                 logprobs = _completion_logprobs(st, choice, 0, choice.n_tokens, 0)
-        return {"index": choice.index, "text": echoed(choice) + text, "logprobs": logprobs, "finish_reason": choice.finish}
+        return {
+            "index": choice.index,
+            "text": echoed(choice) + text,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish,
+        }
 
     def opening(choice: Choice) -> dict:
         return {"index": choice.index, "text": echoed(choice), "logprobs": None, "finish_reason": None}
@@ -128,7 +140,13 @@ async def completions(request: Request) -> Response:
 # The response bodies are OpenAI's objects, built in place: the document calls them objects.
 operations = [
     Operation(
-        "POST", "/v1/completions", completions, "OpenAI: text completions",
-        body=CompletionRequest, response=dict, events=str, errors=GENERATE_ERRORS,
+        "POST",
+        "/v1/completions",
+        completions,
+        "OpenAI: text completions",
+        body=CompletionRequest,
+        response=dict,
+        events=str,
+        errors=GENERATE_ERRORS,
     ),
 ]

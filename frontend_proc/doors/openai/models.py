@@ -25,7 +25,9 @@ async def retrieve_model(request: Request) -> Response:
     name = request.path_params["model"]
     model = pool.by_name.get(name)
     if model is None:
-        raise ApiError(404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found")
+        raise ApiError(
+            404, "model not found", f"the model `{name}` does not exist", param="model", code="model_not_found"
+        )
     if not pool.multi:
         generation.engine_info(state(request))
     return json_response(card(model, pool.multi))
@@ -33,6 +35,13 @@ async def retrieve_model(request: Request) -> Response:
 
 # The response bodies are OpenAI's objects, built in place: the document calls them objects.
 operations = [
-    Operation("GET", "/v1/models", list_models, "OpenAI: the models, with their status when there are several", response=dict, errors=(503,)),
+    Operation(
+        "GET",
+        "/v1/models",
+        list_models,
+        "OpenAI: the models, with their status when there are several",
+        response=dict,
+        errors=(503,),
+    ),
     Operation("GET", "/v1/models/{model:path}", retrieve_model, "OpenAI: one model", response=dict, errors=(404, 503)),
 ]

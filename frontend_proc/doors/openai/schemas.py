@@ -82,7 +82,9 @@ class OpenAIRequest(Sampling, kw_only=True, forbid_unknown_fields=True):
 
     def sampling(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
         """The sampling parameters, without a grammar (the chat layer adds it)."""
-        return self.params(max_tokens, logit_bias=self.logit_bias or None, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+        return self.params(
+            max_tokens, logit_bias=self.logit_bias or None, logprobs=logprobs, prompt_logprobs=prompt_logprobs
+        )
 
 
 class CompletionRequest(OpenAIRequest, kw_only=True):
@@ -136,7 +138,9 @@ class Message(msgspec.Struct):
         if isinstance(content, list):
             content = "\n".join(p.text for p in content)
         if content is None and not self.tool_calls:
-            raise MessageError("content is required (it may be null only beside tool_calls)", f"messages[{index}].content")
+            raise MessageError(
+                "content is required (it may be null only beside tool_calls)", f"messages[{index}].content"
+            )
         message = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
@@ -146,7 +150,9 @@ class Message(msgspec.Struct):
             message["tool_calls"] = [c.to_template() for c in self.tool_calls]
         if self.role == "tool":
             if self.tool_call_id is None:
-                raise MessageError("a tool message needs the tool_call_id it answers", f"messages[{index}].tool_call_id")
+                raise MessageError(
+                    "a tool message needs the tool_call_id it answers", f"messages[{index}].tool_call_id"
+                )
             message["tool_call_id"] = self.tool_call_id
         return message
 

@@ -59,7 +59,9 @@ class _Stream(lifecycle.Stream):
     def piece(self, choice: Choice, text: str | None) -> bytes:
         start, self.sent[choice.index] = self.sent[choice.index], choice.n_tokens
         head, usage_field = self.head, self.usage_field
-        return b"".join([sse({**head, "choices": [c], **usage_field}) for c in self.delta(choice, text, start, choice.n_tokens)])
+        return b"".join(
+            [sse({**head, "choices": [c], **usage_field}) for c in self.delta(choice, text, start, choice.n_tokens)]
+        )
 
     def end(self) -> bytes:
         last = sse({**self.head, "choices": [], "usage": usage(self.gen)}) if self.body.include_usage else b""
@@ -69,7 +71,9 @@ class _Stream(lifecycle.Stream):
         return sse(error_body("/v1/", e))
 
 
-async def respond_openai(request: Request, gen: Generation, head: dict, body: OpenAIRequest, whole: Callable, delta: Callable, opening=None) -> Response:
+async def respond_openai(
+    request: Request, gen: Generation, head: dict, body: OpenAIRequest, whole: Callable, delta: Callable, opening=None
+) -> Response:
     """The whole response (whole(choice, text): one of its choices), or the stream of chunks."""
     if body.stream:
         return lifecycle.stream(gen, _Stream(gen, head, body, delta, opening))
@@ -79,4 +83,9 @@ async def respond_openai(request: Request, gen: Generation, head: dict, body: Op
 
 
 def response_head(gen: Generation, prefix: str, obj: str, st: ModelState) -> dict:
-    return {"id": f"{prefix}-{gen.choices[0].stream.id}", "object": obj, "created": int(time.time()), "model": st.model_id}
+    return {
+        "id": f"{prefix}-{gen.choices[0].stream.id}",
+        "object": obj,
+        "created": int(time.time()),
+        "model": st.model_id,
+    }

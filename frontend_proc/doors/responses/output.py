@@ -48,17 +48,33 @@ def encoded(struct) -> dict:
     return msgspec.to_builtins(struct)
 
 
-def output_item(rid: str, index: int, kind: str, text: str, status: str, call: ToolCall | ToolCallDelta | None = None) -> dict:
+def output_item(
+    rid: str, index: int, kind: str, text: str, status: str, call: ToolCall | ToolCallDelta | None = None
+) -> dict:
     """An output item: reasoning, a message with one output_text part, or a function call."""
     if kind == REASONING:
-        return {"id": f"rs_{rid[5:]}_{index}", "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+        return {
+            "id": f"rs_{rid[5:]}_{index}",
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+        }
     if kind == CALL:
-        return {"id": f"fc_{rid[5:]}_{index}", "type": "function_call", "status": status, "call_id": call.id, "name": call.name, "arguments": text}
+        return {
+            "id": f"fc_{rid[5:]}_{index}",
+            "type": "function_call",
+            "status": status,
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": text,
+        }
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"id": f"msg_{rid[5:]}_{index}", "type": "message", "status": status, "role": "assistant", "content": [part]}
 
 
-def finish(st: ModelState, store: ResponseStore, response: dict, gen: Generation, output: list[dict], conversation: list[dict]) -> None:
+def finish(
+    st: ModelState, store: ResponseStore, response: dict, gen: Generation, output: list[dict], conversation: list[dict]
+) -> None:
     """Fill in how it ended and store it (if asked to) with the conversation and the reply."""
     choice = gen.choices[0]
     incomplete = choice.finish == "length"

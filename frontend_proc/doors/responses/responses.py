@@ -78,7 +78,13 @@ def input_messages(input_: str | list) -> list[dict]:
 
 def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatRequest:
     fmt = body.text.format if body.text else None
-    output = JsonOutput(fmt.schema) if isinstance(fmt, FormatJsonSchema) else JsonOutput() if isinstance(fmt, FormatJsonObject) else None
+    output = (
+        JsonOutput(fmt.schema)
+        if isinstance(fmt, FormatJsonSchema)
+        else JsonOutput()
+        if isinstance(fmt, FormatJsonObject)
+        else None
+    )
     return ChatRequest(
         messages=([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation,
         sampling=body.params(body.max_output_tokens or REST),
@@ -100,7 +106,12 @@ async def create(request: Request) -> Response:
     if body.previous_response_id is not None:
         previous = stored.get(body.previous_response_id)
         if previous is None:
-            raise ApiError(404, "not found", f"no stored response has the id {body.previous_response_id!r}", param="previous_response_id")
+            raise ApiError(
+                404,
+                "not found",
+                f"no stored response has the id {body.previous_response_id!r}",
+                param="previous_response_id",
+            )
         conversation = list(previous.messages)
     conversation += input_messages(body.input)
     if not conversation:
@@ -146,9 +157,24 @@ async def delete(request: Request) -> Response:
 
 operations = [
     Operation(
-        "POST", "/v1/responses", create, "OpenAI: responses",
-        body=ResponsesRequest, response=dict, events=str, errors=GENERATE_ERRORS,
+        "POST",
+        "/v1/responses",
+        create,
+        "OpenAI: responses",
+        body=ResponsesRequest,
+        response=dict,
+        events=str,
+        errors=GENERATE_ERRORS,
     ),
-    Operation("GET", "/v1/responses/{response_id}", retrieve, "OpenAI: a stored response", response=dict, errors=(404,)),
-    Operation("DELETE", "/v1/responses/{response_id}", delete, "OpenAI: delete a stored response", response=dict, errors=(404,)),
+    Operation(
+        "GET", "/v1/responses/{response_id}", retrieve, "OpenAI: a stored response", response=dict, errors=(404,)
+    ),
+    Operation(
+        "DELETE",
+        "/v1/responses/{response_id}",
+        delete,
+        "OpenAI: delete a stored response",
+        response=dict,
+        errors=(404,),
+    ),
 ]

@@ -93,7 +93,12 @@ def item(raw, param: str) -> Item:
     kind = raw.get("type", "message")
     type_ = ITEM_TYPES.get(kind)
     if type_ is None:
-        raise ApiError(400, "invalid request", f"input items of type {kind!r} are not supported ({', '.join(ITEM_TYPES)} are)", param=param)
+        raise ApiError(
+            400,
+            "invalid request",
+            f"input items of type {kind!r} are not supported ({', '.join(ITEM_TYPES)} are)",
+            param=param,
+        )
     try:
         return msgspec.convert({k: v for k, v in raw.items() if k != "type"}, type_)
     except msgspec.ValidationError as e:
@@ -121,7 +126,9 @@ class TextConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class FunctionTool(msgspec.Struct, tag="function", tag_field="type"):
-    name: Annotated[str, Meta(pattern="^[A-Za-z0-9_.-]{1,64}$")]  # OpenAI's rule: names go into prompts and grammars as they are
+    name: Annotated[
+        str, Meta(pattern="^[A-Za-z0-9_.-]{1,64}$")
+    ]  # OpenAI's rule: names go into prompts and grammars as they are
     parameters: dict | None = None
     description: str | None = None
     strict: bool | None = None

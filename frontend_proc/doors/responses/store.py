@@ -31,11 +31,15 @@ class Stored:
 
 
 class ResponseStore:
-    def __init__(self, registry: CollectorRegistry | None = None, max_count: int = MAX_RESPONSES, max_age: float = MAX_AGE):
+    def __init__(
+        self, registry: CollectorRegistry | None = None, max_count: int = MAX_RESPONSES, max_age: float = MAX_AGE
+    ):
         self.max_count, self.max_age = max_count, max_age
         self._items: OrderedDict[str, Stored] = OrderedDict()
         if registry is not None:
-            Gauge("cllm_responses_stored", "Responses kept for previous_response_id", registry=registry).set_function(self.__len__)
+            Gauge("cllm_responses_stored", "Responses kept for previous_response_id", registry=registry).set_function(
+                self.__len__
+            )
             Gauge(
                 "cllm_responses_stored_oldest_age_seconds", "Age of the oldest stored response", registry=registry
             ).set_function(self.oldest_age)

@@ -15,7 +15,11 @@ from frontend_proc.http.errors import error_body
 from frontend_proc.http.sse import sse_event
 
 PATH = "/v1/responses"
-_DELTA = {REASONING: "response.reasoning_text.delta", CONTENT: "response.output_text.delta", CALL: "response.function_call_arguments.delta"}
+_DELTA = {
+    REASONING: "response.reasoning_text.delta",
+    CONTENT: "response.output_text.delta",
+    CALL: "response.function_call_arguments.delta",
+}
 
 
 class Items(Blocks):
@@ -41,7 +45,11 @@ class Items(Blocks):
         out = [self.ev("response.output_item.added", output_index=index, item=new)]
         if kind == CONTENT:
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            out.append(self.ev("response.content_part.added", item_id=new["id"], output_index=index, content_index=0, part=part))
+            out.append(
+                self.ev(
+                    "response.content_part.added", item_id=new["id"], output_index=index, content_index=0, part=part
+                )
+            )
         return out
 
     def delta(self, kind: str, text: str) -> list[bytes]:
@@ -76,8 +84,23 @@ class Items(Blocks):
 class Stream(lifecycle.Stream):
     """created, in_progress, per item added/deltas/done, then completed (or incomplete)."""
 
-    def __init__(self, st: ModelState, store: ResponseStore, gen: Generation, reply: Reply, response: dict, conversation: list[dict]):
-        self.st, self.store, self.gen, self.reply, self.response, self.conversation = st, store, gen, reply, response, conversation
+    def __init__(
+        self,
+        st: ModelState,
+        store: ResponseStore,
+        gen: Generation,
+        reply: Reply,
+        response: dict,
+        conversation: list[dict],
+    ):
+        self.st, self.store, self.gen, self.reply, self.response, self.conversation = (
+            st,
+            store,
+            gen,
+            reply,
+            response,
+            conversation,
+        )
         self.items = Items(response["id"])
 
     def start(self) -> bytes:
@@ -90,7 +113,9 @@ class Stream(lifecycle.Stream):
     def end(self) -> bytes:
         items = self.items
         out = items.end()
-        if not any(o["type"] in ("message", "function_call") for o in items.output):  # every response has a message, unless it calls tools
+        if not any(
+            o["type"] in ("message", "function_call") for o in items.output
+        ):  # every response has a message, unless it calls tools
             out += items.open(CONTENT, None) + items.close()
         finish(self.st, self.store, self.response, self.gen, items.output, self.conversation)
         out.append(items.ev(f"response.{self.response['status']}", response=self.response))
