@@ -162,21 +162,36 @@ def wait_until(check, timeout: float, interval: float = 0.1):
 @contextlib.contextmanager
 def running(url: str, path: str, body: dict, timeout: float = 60.0) -> Iterator[None]:
     """A streamed request read to its end in a thread of its own: entered once its first line came, left once it
-    ended."""
+    ended. The request must be answered 200 and read whole without an error, within 120 s of the block's end.
+    """
     started = threading.Event()
+    status: list[int] = []
+    failed: list[BaseException] = []
 
     def run():
-        with httpx.Client(base_url=url, timeout=300) as c, c.stream("POST", path, json={**body, "stream": True}) as r:
-            for _ in r.iter_lines():
-                started.set()
+        try:
+            with (
+                httpx.Client(base_url=url, timeout=300) as c,
+                c.stream("POST", path, json={**body, "stream": True}) as r,
+            ):
+                status.append(r.status_code)
+                for _ in r.iter_lines():
+                    started.set()
+        except Exception as e:  # noqa: BLE001 - raised again in the test's thread
+            failed.append(e)
+        finally:
+            started.set()  # an answer without a line, or none: the checks below say which
 
     worker = threading.Thread(target=run)
     worker.start()
     try:
         assert started.wait(timeout), f"no answer from {path} within {timeout} s"
+        assert not failed and status == [200], f"{path}: {failed or status}"
         yield
     finally:
         worker.join(120)
+    assert not worker.is_alive(), f"{path}: still streaming 120 s after the block ended"
+    assert not failed, f"{path}: {failed[0]!r}"
 
 
 def health(http: httpx.Client, level: str = "full") -> dict:
