@@ -190,6 +190,12 @@ def test_bad_completion_bodies_name_what_is_wrong(http):
     refused(post(prompt="x", logit_bias=[[1, "a"]]), 400, "logit_bias")
     refused(post(prompt="x", n_probs=50), 400, "n_probs")
     refused(http.post("/completion", content=b"{nope", headers={"content-type": "application/json"}), 400)
+    # A near miss of a known field is a typo, refused naming both (dropped, it would generate to the end);
+    # a new field is not.
+    refused(post(prompt="x", n_prdict=3), 400, "`n_prdict`", "`n_predict`")
+    assert (
+        completion(http, prompt="x", n_predict=2, min_tokens=5, a_new_field={"x": 1}, **GREEDY)["tokens_predicted"] <= 2
+    )
     # What llama.cpp's clients send that cLLM does not apply is accepted.
     out = completion(
         http,
@@ -328,6 +334,7 @@ def test_infill_builds_llama_servers_prompt_and_generates(fim_server):
     chunks = events(fim_server, "/infill", **INFILL)
     assert chunks[-1]["stop"] is True and "".join(c["content"] for c in chunks) == out["content"]
     refused(fim_server.post("/infill", json={"input_suffix": ""}), 400, "input_prefix")
+    refused(fim_server.post("/infill", json={**INFILL, "input_sufix": "x"}), 400, "`input_sufix`", "`input_suffix`")
     refused(
         fim_server.post("/infill", json={"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}),
         400,

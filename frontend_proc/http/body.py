@@ -31,11 +31,12 @@ def _param(message: str) -> str | None:
     return ".".join(parts) or None
 
 
-async def decode_body(request: Request, type_: type[T]) -> T:
+async def decode_body(request: Request, type_: type[T], near_misses: bool = False) -> T:
+    """The body as ``type_``; ``near_misses``: an unknown field that looks like a typo of a known one is a 400."""
     _check_content_type(request.headers.get("content-type", ""))
     body = await request.body()
     try:
-        return _decode(body, type_)
+        return _decode(body, type_, near_misses)
     except msgspec.ValidationError as e:
         raise ApiError(400, "invalid request", str(e), param=_param(str(e))) from None
     except msgspec.DecodeError as e:
@@ -44,7 +45,7 @@ async def decode_body(request: Request, type_: type[T]) -> T:
         raise ApiError(400, "invalid UTF-8", "the body is not valid UTF-8 text") from None
 
 
-def _decode(body: bytes, type_: type[T]) -> T:
+def _decode(body: bytes, type_: type[T], near_misses: bool) -> T:
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as e:
@@ -52,7 +53,7 @@ def _decode(body: bytes, type_: type[T]) -> T:
             raise
     # JSON (and JSON Schema) count 2.0 as an integer, msgspec's strict ints do not;
     # and a field no Struct declares is what a newer client adds (lenient.decode drops it).
-    return lenient.decode(_integral(msgspec.json.decode(body)), type_)
+    return lenient.decode(_integral(msgspec.json.decode(body)), type_, near_misses)
 
 
 def _integral(value):

@@ -5,11 +5,15 @@ Code puts new top-level fields and block types in its requests, Codex CLI new
 tool types. So what is merely new is dropped with a debug log naming it, and
 only what is malformed is a 400: a field cllm reads with a wrong value, or an
 entry of a known kind that does not fit it. A client release that adds
-something gets its answer instead of a 400.
+something gets its answer instead of a 400. Where a door asks for it (the
+llama-server door's /completion and /infill), a top-level field whose name is
+a near miss of a declared one (`n_prdict`) is a typo, not a new field: a 400
+naming both, since dropping it would silently undo what the client asked for.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 
@@ -22,10 +26,17 @@ log = logging.getLogger("cllm.frontend")
 _UNKNOWN = "Object contains unknown field `"
 _AT = "` - at `$"
 _STEP = re.compile(r"\.([A-Za-z_][\w-]*)|\[(\d+)\]|\[\.\.\.\]")
+# How alike (difflib's ratio) an unknown name and a declared one are for the first to read as a typo of the second:
+# n_prdict 0.94 to n_predict, temprature 0.95, grammars 0.93; other servers' fields stay below (min_tokens 0.80 to
+# max_tokens, max_new_tokens 0.83, repetition_penalty 0.81 to repeat_penalty).
+NEAR = 0.85
 
 
-def decode(value, type_: type):
-    """``value`` (JSON data as Python objects) as ``type_``, fields no Struct declares dropped from it."""
+def decode(value, type_: type, near_misses: bool = False):
+    """``value`` (JSON data as Python objects) as ``type_``, fields no Struct declares dropped from it.
+
+    With ``near_misses``, a top-level one that is a near miss of a field ``type_`` declares is refused instead.
+    """
     while True:
         try:
             return msgspec.convert(value, type_)
@@ -33,7 +44,17 @@ def decode(value, type_: type):
             field, path = _unknown(str(e), value)
             if field is None:
                 raise
+            if near_misses and not path and (meant := near_miss(field, type_)):
+                raise msgspec.ValidationError(
+                    f"Object contains unknown field `{field}`: a misspelling of `{meant}`?"
+                ) from None
             log.debug("ignored a field not known here", extra={"fields": {"field": field, "at": "$" + path}})
+
+
+def near_miss(field: str, type_: type) -> str | None:
+    """The field ``type_`` declares that ``field`` is a near miss of, if any."""
+    close = difflib.get_close_matches(field, [f.encode_name for f in msgspec.structs.fields(type_)], n=1, cutoff=NEAR)
+    return close[0] if close else None
 
 
 def _unknown(message: str, value) -> tuple[str | None, str]:

@@ -1,5 +1,5 @@
 """llama-server's door without the model: its /infill prompt, token for token as llama-server builds it, and its
-request bodies (aliases, fields accepted and ignored, unknown ones refused)."""
+request bodies (aliases, fields accepted and ignored, new ones dropped, near misses of known ones refused)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 
 from frontend_proc.doors.llama_server.infill import CHUNK_SEPARATOR, FimTokens, infill_prompt, missing_fim
 from frontend_proc.doors.llama_server.schemas import IGNORED, CompletionBody, InfillBody
+from frontend_proc.http import lenient
 
 FIM = FimTokens(pre=1, suf=2, mid=3, rep=4, sep=5)
 BOS = 9
@@ -69,17 +70,32 @@ def test_completion_body_aliases_and_defaults():
     assert msgspec.json.decode(b'{"n_predict": 0, "max_tokens": 5}', type=CompletionBody).predict == 0
 
 
-def test_llama_cpp_fields_cLLM_does_not_apply_are_accepted_and_others_refused():
+def test_llama_cpp_fields_cLLM_does_not_apply_are_accepted_new_ones_dropped_and_near_misses_refused():
+    """As the door decodes a body (lenient.decode, near misses on); tests/test_native_routes.py checks it over HTTP."""
+
+    def decode(body: dict, type_: type = CompletionBody):
+        return lenient.decode(body, type_, near_misses=True)
+
     fields = {name: 1 for name in IGNORED}
-    body = msgspec.json.decode(
-        msgspec.json.encode({"prompt": "x", **fields, "samplers": ["top_k"], "dry_sequence_breakers": ["\n"]}),
-        type=CompletionBody,
-    )
-    assert body.prompt == "x"
-    with pytest.raises(msgspec.ValidationError, match="n_prdict"):
-        msgspec.json.decode(b'{"prompt": "x", "n_prdict": 3}', type=CompletionBody)
+    assert decode({"prompt": "x", **fields, "samplers": ["top_k"], "dry_sequence_breakers": ["\n"]}).prompt == "x"
+    # a field no door knows is what a newer client adds: dropped (also one that is close to none: min_tokens)
+    for new in ("brand_new_option", "min_tokens", "max_new_tokens", "repetition_penalty", "multimodal_data"):
+        assert decode({"prompt": "x", new: 3, "n_predict": 2}).predict == 2
+    for typo, meant in (
+        ("n_prdict", "n_predict"),
+        ("temprature", "temperature"),
+        ("grammars", "grammar"),
+        ("typical", "typical_p"),
+    ):
+        with pytest.raises(msgspec.ValidationError, match=f"unknown field `{typo}`: a misspelling of `{meant}`"):
+            decode({"prompt": "x", typo: 3})
+    with pytest.raises(msgspec.ValidationError, match="input_suffx.*input_suffix"):
+        decode({"input_prefix": "a", "input_suffx": "b"}, InfillBody)
+    assert (
+        lenient.decode({"prompt": "x", "n_prdict": 3}, CompletionBody).predict == -1
+    )  # the other doors' rule: dropped
     with pytest.raises(msgspec.ValidationError, match="top_p"):
-        msgspec.json.decode(b'{"prompt": "x", "top_p": 2}', type=CompletionBody)
+        decode({"prompt": "x", "top_p": 2})
 
 
 def test_infill_body_needs_prefix_and_suffix():

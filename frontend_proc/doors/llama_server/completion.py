@@ -164,7 +164,7 @@ async def answer(request: Request, st: ModelState, body: CompletionFields, promp
 
 
 async def completion(request: Request) -> Response:
-    body: Any = await decode_body(request, CompletionBody)  # a Struct made by msgspec.defstruct
+    body: Any = await decode_body(request, CompletionBody, near_misses=True)  # a Struct made by msgspec.defstruct
     st = state(request)
     generation.engine_info(st)
     return await answer(request, st, body, prompts_of(st, body.prompt))
@@ -182,7 +182,7 @@ async def infill(request: Request) -> Response:
     fim = fim_tokens(vocab)
     if missing := missing_fim(fim):  # checked first, as llama-server does
         raise ApiError(501, "not supported", f"Infill is not supported by this model: {missing}")
-    body: Any = await decode_body(request, InfillBody)
+    body: Any = await decode_body(request, InfillBody, near_misses=True)
     prefix = mixed(st, body.input_prefix, "input_prefix", add_special=False, parse_special=False)
     suffix = mixed(st, body.input_suffix, "input_suffix", add_special=False, parse_special=False)
     extra = [(c.filename, c.text) for c in body.input_extra]
