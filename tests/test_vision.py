@@ -16,9 +16,10 @@ import pytest
 
 from cllm.core.images import ImageTooLarge, MalformedImage, UnsupportedImage
 from cllm.core.model_file import resolve_model
-from engine_proc.vision import EmbdBatch, ProjectorError, Vision
+from engine_proc.vision import ProjectorError, Vision
 from perf import image_files as F
 from perf import synth_mmproj
+from perf.vision_parity import prefill
 
 USER = "<|im_start|>user\n"
 ASK = "\nWhat is in this picture?<|im_end|>\n<|im_start|>assistant\n"
@@ -232,23 +233,7 @@ def _tokenize(vocab, text: str) -> list[int]:
 
 def _run(vision: Vision, ctx, chunks, seq: int) -> np.ndarray:
     """Decode the chunks into sequence ``seq`` from position 0; the last position's logits."""
-    embd = EmbdBatch(256, vision.n_embd)
-    tokens = L.llama_batch_init(256, 0, 1)
-    pos = 0
-    try:
-        for i, chunk in enumerate(chunks):
-            last = i == len(chunks) - 1
-            if chunk.is_image:
-                embd.decode(ctx, vision.encode(chunk), pos, seq, logits_last=last)
-            else:
-                for j, t in enumerate(chunk.tokens.tolist()):
-                    tokens.token[j], tokens.pos[j], tokens.n_seq_id[j] = t, pos + j, 1
-                    tokens.seq_id[j][0], tokens.logits[j] = seq, last and j == chunk.n_tokens - 1
-                tokens.n_tokens = chunk.n_tokens
-                assert L.llama_decode(ctx, tokens) == 0
-            pos += chunk.n_pos
-    finally:
-        L.llama_batch_free(tokens)
+    prefill(vision, ctx, chunks, seq)
     return _logits(ctx, L.llama_vocab_n_tokens(L.llama_model_get_vocab(L.llama_get_model(ctx))))
 
 
