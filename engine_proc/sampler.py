@@ -20,6 +20,11 @@ array that llama_sampler_sample makes (32 rows: 0.1 ms instead of 1.7 ms),
 and a run's greedy rows take one numpy call over its logits matrix
 (sample_rows).
 
+The common chain (top-k, temperature, top-p, min-p, a seed, and the EOS
+ban of ignore_eos; no grammar, penalty or logit bias) needs no llama.cpp
+chain either: a run's rows of it are drawn together over the logits matrix
+(engine_proc/draws.py), where one llama_sampler_sample a row took ~70 us.
+
 Logprobs are computed with numpy from the logits row, and only for the
 sequences that ask.
 
@@ -50,6 +55,7 @@ import llama_cpp as L
 import numpy as np
 
 from cllm.core.protocol import SamplingParams, TokenLogprobs
+from engine_proc.draws import MAX_TOP_K, Draw, draw_rows
 
 PENALTY_LAST_N = 64  # tokens the penalties look back over, prompt included, as llama-server
 # Smaller temperatures are greedy, as in vLLM: they differ from it only on exact ties, and
@@ -79,7 +85,8 @@ def grammar_sampler(vocab, gbnf: str, triggers: list[str] | None):
 
 @dataclass(slots=True)
 class SeqSampler:
-    chain: object  # None: plain greedy, the argmax of the row
+    chain: object  # None: plain greedy, the argmax of the row, or drawn (draw)
+    draw: Draw | None = None  # the common chain, drawn with numpy over the logits matrix (draws.py)
     grammar: object = None  # checked apart from the chain, see Sampler.sample
     ban_eog: bool = False  # plain greedy under ignore_eos
     triggers: list[re.Pattern] | None = None  # a lazy grammar's
@@ -98,6 +105,8 @@ class Sampler:
         self.n_vocab = n_vocab
         self._ban_eog = dict.fromkeys(sorted(eog_tokens), float("-inf"))
         self._eog = np.array(sorted(eog_tokens), dtype=np.intp)
+        self._is_eog = np.zeros(n_vocab, bool)
+        self._is_eog[self._eog] = True
         self._scratch = np.empty(n_vocab, np.float32)
         self._row = ctypes.c_float * n_vocab
         self._matrices: dict[int, type] = {}  # rows -> the ctypes type of that many logits rows
@@ -130,7 +139,11 @@ class Sampler:
             or params.logprobs is not None
             or params.prompt_logprobs is not None
         )
-        if greedy and not (penalize or params.logit_bias or s.grammar or s.device):
+        plain = not (penalize or params.logit_bias or s.grammar or s.device)
+        if plain and greedy:
+            return s
+        if plain and 0 < params.top_k <= MAX_TOP_K:
+            s.draw = Draw.new(params.temperature, params.top_k, params.top_p, params.min_p, params.seed)
             return s
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda sampler: L.llama_sampler_chain_add(chain, sampler)  # noqa: E731
@@ -173,22 +186,33 @@ class Sampler:
 
     def sample_rows(self, samplers: list[SeqSampler], rows: list[int]) -> list[int]:
         """Each sequence's next token from its row (rows of one decode, in output order); -1 where its
-        grammar allows none. Plain greedy rows go through one argmax over the logits matrix."""
-        greedy = [k for k, s in enumerate(samplers) if s.chain is None]
-        if not greedy:
-            return [self._sample_or_dead(s, row) for s, row in zip(samplers, rows)]
-        argmax = self._argmax_rows([rows[k] for k in greedy])
+        grammar allows none. Plain greedy rows go through one argmax over the logits matrix, the common
+        chain's through one draw over it (draws.py), the rest through their llama.cpp chains."""
+        greedy, drawn = [], []
+        for k, s in enumerate(samplers):
+            if s.chain is None:
+                (greedy if s.draw is None else drawn).append(k)
         if len(greedy) == len(samplers):
-            tokens = argmax
+            tokens = self._argmax_rows(rows)
         else:
             tokens = [-1 if s.chain is None else self._sample_or_dead(s, row) for s, row in zip(samplers, rows)]
-            for k, token in zip(greedy, argmax):
-                tokens[k] = token
+            if greedy:
+                for k, token in zip(greedy, self._argmax_rows([rows[k] for k in greedy])):
+                    tokens[k] = token
+            if drawn:
+                for k, token in zip(drawn, self._draw_rows([samplers[k] for k in drawn], [rows[k] for k in drawn])):
+                    tokens[k] = token
         ban = self._ban_eog
         for k in greedy:
             if tokens[k] in ban and samplers[k].ban_eog:  # rare: look again without the EOS tokens
                 tokens[k] = self._argmax(rows[k], True)
         return tokens
+
+    def _draw_rows(self, samplers: list[SeqSampler], rows: list[int]) -> list[int]:
+        span, k = self._span(rows)
+        logits = span if len(rows) == k else span[[k + r for r in rows]]
+        ban = np.fromiter((s.ban_eog for s in samplers), bool, len(samplers))
+        return draw_rows(logits, [s.draw for s in samplers], ban, self._is_eog)
 
     def _sample_or_dead(self, s: SeqSampler, row: int) -> int:
         try:
@@ -197,21 +221,26 @@ class Sampler:
             return -1
 
     def _argmax_rows(self, rows: list[int]) -> list[int]:
-        """The argmax of each logits row (increasing rows counted from the end of the outputs, as llama_get_logits_ith
-        takes them)."""
-        k = -rows[0]  # the outputs from the first row on, as one matrix
+        """The argmax of each logits row (increasing rows counted from the end of the outputs, as llama_get_logits_ith takes them)."""
+        logits, k = self._span(rows)
+        if len(rows) == k:  # every row of the span
+            return logits.argmax(axis=1).tolist()
+        return [int(logits[k + r].argmax()) for r in rows]
+
+    def _span(self, rows: list[int]) -> tuple[np.ndarray, int]:
+        """The outputs from the first of these increasing rows on, as one matrix, and how many rows it has."""
+        k = -rows[0]
         matrix = self._matrices.get(k)
         if matrix is None:
             matrix = self._matrices[k] = ctypes.c_float * (k * self.n_vocab)
         last = _logits_ith(self.ctx, -1)
         span = matrix.from_address(last - (k - 1) * 4 * self.n_vocab)  # type: ignore[attr-defined]  # a ctypes array
-        logits = np.frombuffer(span, np.float32).reshape(k, self.n_vocab)
-        if len(rows) == k:  # every row of the span
-            return logits.argmax(axis=1).tolist()
-        return [int(logits[k + r].argmax()) for r in rows]
+        return np.frombuffer(span, np.float32).reshape(k, self.n_vocab), k
 
     def sample(self, s: SeqSampler, row: int) -> int:
         """The next token; GrammarError when the sequence's grammar allows none."""
+        if s.draw is not None:
+            return self._draw_rows([s], [row])[0]
         if s.chain is None:
             return self._argmax(row, s.ban_eog)
         if s.grammar is None:

@@ -171,3 +171,21 @@ def test_device_sampling_gives_the_hosts_greedy_text_and_repeats_a_seed(tok):
     assert renumber(device["logprobs"], 10) == host["greedy"]  # logprobs: sampled on the host, the same tokens
     assert renumber(device["again"], 30) == renumber(device["seeded"], 20)
     assert all(len(tokens) == 12 and finish == "length" for tokens, finish in device["again"].values())
+
+
+def test_the_common_chain_is_drawn_over_the_matrix_and_a_seed_repeats(engine, tok):
+    prompts = [tok.encode(t) for t in ("Write a story about a dragon.", "List the planets:", "Hello, my name is")]
+    seeded = SamplingParams(max_tokens=12, temperature=0.8, top_k=40, top_p=0.9, ignore_eos=True)
+    probe = engine.sampler.new(seeded, prompts[0])
+    assert probe.draw is not None and probe.chain is None  # no llama.cpp chain
+    engine.sampler.free(probe)
+    together = run(engine, [Submit(i, p, msgspec.structs.replace(seeded, seed=i)) for i, p in enumerate(prompts)])
+    again = run(engine, [Submit(i, p, msgspec.structs.replace(seeded, seed=i)) for i, p in enumerate(prompts)])
+    assert together == again
+    assert all(len(tokens) == 12 and finish == "length" for tokens, finish in together.values())
+    other = run(engine, [Submit(9, prompts[0], msgspec.structs.replace(seeded, seed=99))])
+    assert other[9][0] != together[0][0]
+    # Top-k 1 leaves the draw one token: the greedy text.
+    greedy = run(engine, [Submit(i, p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)) for i, p in enumerate(prompts)])
+    top1 = run(engine, [Submit(i, p, msgspec.structs.replace(seeded, top_k=1, seed=i)) for i, p in enumerate(prompts)])
+    assert top1 == greedy
