@@ -76,3 +76,12 @@ def test_numbers_depend_on_the_seed_and_the_count_alone():
     assert uniforms([Draw.new(1.0, 1, 1.0, 0.0, 5)])[0] == first[0]
     # Neighbouring seeds are not one stream shifted by a step.
     assert uniforms([Draw(1.0, 1, 1.0, 0.0, 6, n=0)])[0] != uniforms([Draw(1.0, 1, 1.0, 0.0, 5, n=1)])[0]
+
+
+def test_the_nucleus_keeps_the_token_that_crosses_top_p():
+    row = np.full(VOCAB, -30.0, np.float32)
+    row[[7, 8, 9, 10]] = np.log([0.5, 0.3, 0.15, 0.05])  # top-p 0.7: 7 (0 before it), 8 (0.5 before it), not 9 (0.8)
+    rows = np.repeat(row[None], 1000, axis=0)
+    got = Counter(draw_rows(rows, [Draw.new(1.0, 40, 0.7, 0.0, i) for i in range(1000)], None, np.zeros(VOCAB, bool)))
+    assert set(got) == {7, 8}
+    assert abs(got[8] / 1000 - 0.3 / 0.8) < 0.06
