@@ -32,7 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 GROUP = 16  # tokens a group holds (see draw_rows)
-MAX_TOP_K = 256  # a chain with a larger top-k, or none, goes to llama.cpp: its draw needs the whole vocabulary's softmax
+MAX_TOP_K = (
+    256  # a chain with a larger top-k, or none, goes to llama.cpp: its draw needs the whole vocabulary's softmax
+)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _PAD = np.uint64(0xFFFFFFFFFFFFFFFF)  # sorts after every candidate's key
 

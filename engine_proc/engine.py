@@ -20,7 +20,7 @@ from engine_proc.disk_cache import fingerprint, identity, open_disk_cache
 from engine_proc.drafter import Drafter
 from engine_proc.embedder import Embedder
 from engine_proc.model_runner import ModelRunner
-from engine_proc.sampler import GrammarError, Sampler
+from engine_proc.sampler import GrammarError, Sampler, SeqSampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, Sequence
 from engine_proc.slot_files import SlotFiles
@@ -32,6 +32,7 @@ EMBED_SHARE = 4
 # many tokens, the shortest first, and each group's first tokens are sent
 # before the next group runs (see _prefill_runs).
 FIRST_TOKEN_GROUP = 48
+PARKED = SeqSampler(None)  # a parked sequence's: the argmax of its row, not used
 
 
 @dataclass(slots=True)
@@ -70,6 +71,10 @@ class LLMEngine:
         ident = identity(model_path, config, r.seq_ctx, r.token_budget, r.info.gpu_layers, r.n_streams)
         self.slots = SlotFiles(self.scheduler, self.runner, fingerprint(ident))
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
+        # Steady decode batches where a reused graph pays: on a GPU (CUDA graphs), and never beside drafts,
+        # whose verification changes the batch's shape every step. On the CPU a parked row costs what a
+        # sequence's token does, and a rebuilt graph little (perf/results/2026-11-27-engine-step-cpu.md).
+        self.scheduler.steady = self.runner.info.gpu_layers > 0 and self.drafter is None
         self.embedder = Embedder(self.runner)
         self.info: ModelInfo = replace(
             self.runner.info,
@@ -124,7 +129,6 @@ class LLMEngine:
             timer.start()
         t0 = time.perf_counter()
         step = self.scheduler.schedule()
-        first, later = self._prefill_runs(step.prefill)
         # Drafts only in steps without prompt work: those are compute-bound already.
         drafting = self.drafter is not None and bool(step.decode) and not step.prefill
         if drafting:
@@ -133,6 +137,16 @@ class LLMEngine:
             timer.lap("schedule")
         outputs: list[SeqOutput] = []
         done: list[Sequence] = []
+        steady = self.scheduler.steady
+        if steady:  # the decode first, in the shape of the step before; then the wave's admissions (Scheduler.wave)
+            if step.decode:
+                self._run(step.decode, outputs, done, plain=True)
+                self._count_decode()
+                self._park(done)
+            step.prefill += self.scheduler.wave()
+            if timer:
+                timer.lap("schedule")
+        first, later = self._prefill_runs(step.prefill)
         for chunks in first:  # their tokens go now: see _prefill_runs
             sent: list[SeqOutput] = []
             self._run(chunks, sent, done)
@@ -142,11 +156,10 @@ class LLMEngine:
             yield StepResult(sent, last=False)
             if timer:
                 timer.start()
-        if step.decode:
+        if step.decode and not steady:
             t_decode = time.perf_counter()
             self._run(step.decode, outputs, done, plain=not drafting)
-            self.decode_steps += 1
-            self.reused_steps += self.runner.reused
+            self._count_decode()
             if drafting:
                 self.drafter.end_step(len(step.decode), time.perf_counter() - t_decode)
         for chunks in later:
@@ -183,6 +196,19 @@ class LLMEngine:
         if timer:
             timer.lap("other")
         yield StepResult(outputs, embeddings, wake)
+
+    def _count_decode(self) -> None:
+        self.decode_steps += 1
+        self.reused_steps += self.runner.reused
+
+    def _park(self, done: list[Sequence]) -> None:
+        """Steady steps: the decode's finished sequences stay in its batch until the next wave (Scheduler.park);
+        their samplers go now, as their outputs have."""
+        for seq in done:
+            self.sampler.free(seq.sampler)
+            seq.sampler = PARKED
+            self.scheduler.park(seq)
+        done.clear()
 
     def _prefill_runs(self, chunks: list[Chunk]) -> tuple[list[list[Chunk]], list[list[Chunk]]]:
         """The step's prompt chunks as llama_decode calls: those to run before the decode batch, and after it.
@@ -262,6 +288,9 @@ class LLMEngine:
         picked = iter(tokens)
         for chunk, row in zip(chunks, rows):
             seq = chunk.seq
+            if seq.parked:  # its token fills the row (see Scheduler.park), its output was sent
+                next(picked)
+                continue
             if chunk.draft is not None:
                 self._verify(chunk, row, outputs, done)
                 continue
@@ -345,7 +374,7 @@ class LLMEngine:
         """Current figures, and the per-step ones gathered since the last call."""
         running = self.scheduler.running
         stats = EngineStats(
-            running=len(running),
+            running=len(running) - self.scheduler.parked,
             waiting=len(self.scheduler.waiting),
             kv_used=sum(s.n_cached for s in running),
             steps=self.steps,

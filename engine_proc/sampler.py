@@ -221,7 +221,8 @@ class Sampler:
             return -1
 
     def _argmax_rows(self, rows: list[int]) -> list[int]:
-        """The argmax of each logits row (increasing rows counted from the end of the outputs, as llama_get_logits_ith takes them)."""
+        """The argmax of each logits row (increasing rows counted from the end of the outputs, as llama_get_logits_ith
+        takes them)."""
         logits, k = self._span(rows)
         if len(rows) == k:  # every row of the span
             return logits.argmax(axis=1).tolist()

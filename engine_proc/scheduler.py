@@ -39,6 +39,17 @@ take the lowest free slot, or the slot of the cache entry they use; a gap
 left below n is closed by moving a decoding sequence from above it down into
 it, once no request waits that could fill it.
 
+Steady steps (on with GPU layers): llama.cpp reuses the step before's
+compute graph (and a GPU replays it as a CUDA graph) only when the decode
+batch keeps its shape: the same sequences, tokens and outputs, and no other
+llama_decode in between. So a sequence that finishes in the decode is
+parked there (its last token fed again at the same position, its row
+ignored) and requests wait, until a wave: once a quarter of the slots would
+change (or a change has waited MAX_HOLD steps, or fewer than HOLD_MIN
+sequences decode), the parked leave and the waiting start in their slots,
+right after the step's decode; their prefill and the next decode's new shape
+cost the one rebuild a wave makes.
+
 The scheduler keeps the KV streams' books: it asks ``kv`` (the model runner)
 to copy, trim or clear streams, and llama.cpp carries the copies out at the
 start of the next llama_decode, in the order they were asked for.
@@ -68,6 +79,11 @@ PREFILL_BLOCK = 128
 SCORED_ROWS = 64
 # Steps a request may wait beyond admit_per_step's bound before it is started anyway.
 MAX_WAIT = 4
+# Steady steps: below this many decoding sequences the batch changes at once; above, in waves, once
+# 1/WAVE_SHARE of the slots would change or a change has waited MAX_HOLD steps.
+HOLD_MIN = 8
+WAVE_SHARE = 4
+MAX_HOLD = 16
 
 
 class KvStreams(Protocol):
@@ -120,6 +136,10 @@ class Scheduler:
         self.running: list[Sequence] = []  # in slot order after every schedule()
         self._ordered = True  # running is in slot order
         self._held: Held | None = None  # this schedule()'s, built at its first admission
+        # Steady steps (see the module's docstring): finished sequences parked in the decode batch until a wave.
+        self.steady = False
+        self.parked = 0
+        self._pending_since: int | None = None  # the step since which a wave has had something to do
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
@@ -151,6 +171,7 @@ class Scheduler:
         running = [s for s in self.running if s.id in ids]
         if running:
             self.running = [s for s in self.running if s.id not in ids]
+            self.parked -= sum(s.parked for s in running)
             for seq in running:
                 heapq.heappush(self.free_slots, seq.slot)
                 keep = self._reusable(seq)
@@ -164,12 +185,57 @@ class Scheduler:
     def schedule(self) -> Step:
         self.steps += 1
         self._held = None
+        if self.steady and self.parked and not self.waiting and self._wave_due():  # nothing to pair their leaving with
+            self._leave()
         decode = [Chunk(seq, seq.n_cached, seq.n_cached + 1) for seq in self.running if not seq.prefilling]
+        for seq in self.running:
+            if seq.parked:  # the cell its last decode wrote goes: it decodes at the same position again
+                self.kv.trim(seq.slot, seq.n_cached)
         budget = self.token_budget - len(decode)
         prefill: list[Chunk] = []
         for seq in self.running:
             if seq.prefilling and (budget > 0 or not prefill):
                 budget = self._prefill(seq, budget, prefill)
+        if not self.steady and self._admit_waiting(budget, prefill):  # slots moved: the batch goes in slot order
+            decode.sort(key=lambda c: c.seq.slot)
+        return Step(decode, prefill)
+
+    def park(self, seq: Sequence) -> None:
+        """A steady step's finished sequence: it stays in the decode batch, its token fed again at the same
+        position (its output was sent), until the next wave, so that the batch keeps its shape."""
+        seq.parked = True
+        self.parked += 1
+        if not seq.output:  # finished on its first token: the prompt's last one fills its row
+            seq.output.append(int(seq.prompt[-1]))
+
+    def wave(self) -> list[Chunk]:
+        """After a steady step's decode, when one is due: the parked sequences leave and waiting requests start
+        in their slots; the new requests' first chunks."""
+        prefill: list[Chunk] = []
+        if self._wave_due():
+            self._leave()
+            self._admit_waiting(self.token_budget, prefill)
+        return prefill
+
+    def _leave(self) -> None:
+        self.remove({s.id for s in self.running if s.parked})  # their samplers went when they were parked
+        self._pending_since = None
+
+    def _wave_due(self) -> bool:
+        """Whether the decode batch changes now: always when it is small, else once a quarter of the slots would
+        change or a change has waited MAX_HOLD steps."""
+        decoding = len(self.running) - self.parked
+        changes = max(self.parked, min(len(self.waiting), self.parallel - decoding))
+        if not changes:
+            return False
+        if self._pending_since is None:
+            self._pending_since = self.steps
+        return (
+            decoding < HOLD_MIN or changes * WAVE_SHARE >= self.parallel or self.steps - self._pending_since >= MAX_HOLD
+        )
+
+    def _admit_waiting(self, budget: int, prefill: list[Chunk]) -> bool:
+        """Start waiting requests, their first chunks into ``prefill``; whether running sequences changed slots."""
         # A request is admitted when its first block can go in this step: one
         # that waits a step may find more of its prompt in a running sequence.
         admitted, continued = 0, False  # continued: a request that continues a cache entry started
@@ -187,11 +253,11 @@ class Scheduler:
             continued = self._admit(seq) or continued
             budget = self._prefill(seq, budget, prefill)
         self._compact()
-        if not self._ordered:  # slots moved, or sequences came in: the decode batch goes in slot order
-            self.running.sort(key=lambda s: s.slot)
-            decode.sort(key=lambda c: c.seq.slot)
-            self._ordered = True
-        return Step(decode, prefill)
+        if self._ordered:
+            return False
+        self.running.sort(key=lambda s: s.slot)  # slots moved, or sequences came in
+        self._ordered = True
+        return True
 
     def _prefill(self, seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
         """Add the sequence's next prompt chunks while they fit ``budget``; what is left of it.

@@ -36,6 +36,7 @@ class Sequence:
     drafting: Drafting | None = None  # its speculation, once it decodes with the engine's drafter
     per_step: bool = True  # the frontend reads each step's token as it comes (Submit.per_step)
     arrived: int = 0  # the scheduler's step count when it was queued
+    parked: bool = False  # finished, kept in a steady decode batch until the next wave (Scheduler.park)
     # Its known tokens, prompt then output, in one array whose capacity doubles: known() is a view, not a copy.
     tokens: np.ndarray = field(init=False)
 

@@ -92,9 +92,9 @@ def table(doc: dict) -> str:
                 "includes waiting for the device); reused = decode steps whose compute graph llama.cpp reused "
                 "(staggered: arrivals spread, generation lengths uniform in [g/2, 3g/2]).",
                 "",
-                "| arrivals | c | sampling | on | tok/s | ms/step | decode ms | reused | host µs | schedule | batch | "
-                "sampling | retire | other | host share |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+                "| arrivals | steady | c | sampling | on | tok/s | ms/step | decode ms | reused | host µs | schedule | "
+                "batch | sampling | retire | other | host share |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             for r in m["engine"]:
                 cpu, wall = r["host_us_per_step"]["cpu"], r["host_us_per_step"]["wall"]
@@ -104,7 +104,7 @@ def table(doc: dict) -> str:
                 )
                 reused = f"{r['reused_steps'] / r['decode_steps']:.0%}" if r.get("decode_steps") else "-"
                 lines.append(
-                    f"| {r.get('arrivals', 'lockstep')} | {r['concurrency']} | "
+                    f"| {r.get('arrivals', 'lockstep')} | {'on' if r.get('steady') else 'off'} | {r['concurrency']} | "
                     f"{'0.7 / 0.9' if r['sampled'] else 'greedy'} | "
                     f"{'device' if r['device_sampling'] else 'host'} | {r['tokens_per_second']:,.0f} | "
                     f"{r['step_ms']:.2f} | "

@@ -299,7 +299,7 @@ def engine_sweep(args, model: str, record, seconds: float) -> None:
     host work per step beside llama_decode's, and the share of decode steps that reused their compute graph,
     at c = 1, 8, 32, 64, greedy and sampled."""
     end = time.monotonic() + seconds
-    for arrivals in ("lockstep", "staggered"):
+    for arrivals, steady in (("lockstep", "auto"), ("staggered", "on"), ("staggered", "off")):
         cmd = [
             sys.executable,
             "-m",
@@ -316,10 +316,14 @@ def engine_sweep(args, model: str, record, seconds: float) -> None:
             str(args.gen),
             "--arrivals",
             arrivals,
+            "--steady",
+            steady,
         ]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10.0, end - time.monotonic()))
         if out.returncode:
-            raise RuntimeError(f"cllm bench engine --arrivals {arrivals} failed: {out.stderr[-1500:]}")
+            raise RuntimeError(
+                f"cllm bench engine --arrivals {arrivals} --steady {steady} failed: {out.stderr[-1500:]}"
+            )
         for r in json.loads(out.stdout.strip().splitlines()[-1]):
             keep = (
                 "concurrency",
@@ -331,6 +335,7 @@ def engine_sweep(args, model: str, record, seconds: float) -> None:
                 "host_us_per_step",
                 "decode_steps",
                 "reused_steps",
+                "steady",
             )
             record(
                 {k: r[k] for k in keep}

@@ -13,13 +13,13 @@ from tests.conftest import ROOT
 TIMEOUT = 120
 
 
-def bench(*args: str) -> list | dict:
+def bench(*args: str, timeout: float = TIMEOUT) -> list | dict:
     out = subprocess.run(
         [sys.executable, "-m", "cllm.cli", "bench", *args, "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=TIMEOUT,
+        timeout=timeout,
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -69,6 +69,18 @@ def test_bench_engine_staggers_arrivals_and_counts_reused_graphs():
     lockstep = bench("engine", "-n", "2", "-c", "2", "-p", "12", "-g", "6")
     # Two sequences join together, decode 5 steps of one shape, leave together: every decode step but the first reuses.
     assert (lockstep["decode_steps"], lockstep["reused_steps"]) == (5, 4)
+
+
+def test_steady_batches_keep_the_graph_and_every_token():
+    from cllm.bench.engine_bench import gen_lengths
+
+    args = ("engine", "-n", "24", "-c", "12", "-p", "12", "-g", "16", "--arrivals", "staggered")
+    steady, plain = bench(*args, "--steady", "on", timeout=300), bench(*args, "--steady", "off", timeout=300)
+    assert steady["steady"] and not plain["steady"]
+    # Parked sequences give no token: every request its own length, no more.
+    assert steady["generated_tokens"] == plain["generated_tokens"] == sum(gen_lengths(24, 16, True))
+    share = lambda r: r["reused_steps"] / r["decode_steps"]  # noqa: E731
+    assert share(steady) > share(plain) + 0.15, (share(steady), share(plain))
 
 
 def test_bench_engine_speculates_on_copy_tasks():

@@ -166,9 +166,12 @@ def test_gpu_run_dry_on_this_cpu(tmp_path):
     assert all(not r.get("errors") and r.get("short", 0) == 0 for r in rows if "tokens_per_second" in r)
     assert doc["speculation"]["results"][0]["table"].startswith("| c |")  # the carried model, joined and checked
     sweep = doc["models"]["tiny"]["engine"]  # cllm bench engine --sweep: host us per step beside llama_decode's
-    assert {(r["arrivals"], r["concurrency"], r["sampled"]) for r in sweep} == {
-        (a, c, s) for a in ("lockstep", "staggered") for c in (1, 8, 32, 64) for s in (False, True)
-    }
+    assert {(r["arrivals"], r["steady"], r["concurrency"], r["sampled"]) for r in sweep} == {
+        (a, on, c, s)
+        for a, on in (("lockstep", False), ("staggered", True), ("staggered", False))
+        for c in (1, 8, 32, 64)
+        for s in (False, True)
+    }  # a CPU build: auto is off
     assert all(r["host_us_per_step"]["cpu"]["host"] > 0 and r["decode_ms"] > 0 and r["decode_steps"] > 0 for r in sweep)
     md = (out / "results.md").read_text()
     assert "| 4 | 0.7 / 0.9 |" in md and "SPEED only" in md and "host share" in md

@@ -186,6 +186,9 @@ def test_the_common_chain_is_drawn_over_the_matrix_and_a_seed_repeats(engine, to
     other = run(engine, [Submit(9, prompts[0], msgspec.structs.replace(seeded, seed=99))])
     assert other[9][0] != together[0][0]
     # Top-k 1 leaves the draw one token: the greedy text.
-    greedy = run(engine, [Submit(i, p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)) for i, p in enumerate(prompts)])
+    greedy = run(
+        engine,
+        [Submit(i, p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)) for i, p in enumerate(prompts)],
+    )
     top1 = run(engine, [Submit(i, p, msgspec.structs.replace(seeded, top_k=1, seed=i)) for i, p in enumerate(prompts)])
     assert top1 == greedy

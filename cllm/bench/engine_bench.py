@@ -199,6 +199,7 @@ def bench(
     sampled: bool = False,
     device_sampling: DeviceSampling = DEFAULTS.device_sampling,
     staggered: bool = False,
+    steady: str = "auto",
 ) -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
@@ -213,6 +214,8 @@ def bench(
         device_sampling=device_sampling,
     )
     engine = LLMEngine(model, config)
+    if steady != "auto":
+        engine.scheduler.steady = steady == "on" and engine.drafter is None
     try:
         tokenize = _tokenizer(engine)
         # The first decodes allocate llama.cpp's compute graphs: warm up untimed.
@@ -254,6 +257,7 @@ def bench(
         "parts_seconds": breakdown(totals, seconds, timer),
         "host_us_per_step": host_per_step(timer, steps),
         "staggered": staggered,
+        "steady": engine.scheduler.steady,
         "decode_steps": decode_steps,
         "reused_steps": reused_steps,
         "sampled": sampled,
@@ -290,7 +294,8 @@ def report(r: dict) -> str:
         f"  {'sampled (temperature 0.7, top-p 0.9, seeded)' if r['sampled'] else 'greedy'}"
         f" on the {'device' if r['device_sampling'] else 'host'};"
         f" speculative: {r['spec_type']}, {r['accepted_tokens']} of {r['drafted_tokens']} drafted tokens accepted",
-        f"  graph reused: {r['reused_steps']} of {r['decode_steps']} decode steps ({_share(r)})",
+        f"  graph reused: {r['reused_steps']} of {r['decode_steps']} decode steps ({_share(r)});"
+        f" steady batches {'on' if r['steady'] else 'off'}",
         f"  {'part':<13}{'ms/step':>9}{'share':>8}",
     ]
     for name, what in PARTS:
@@ -360,6 +365,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "uniform in [g/2, 3g/2], the first C arriving over g steps (default lockstep)",
     )
     ap.add_argument(
+        "--steady",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="keep the decode batch's shape between waves of arrivals and departures, so that llama.cpp "
+        "reuses its graph (auto: with GPU layers, as the server does)",
+    )
+    ap.add_argument(
         "--sampled", action="store_true", help="temperature 0.7, top-p 0.9, a seed per request (default greedy)"
     )
     ap.add_argument(
@@ -401,6 +413,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         sampled,
         args.device_sampling,
         args.arrivals == "staggered",
+        args.steady,
     )
     if args.sweep:
         results = [run(2 * c, c, sampled) for c in SWEEP for sampled in (False, True)]

@@ -537,3 +537,53 @@ def test_prefix_lengths_and_held_match_the_plain_comparisons():
         (10, PROBE + 1),
     ]
     assert not Held({}).holds(base[:1])
+
+
+def test_steady_steps_change_the_decode_batch_only_in_waves_and_keep_the_books():
+    rng = random.Random(7)
+    kv = FakeStreams(20)
+    sched = Scheduler(16, 20, 256, 4096, kv, prefix_cache=True, exact=False)
+    sched.steady = True
+    seqs = [
+        Sequence(
+            i,
+            np.array([rng.randrange(100) for _ in range(rng.randrange(5, 30))], np.int32),
+            SamplingParams(max_tokens=rng.randrange(10, 40)),
+            None,
+        )
+        for i in range(64)
+    ]
+    pending, outputs, shapes = list(seqs), {s.id: 0 for s in seqs}, []
+    while pending or sched.has_work():
+        while pending and len(sched.waiting) + len(sched.running) - sched.parked < 16:  # closed-loop clients
+            sched.add(pending.pop(0))
+        step = sched.schedule()
+        kv.decode()
+        shapes.append(tuple(c.seq.slot for c in step.decode))
+        for chunk in step.decode:  # the decode runs first; a parked sequence's row is written and ignored
+            seq = chunk.seq
+            assert kv.held(seq.slot) == seq.known(chunk.start).tolist()
+            kv.write(seq.slot, chunk.start, [seq.output[-1]])
+            if seq.parked:
+                continue
+            seq.n_cached = chunk.end
+            seq.append(rng.randrange(1000, 2000))
+            outputs[seq.id] += 1
+            if len(seq.output) == seq.params.max_tokens:
+                sched.park(seq)
+        prefill = step.prefill + sched.wave()  # then the wave's admissions, in llama_decode calls of their own
+        kv.decode()
+        for chunk in prefill:
+            seq = chunk.seq
+            kv.write(seq.slot, chunk.start, seq.known(chunk.end)[chunk.start :].tolist())
+            seq.n_cached = chunk.end
+            if not seq.prefilling:
+                seq.append(rng.randrange(1000, 2000))
+                outputs[seq.id] += 1
+        for seq in sched.running:
+            assert kv.held(seq.slot)[: seq.n_cached] == seq.known(seq.n_cached).tolist()
+    assert all(outputs[s.id] == s.params.max_tokens for s in seqs)  # a parked sequence gives nothing more
+    assert sched.parked == 0
+    full = [(a, b) for a, b in zip(shapes, shapes[1:]) if len(a) >= 8 and a and b]
+    changed = sum(a != b for a, b in full)
+    assert changed * 5 < len(full), (changed, len(full))  # decoding together changes shape in waves, not every step
