@@ -138,10 +138,12 @@ class LLMEngine:
         outputs: list[SeqOutput] = []
         done: list[Sequence] = []
         steady = self.scheduler.steady
+        parked = 0  # sequences that finished in a steady decode
         if steady:  # the decode first, in the shape of the step before; then the wave's admissions (Scheduler.wave)
             if step.decode:
                 self._run(step.decode, outputs, done, plain=True)
                 self._count_decode()
+                parked = len(done)
                 self._park(done)
             step.prefill += self.scheduler.wave()
             if timer:
@@ -183,7 +185,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         streams = any(c.seq.per_step for c in step.decode)
         wake = (
-            bool(done)
+            bool(done or parked)
             or any(c.samples for c in step.prefill)
             or (streams and 2 * t1 - t0 - self._woke >= self.stream_interval)
         )
