@@ -188,7 +188,8 @@ class Sampler:
         """Each sequence's next token from its row (rows of one decode, in output order); -1 where its
         grammar allows none. Plain greedy rows go through one argmax over the logits matrix, the common
         chain's through one draw over it (draws.py), the rest through their llama.cpp chains."""
-        greedy, drawn = [], []
+        greedy: list[int] = []
+        drawn: list[int] = []
         for k, s in enumerate(samplers):
             if s.chain is None:
                 (greedy if s.draw is None else drawn).append(k)
