@@ -275,7 +275,7 @@ def test_a_conversation_goes_on_after_restarts(cache_dir, tmp_path):
     with open(written, "rb") as f, open(broken, "wb") as g:
         g.write(f.read(50_000))  # torn: dropped at start, with a line
 
-    with start_server(*args) as srv, srv.client() as http:
+    with start_server(*args, env={HOLD_WRITES: str(hold)}) as srv, srv.client() as http:
         assert health(http)["prefix_cache"]["cells"] == 0 and disk_figures(http)["disk_hits"] == 0
         assert complete(http, p2) == (t2, blocks(p2))  # the cells came from disk, bit for bit
         figures = disk_figures(http)
