@@ -297,6 +297,8 @@ def test_a_conversation_goes_on_after_restarts(cache_dir, tmp_path):
         hold.write_bytes(b"")
         t4, _ = complete(http, p4)
         (held,) = wait_until(lambda: list(cache_dir.rglob("*" + TMP)), 60)
+        time.sleep(0.5)  # held: a writer that renamed it would have by now
+        assert held.exists() and files(cache_dir) == before
         engine.send_signal(signal.SIGKILL)
         engine.wait(30)
         hold.unlink()  # the next engine writes as usual
