@@ -74,7 +74,8 @@ class LLMEngine:
         # Steady decode batches where a reused graph pays: on a GPU (CUDA graphs), and never beside drafts,
         # whose verification changes the batch's shape every step. On the CPU a parked row costs what a
         # sequence's token does, and a rebuilt graph little (perf/results/2026-11-27-engine-step-cpu.md).
-        self.scheduler.steady = self.runner.info.gpu_layers > 0 and self.drafter is None
+        steady = config.steady_steps == "on" or (config.steady_steps == "auto" and self.runner.info.gpu_layers > 0)
+        self.scheduler.steady = steady and self.drafter is None
         self.embedder = Embedder(self.runner)
         self.info: ModelInfo = replace(
             self.runner.info,

@@ -42,7 +42,7 @@ from collections import defaultdict, deque
 import msgspec
 
 from cllm.bench.prompts import copy_prompts, make_prompts
-from cllm.core.config import DeviceSampling, ServeConfig, SpecType
+from cllm.core.config import DeviceSampling, ServeConfig, SpecType, SteadySteps
 from cllm.core.launch import OUTPUT_RING_BYTES
 from cllm.core.model_file import ModelFileError, resolve_model
 from cllm.core.protocol import SamplingParams, StepOutputs, Submit, ToEngine
@@ -199,7 +199,7 @@ def bench(
     sampled: bool = False,
     device_sampling: DeviceSampling = DEFAULTS.device_sampling,
     staggered: bool = False,
-    steady: str = "auto",
+    steady: SteadySteps = DEFAULTS.steady_steps,
 ) -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
@@ -212,10 +212,9 @@ def bench(
         batch_size=batch_size,
         spec_type=spec_type,
         device_sampling=device_sampling,
+        steady_steps=steady,
     )
     engine = LLMEngine(model, config)
-    if steady != "auto":
-        engine.scheduler.steady = steady == "on" and engine.drafter is None
     try:
         tokenize = _tokenizer(engine)
         # The first decodes allocate llama.cpp's compute graphs: warm up untimed.

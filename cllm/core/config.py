@@ -24,6 +24,7 @@ MAX_DRAFT = 256  # tokens one sequence may draft in a step
 MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the prefix cache's scratch
 CacheType = Literal["f32", "f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
 DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/sampler.py)
+SteadySteps = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/scheduler.py)
 SpecType = Literal["none", "ngram"]  # llama-server's --spec-type names; ngram: prompt lookup (engine_proc/drafter.py)
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 NonNegative = Annotated[int, Meta(ge=0)]
@@ -107,6 +108,12 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "every request, at a cost in throughput under bursts (docs/internals.md: Scheduling)", ENGINE, metavar="N",
         per_model=True, ge=0,
     )] = 0
+    steady_steps: Annotated[SteadySteps, setting(
+        "keep the decode batch's shape between waves of arrivals and departures, so that llama.cpp reuses its "
+        "compute graph (and CUDA graphs): a finished sequence stays parked in the batch and new requests start "
+        "together, at the cost of up to a wave's wait (docs/internals.md: Steady steps); auto: on with GPU layers, "
+        "never with speculative decoding", ENGINE, per_model=True,
+    )] = "auto"
     stream_interval_ms: Annotated[float, setting(
         "how long a streamed token may wait in the engine for the next ones, so that one wake-up of the frontend sends "
         "a few (docs/internals.md: Streaming); 0: each token as it comes", ENGINE, metavar="MS", ge=0, le=1000,
