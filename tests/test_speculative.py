@@ -1,11 +1,10 @@
 """Speculative decoding: drafts from the sequence's own text, verified in the step's batch.
 
 A verified token is the one the sequence's sampler picks on that row, so
-speculation may change only the last bits of the rows' logits. With
---flash-attn off and f32 keys in the KV cache it changes few of them (a query
-of several tokens and a query of one then give the same bits in the first rows
-of a draft), and these greedy replies must be the same text with speculation
-on and off.
+speculation may change only the last bits of the rows' logits (a query of
+several tokens and a query of one go through other kernels). So greedy replies
+with speculation on and off must be the same, or part only where the two best
+tokens are nearly tied in both runs: same_or_parted_at_a_near_tie.
 docs/internals.md ("Speculative decoding") says what differs, where and why.
 """
 
@@ -39,6 +38,28 @@ def servers():
             yield a, b
 
 
+# Where a draft's rows and a plain step's row give other last bits, greedy text may part where the two best tokens
+# are nearly tied. The logits of the two kernels were measured up to ~0.1 nats apart (an AMD EPYC, f32 keys, flash
+# attention off), so a tie can flip only under about twice that; 0.25 nats leaves room, and a token kept without
+# being the sampler's pick would show as a token outside the top 2, or one far from tied, in the run without drafts.
+NEAR_TIE = 0.25
+TOP2 = {"logprobs": True, "top_logprobs": 2}
+
+
+def same_or_parted_at_a_near_tie(a: dict, b: dict) -> int | None:
+    """Where two greedy replies (choices with top-2 logprobs) part, or None: they are the same, or the same up to a
+    token where both runs' two best are the same two tokens, under NEAR_TIE apart in each run."""
+    ta, tb = a["logprobs"]["content"], b["logprobs"]["content"]
+    for i, (x, y) in enumerate(zip(ta, tb)):
+        if x["bytes"] != y["bytes"]:
+            for row in (x, y):
+                (first, l1), (second, l2) = ((bytes(t["bytes"]), t["logprob"]) for t in row["top_logprobs"][:2])
+                assert {first, second} == {bytes(x["bytes"]), bytes(y["bytes"])} and l1 - l2 < NEAR_TIE, (i, x, y)
+            return i
+    assert (a["message"], a["finish_reason"], len(ta)) == (b["message"], b["finish_reason"], len(tb))
+    return None
+
+
 def chat(http, prompt: str, **body) -> dict:
     r = http.post(
         "/v1/chat/completions",
@@ -57,7 +78,7 @@ def accepted(http) -> float:
 def test_greedy_text_is_the_same_with_speculation_on_and_off(servers, prompt):
     on, off = servers
     before = accepted(on)
-    assert chat(on, prompt) == chat(off, prompt)
+    same_or_parted_at_a_near_tie(chat(on, prompt, **TOP2), chat(off, prompt, **TOP2))
     if prompt is COPY:
         assert accepted(on) - before > 40  # most of the copy came from drafts
 
@@ -66,31 +87,43 @@ def test_concurrent_requests_give_the_same_text(servers):
     on, off = servers
     prompts = [COPY, ORDINARY, QUOTE, COPY.replace("exactly", "word for word")]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        together = list(pool.map(lambda p: chat(on, p)["message"]["content"], prompts))
-    assert together == [chat(off, p)["message"]["content"] for p in prompts]
+        together = list(pool.map(lambda p: chat(on, p, **TOP2), prompts))
+    for a, p in zip(together, prompts):
+        same_or_parted_at_a_near_tie(a, chat(off, p, **TOP2))
 
 
 def test_max_tokens_and_a_stop_string_inside_a_draft(servers):
     on, off = servers
-    full = chat(off, COPY)["message"]["content"]
-    # A stop string from the middle of the copy, where drafts are long: the reply ends right before it.
-    at = next(i for i in range(len(full) // 2, len(full)) if full.find(full[i : i + 8]) == i)
-    for body, finish in (({"max_tokens": 97}, "length"), ({"stop": [full[at : at + 8]]}, "stop")):
+    full = chat(off, COPY, **TOP2)
+    parted = same_or_parted_at_a_near_tie(chat(on, COPY, **TOP2), full)
+    text = full["message"]["content"]
+    agreed = b"".join(bytes(t["bytes"]) for t in full["logprobs"]["content"][:parted]).decode(errors="ignore")
+    assert text.startswith(agreed)
+    # A stop string from the text both servers gave, late in it where drafts are long: the reply ends right before it.
+    spots = [i for i in range(len(agreed) - 8) if text.find(text[i : i + 8]) == i]
+    at = next((i for i in spots if i >= len(agreed) // 2), spots[-1])
+    for body, finish in (({"max_tokens": 97}, "length"), ({"stop": [text[at : at + 8]]}, "stop")):
         before = accepted(on)
-        a, b = chat(on, COPY, **body), chat(off, COPY, **body)
-        assert a == b and a["finish_reason"] == finish
+        a, b = chat(on, COPY, **body, **TOP2), chat(off, COPY, **body, **TOP2)
+        assert b["finish_reason"] == finish
+        if same_or_parted_at_a_near_tie(a, b) is None:
+            assert a["finish_reason"] == finish
         assert accepted(on) > before
-    assert a["message"]["content"] == full[:at]
+    assert b["message"]["content"] == text[:at]
     assert len(chat(on, COPY, max_tokens=97, logprobs=True)["logprobs"]["content"]) == 97
 
 
 def test_streamed_tokens_arrive_as_accepted(servers):
     on, off = servers
     body = {"messages": [{"role": "user", "content": COPY}], "max_tokens": 120, "temperature": 0, "stream": True}
-    with on.stream("POST", "/v1/chat/completions", json=body) as r:
-        deltas = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
-    text = "".join(d["choices"][0]["delta"].get("content") or "" for d in deltas)
-    assert text == chat(off, COPY, max_tokens=120)["message"]["content"]
+    with on.stream("POST", "/v1/chat/completions", json={**body, **TOP2}) as r:
+        choices = [json.loads(line[6:])["choices"][0] for line in r.iter_lines() if line.startswith("data: {")]
+    streamed = {
+        "message": {"role": "assistant", "content": "".join(c["delta"].get("content") or "" for c in choices)},
+        "logprobs": {"content": [t for c in choices if c.get("logprobs") for t in c["logprobs"]["content"]]},
+        "finish_reason": choices[-1]["finish_reason"],
+    }
+    same_or_parted_at_a_near_tie(streamed, chat(off, COPY, max_tokens=120, **TOP2))
 
 
 def test_a_grammar_constrained_request(servers):
@@ -103,14 +136,14 @@ def test_a_grammar_constrained_request(servers):
     fmt = {"type": "json_schema", "json_schema": {"name": "quote", "schema": schema}}
     prompt = f"Here is a file:\n\n{CODE}\n\nQuote its docstring in JSON."
     before = accepted(on)
-    a = chat(on, prompt, response_format=fmt, max_tokens=200)
+    a = chat(on, prompt, response_format=fmt, max_tokens=200, **TOP2)
     assert a["finish_reason"] == "stop"
     assert (
         json.loads(a["message"]["content"])["docstring"]
         == "A llama_batch backed by numpy arrays that live as long as it"
     )
     assert accepted(on) > before  # the quote came from drafts, each token checked by the grammar
-    assert a == chat(off, prompt, response_format=fmt, max_tokens=200)
+    same_or_parted_at_a_near_tie(a, chat(off, prompt, response_format=fmt, max_tokens=200, **TOP2))
 
 
 def test_a_seeded_sampled_request_is_reproducible(servers):
@@ -124,7 +157,7 @@ def test_a_seeded_sampled_request_is_reproducible(servers):
 def test_a_request_may_turn_speculation_off(servers):
     on, off = servers
     before = accepted(on)
-    assert chat(on, COPY, speculative=False) == chat(off, COPY)
+    assert chat(on, COPY, speculative=False) == chat(off, COPY)  # no drafts: the same kernels, so bit for bit
     assert accepted(on) == before
     r = on.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "speculative": "yes"})
     assert r.status_code == 400 and "speculative" in r.text
