@@ -50,13 +50,23 @@ def same_or_parted_at_a_near_tie(a: dict, b: dict) -> int | None:
     """Where two greedy replies (choices with top-2 logprobs) part, or None: they are the same, or the same up to a
     token where both runs' two best are the same two tokens, under NEAR_TIE apart in each run."""
     ta, tb = a["logprobs"]["content"], b["logprobs"]["content"]
+
+    def best_two(row: dict) -> tuple[set[bytes], float]:
+        first, second = row["top_logprobs"][:2]
+        return {bytes(first["bytes"]), bytes(second["bytes"])}, first["logprob"] - second["logprob"]
+
     for i, (x, y) in enumerate(zip(ta, tb)):
         if x["bytes"] != y["bytes"]:
             for row in (x, y):
-                (first, l1), (second, l2) = ((bytes(t["bytes"]), t["logprob"]) for t in row["top_logprobs"][:2])
-                assert {first, second} == {bytes(x["bytes"]), bytes(y["bytes"])} and l1 - l2 < NEAR_TIE, (i, x, y)
+                two, gap = best_two(row)
+                assert two == {bytes(x["bytes"]), bytes(y["bytes"])} and gap < NEAR_TIE, (i, x, y)
             return i
-    assert (a["message"], a["finish_reason"], len(ta)) == (b["message"], b["finish_reason"], len(tb))
+    if len(ta) != len(tb):  # one ended on an end-of-generation token, which has no entry: the other's row is the tie
+        (short, _), (_, longer) = sorted(((a, ta), (b, tb)), key=lambda r: len(r[1]))
+        n = min(len(ta), len(tb))
+        assert short["finish_reason"] == "stop" and best_two(longer[n])[1] < NEAR_TIE, (n, longer[n])
+        return n
+    assert (a["message"], a["finish_reason"]) == (b["message"], b["finish_reason"])
     return None
 
 
