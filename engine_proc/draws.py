@@ -4,8 +4,8 @@ A request that asks for top-k (1 to MAX_TOP_K, 40 by default on every
 route) with any temperature, top-p, min-p and seed (the EOS ban of
 ignore_eos too) needs no llama.cpp chain: its row is drawn here, with the
 other such rows of the step, in a few passes over the matrix instead of one
-llama_sampler_sample per row (~70 us a row of SmolLM2's 49k here: its
-top-p softmaxes what top-k left, but top-k first partitions the vocabulary).
+llama_sampler_sample per row (each of which partitions the whole vocabulary
+for its top-k before top-p softmaxes what top-k left).
 
 The chain is llama.cpp's, in llama-server's order: top-k, then top-p and
 min-p on the probabilities at temperature 1 of what top-k kept, then the
@@ -32,9 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 GROUP = 16  # tokens a group holds (see draw_rows)
-MAX_TOP_K = (
-    256  # a chain with a larger top-k, or none, goes to llama.cpp: its draw needs the whole vocabulary's softmax
-)
+# A chain with a larger top-k, or none, goes to llama.cpp: its draw needs the whole vocabulary's softmax.
+MAX_TOP_K = 256
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _PAD = np.uint64(0xFFFFFFFFFFFFFFFF)  # sorts after every candidate's key
 

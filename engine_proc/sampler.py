@@ -23,7 +23,7 @@ and a run's greedy rows take one numpy call over its logits matrix
 The common chain (top-k, temperature, top-p, min-p, a seed, and the EOS
 ban of ignore_eos; no grammar, penalty or logit bias) needs no llama.cpp
 chain either: a run's rows of it are drawn together over the logits matrix
-(engine_proc/draws.py), where one llama_sampler_sample a row took ~70 us.
+(engine_proc/draws.py), rather than one llama_sampler_sample a row.
 
 Logprobs are computed with numpy from the logits row, and only for the
 sequences that ask.
