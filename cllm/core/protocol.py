@@ -36,6 +36,14 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
 # ---- frontend -> engine ------------------------------------------------------
 
 
+class ImageInput(msgspec.Struct, array_like=True, gc=False):
+    """One image of a prompt: its file's bytes, which the frontend checked with cllm.core.images.check, and where it
+    goes: its positions come before prompt[at] (at == len(prompt): after the last token)."""
+
+    at: int
+    data: bytes
+
+
 class Submit(msgspec.Struct, tag=1, array_like=True, gc=False):
     id: int
     prompt: list[int]
@@ -43,6 +51,7 @@ class Submit(msgspec.Struct, tag=1, array_like=True, gc=False):
     # The frontend reads every step's token (a stream, stop strings); else only the
     # first and the last wake it, and the tokens between wait in the ring for them.
     per_step: bool = True
+    images: list[ImageInput] = []  # in prompt order; only to an engine whose ModelInfo.image_tokens > 0
 
 
 class Abort(msgspec.Struct, tag=2, array_like=True, gc=False):
@@ -108,6 +117,8 @@ class ModelInfo(msgspec.Struct, gc=False):
     max_embedding_tokens: int = 0  # most tokens of one embeddings input: what one embeddings decode holds
     spec_type: str = "none"  # speculative decoding: none, or ngram (prompt lookup)
     draft_max: int = 0  # most tokens a sequence drafts in a step
+    mmproj: str = ""  # the projector's file: the engine takes images
+    image_tokens: int = 0  # prompt positions (KV cells) one image takes, its projector's begin/end text included
 
 
 class EngineReady(msgspec.Struct, tag=1, array_like=True, gc=False):
