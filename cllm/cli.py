@@ -67,6 +67,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     for s in serve_settings():
         if s.options:
             _add_setting(groups[s.group], s)
+    # llama-server's name for --no-mmproj-auto
+    groups[LISTEN].add_argument(
+        "--no-mmproj", dest="mmproj_auto", action="store_false", default=None, help=argparse.SUPPRESS
+    )
 
 
 def _bench_parser(sub) -> None:

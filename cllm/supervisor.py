@@ -43,11 +43,11 @@ from cllm.core.config import ServeConfig
 from cllm.core.launch import (
     EXIT_LOAD_FAILED,
     OUTPUT_RING_BYTES,
-    REQUEST_RING_BYTES,
     EngineRings,
     Launch,
     ModelSlot,
     close_quietly,
+    request_ring_bytes,
 )
 from cllm.core.log import setup_logging
 from cllm.core.protocol import Control, EngineExited, LoadModel
@@ -110,7 +110,7 @@ class Supervisor:
         setup_logging(self.config.log_level, self.config.log_format)
         for spec in self.models:
             for r in range(spec.replicas):
-                rings = (Ring.create(REQUEST_RING_BYTES), Ring.create(OUTPUT_RING_BYTES))
+                rings = (Ring.create(request_ring_bytes(spec.config)), Ring.create(OUTPUT_RING_BYTES))
                 self.engines[spec.id, r] = Engine(f"engine {spec.id}#{r}", spec=spec, replica=r, rings=rings)
         self.engine_lifeline = os.pipe()
         wake_r, wake_w = os.pipe()

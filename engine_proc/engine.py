@@ -19,12 +19,13 @@ from cllm.core.protocol import Embed, Embeddings, EngineStats, ModelInfo, SeqOut
 from engine_proc.disk_cache import fingerprint, identity, open_disk_cache
 from engine_proc.drafter import Drafter
 from engine_proc.embedder import Embedder
-from engine_proc.model_runner import ModelRunner
+from engine_proc.model_runner import ModelLoadError, ModelRunner
 from engine_proc.sampler import GrammarError, Sampler, SeqSampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, Sequence
 from engine_proc.slot_files import SlotFiles
 from engine_proc.step_timer import StepTimer
+from engine_proc.vision import ProjectorError, Vision
 
 # While sequences decode, embeddings get at most this fraction (1/n) of a step's budget.
 EMBED_SHARE = 4
@@ -46,6 +47,10 @@ class StepResult:
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig):
         self.runner = ModelRunner(model_path, config)
+        self.vision: Vision | None = None
+        image_tokens = 0
+        if config.mmproj:
+            self.vision, image_tokens = self._projector(config)
         # Sampling on the device: with --device-sampling on, or auto and GPU layers; never beside drafts, whose rows
         # are verified one by one.
         device = config.device_sampling == "on" or (
@@ -83,6 +88,8 @@ class LLMEngine:
             draft_max=config.draft_max,
             embedding_dim=self.embedder.dim,
             max_embedding_tokens=self.embedder.max_tokens,
+            mmproj=config.mmproj or "",
+            image_tokens=image_tokens,
         )
         self.timer: StepTimer | None = None  # set, it sums the time of each part of every step
         self.steps = 0
@@ -95,8 +102,25 @@ class LLMEngine:
         self.step_seconds: list[float] = []
         self.batch_sizes: list[int] = []
 
+    def _projector(self, config: ServeConfig) -> tuple[Vision, int]:
+        """The projector (--mmproj) loaded beside the model, and the positions one image takes; ModelLoadError
+        saying why it cannot serve."""
+        try:
+            vision = Vision(self.runner.model, config.mmproj, config.n_threads, use_gpu=self.runner.info.gpu_layers > 0)
+        except ProjectorError as e:
+            self.runner.close()
+            raise ModelLoadError(str(e)) from None
+        try:
+            return vision, vision.image_positions()
+        except ProjectorError as e:
+            vision.close()
+            self.runner.close()
+            raise ModelLoadError(f"{config.mmproj}: {e}") from None
+
     def add(self, req: Submit) -> SeqOutput | None:
         """Queue a request; the output that ends it at once if the engine refuses it."""
+        if req.images:  # images in the step come next (issue 48)
+            return SeqOutput(req.id, finish="error")
         try:
             sampler = self.sampler.new(req.sampling, req.prompt)
         except GrammarError:
@@ -403,4 +427,6 @@ class LLMEngine:
         if self.scheduler.cache is not None:  # what the streams hold goes to disk (--cache-dir)
             self.scheduler.cache.close(self.runner)
         self.embedder.close()
+        if self.vision is not None:
+            self.vision.close()
         self.runner.close()

@@ -33,6 +33,9 @@ from cllm.core.llama_log import capture, silence_mtmd_logs
 # The helper falls back to decoding as video with ffmpeg (a subprocess, on the client's bytes) when stb_image
 # cannot read them: pointing it at a folder with no ffmpeg in it makes that fallback fail at once.
 _NO_FFMPEG = b"/nonexistent/cllm-no-ffmpeg"
+# Made images whose positions are counted at load: a landscape and a portrait of other sizes than the tower's, so
+# that a projector whose count follows the image's size is caught.
+PROBE_SIZES = ((640, 480), (300, 900))
 
 
 class ProjectorError(RuntimeError):
@@ -109,6 +112,16 @@ def _chunk(ptr: int) -> Chunk:
     return Chunk(ptr, None, M.mtmd_input_chunk_get_id(ptr).decode(), M.mtmd_input_chunk_get_n_tokens(ptr), n_pos)
 
 
+def _identified(bitmap: int, format: str) -> Image:
+    """A decoded bitmap as an Image, its id set (the chunks mtmd makes of it carry the id)."""
+    width, height = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
+    address = ctypes.cast(M.mtmd_bitmap_get_data(bitmap), ctypes.c_void_p).value
+    rgb = (ctypes.c_uint8 * M.mtmd_bitmap_get_n_bytes(bitmap)).from_address(address)  # hashed in place, no copy
+    image_id = pixel_id(width, height, rgb)
+    M.mtmd_bitmap_set_id(bitmap, image_id.encode())
+    return Image(bitmap, image_id, width, height, format)
+
+
 def pixel_id(width: int, height: int, rgb) -> str:
     """An image's id: the SHA-256 of its size and RGB pixels (any buffer; SHA-256 so that no one can make two
     collide)."""
@@ -157,12 +170,26 @@ class Vision:
         bitmap = M.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(data), False, self._opt)
         if not bitmap:
             raise MalformedImage(f"the {info.format.upper()} image could not be decoded (corrupted?)")
-        width, height = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
-        address = ctypes.cast(M.mtmd_bitmap_get_data(bitmap), ctypes.c_void_p).value
-        rgb = (ctypes.c_uint8 * M.mtmd_bitmap_get_n_bytes(bitmap)).from_address(address)  # hashed in place, no copy
-        image_id = pixel_id(width, height, rgb)
-        M.mtmd_bitmap_set_id(bitmap, image_id.encode())
-        return Image(bitmap, image_id, width, height, info.format)
+        return _identified(bitmap, info.format)
+
+    def image_positions(self) -> int:
+        """Positions (KV cells) one image takes, its projector's begin/end text included, measured on made images
+        of two sizes; ProjectorError if the sizes take different counts (not supported yet)."""
+        counts = set()
+        for width, height in PROBE_SIZES:
+            rgb = (ctypes.c_uint8 * (width * height * 3))()
+            image = _identified(M.mtmd_bitmap_init(width, height, rgb), "rgb")
+            try:
+                with self.tokenize([image], add_special=False) as chunks:
+                    counts.add(chunks.n_pos)
+            finally:
+                image.close()
+        if len(counts) > 1:
+            raise ProjectorError(
+                f"the projector's images take {' or '.join(map(str, sorted(counts)))} positions depending on their "
+                "size: not supported yet"
+            )
+        return counts.pop()
 
     def tokenize(self, parts: Sequence[str | Image], add_special: bool = True, parse_special: bool = True) -> Chunks:
         """The prompt's chunks: each str part tokenized as text, each Image as its chunk."""

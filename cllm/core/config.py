@@ -69,6 +69,15 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "cache unless there, then served under that name; without `:QUANT`, Q4_K_M, else Q8_0, else the repo's first "
         "(docs/hub.md)", LISTEN, metavar="ORG/REPO[:QUANT]", flags=("-hf", "-hfr"),
     )] = None
+    mmproj: Annotated[str | None, setting(
+        "a vision projector GGUF for the model, as llama-server's `--mmproj`: chats may then hold images; a projector "
+        "whose positions an image takes depend on its size, or that needs M-RoPE, is refused for now "
+        "(docs/internals.md: Images)", LISTEN, metavar="FILE", per_model=True,
+    )] = None
+    mmproj_auto: Annotated[bool, setting(
+        "with a Hugging Face name (`-hf`), load the projector its repo has beside the model, as llama-server does; "
+        "`--no-mmproj` (or `--no-mmproj-auto`) serves text only", LISTEN, per_model=True,
+    )] = True
     offline: Annotated[bool, setting(
         "Hugging Face names (`--hf-repo`, `hf-repo:` entries, `--pulled`) come from the cache alone, as with "
         "`HF_HUB_OFFLINE=1`; one it lacks stops the server before it starts (docs/hub.md: Serving offline)", LISTEN,
@@ -348,6 +357,10 @@ def load_config(
         config.cache_dir = os.path.abspath(config.cache_dir)  # the engines find it wherever they run
     if config.slot_save_path is not None:
         config.slot_save_path = os.path.abspath(config.slot_save_path)
+    if config.mmproj is not None:
+        if not os.path.isfile(config.mmproj):
+            raise ConfigError(f"--mmproj {config.mmproj}: no such file")
+        config.mmproj = os.path.abspath(config.mmproj)  # the engines find it wherever they run
     if config.chat_template_file is not None:
         if not os.path.isfile(config.chat_template_file):
             raise ConfigError(f"--chat-template-file {config.chat_template_file}: no such file")

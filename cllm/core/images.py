@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 MAX_BYTES = 20 * 1024 * 1024  # what OpenAI and Anthropic take for one image
 MAX_PIXELS = 8192 * 8192  # 192 MiB once decoded to RGB
+# The most image bytes one request may carry, all its images together: what the request ring of an engine with a
+# projector has room for beside its text requests (cllm/core/launch.py); the frontend answers a 400 above it.
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 
 class ImageError(ValueError):

@@ -8,12 +8,19 @@ import sys
 import msgspec
 
 from cllm.core.config import ServeConfig
+from cllm.core.images import MAX_REQUEST_BYTES
 from cllm.core.registry import ModelSpec
 from cllm.core.ring import RingSpec
 
 REQUEST_RING_BYTES = 8 << 20  # holds hundreds of long prompts
 OUTPUT_RING_BYTES = 4 << 20  # holds thousands of steps
 EXIT_LOAD_FAILED = 3  # an engine that could not load its model: starting it again would not help
+
+
+def request_ring_bytes(config: ServeConfig) -> int:
+    """The request ring's size for an engine: with a projector, room for a request with the most image bytes
+    besides what a text-only engine's holds (a record must fit the ring whole)."""
+    return REQUEST_RING_BYTES + (MAX_REQUEST_BYTES + (1 << 20) if config.mmproj else 0)
 
 
 class EngineRings(msgspec.Struct, frozen=True):

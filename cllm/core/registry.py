@@ -40,11 +40,12 @@ class ModelSpec(msgspec.Struct, kw_only=True):
 class HubModels(Protocol):
     """What the registry asks of the Hugging Face hub and cache (cllm/hub/commands.py answers)."""
 
-    def resolve(self, name: str) -> tuple[str, str]:
-        """(the model's name, its local file) for `org/repo[:QUANT]`; ConfigError in one sentence if none."""
+    def resolve(self, name: str) -> tuple[str, str, str | None]:
+        """(the model's name, its local file, the projector beside it or None) for `org/repo[:QUANT]`; ConfigError in
+        one sentence if none."""
 
-    def listed(self) -> list[tuple[str, str]]:
-        """(name, file) of every model in the cache."""
+    def listed(self) -> list[tuple[str, str, str | None]]:
+        """(name, file, projector or None) of every model in the cache."""
 
 
 def hf_name(config: ServeConfig) -> str | None:
@@ -68,16 +69,18 @@ def is_pool(config: ServeConfig) -> bool:
 
 def build_registry(config: ServeConfig, hub: HubModels | None = None) -> list[ModelSpec]:
     """Every model, the default one first; ConfigError (or ModelFileError, or the hub's error) says what is wrong."""
-    base = msgspec.structs.replace(config, models=[], api_key=None)
+    # --mmproj is the one model's: a pool's other files are other models (an entry of `models:` may give its own)
+    base = msgspec.structs.replace(config, models=[], api_key=None, mmproj=None)
+    own = _split_threads(msgspec.structs.replace(base, mmproj=config.mmproj))
     specs: list[ModelSpec] = []
     if config.hf_repo is not None and config.model is not None:
         raise ConfigError("--model and --hf-repo both name the model to serve: give one")
     if (hub_name := hf_name(config)) is not None:
-        name, path = _hub(hub).resolve(hub_name)
-        specs.append(ModelSpec(id=name, path=resolve_model(path), config=_split_threads(base)))
+        name, path, mmproj = _hub(hub).resolve(hub_name)
+        specs.append(ModelSpec(id=name, path=resolve_model(path), config=_beside(own, mmproj)))
     elif config.model is not None or not is_pool(config):
         path = resolve_model(config.model)
-        specs.append(ModelSpec(id=_stem(path), path=path, config=_split_threads(base)))
+        specs.append(ModelSpec(id=_stem(path), path=path, config=own))
     if config.models_dir is not None:
         if not os.path.isdir(config.models_dir):
             raise ConfigError(f"--models-dir {config.models_dir} is not a directory")
@@ -87,9 +90,9 @@ def build_registry(config: ServeConfig, hub: HubModels | None = None) -> list[Mo
         specs.append(_entry(base, entry, hub))
     if config.pulled:
         taken = {n for s in specs for n in (s.id, *s.aliases)}
-        for name, path in _hub(hub).listed():
+        for name, path, mmproj in _hub(hub).listed():
             if name not in taken:
-                specs.append(ModelSpec(id=name, path=resolve_model(path), config=_split_threads(base)))
+                specs.append(ModelSpec(id=name, path=resolve_model(path), config=_beside(_split_threads(base), mmproj)))
     _check_names(specs)
     if config.default_model is not None:
         default = [s for s in specs if config.default_model in (s.id, *s.aliases)]
@@ -121,11 +124,24 @@ def _entry(base: ServeConfig, entry: ModelEntry, hub: HubModels | None) -> Model
     own = {f: getattr(entry, f) for f in PER_MODEL if getattr(entry, f) is not None}
     config = _split_threads(msgspec.structs.replace(base, **own))
     check_engine(config, f"model {entry.id or entry.hf_repo}: ")
+    if config.mmproj is not None:
+        if not os.path.isfile(config.mmproj):
+            raise ConfigError(f"model {entry.id or entry.hf_repo}: mmproj {config.mmproj}: no such file")
+        config = msgspec.structs.replace(config, mmproj=os.path.abspath(config.mmproj))
     if entry.hf_repo is not None:
-        name, path = _hub(hub).resolve(entry.hf_repo)
+        name, path, mmproj = _hub(hub).resolve(entry.hf_repo)
+        config = _beside(config, mmproj)
     else:
         name, path = str(entry.id), str(entry.path)
     return ModelSpec(id=entry.id or name, path=resolve_model(path), config=config, aliases=list(entry.aliases))
+
+
+def _beside(config: ServeConfig, mmproj: str | None) -> ServeConfig:
+    """A pulled model's settings with the projector its repo has beside it (llama-server's `-hf`), unless one is
+    given or --no-mmproj says text only."""
+    if mmproj is None or config.mmproj is not None or not config.mmproj_auto:
+        return config
+    return msgspec.structs.replace(config, mmproj=mmproj)
 
 
 def _split_threads(config: ServeConfig) -> ServeConfig:

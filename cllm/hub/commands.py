@@ -23,8 +23,9 @@ class HubModels:
     def __init__(self, offline: bool = False):
         self.hub = Hub(offline=True if offline else None)  # None: HF_HUB_OFFLINE decides
 
-    def resolve(self, name: str) -> tuple[str, str]:
-        """(the model's name, its local file): pulled unless cached, from the cache alone when offline."""
+    def resolve(self, name: str) -> tuple[str, str, str | None]:
+        """(the model's name, its local file, its projector if the repo has one): pulled unless cached, from the
+        cache alone when offline."""
         try:
             model = self.hub.pull(name)
         except ERRORS as e:
@@ -34,10 +35,10 @@ class HubModels:
                 f"cllm: pulled {model.name} ({_mib(model.fetched)} downloaded) into {self.hub.cache_dir}",
                 file=sys.stderr,
             )
-        return model.name, model.path
+        return model.name, model.path, model.mmproj
 
-    def listed(self) -> list[tuple[str, str]]:
-        return [(m.name, m.path) for m in listed(self.hub.cache_dir)]
+    def listed(self) -> list[tuple[str, str, str | None]]:
+        return [(m.name, m.path, m.mmproj) for m in listed(self.hub.cache_dir)]
 
 
 def pull(names: list[str]) -> int:

@@ -26,7 +26,7 @@ class Model:
     name: str  # org/repo:QUANT, the model's name in the registry
     path: str  # the model's file (a split model's first part: llama.cpp finds the others beside it)
     files: tuple[str, ...]  # every part
-    mmproj: str | None  # the repo's multimodal projector, kept for multimodal use
+    mmproj: str | None  # the repo's vision projector, served with the model (--mmproj-auto)
     fetched: int = 0  # bytes the pull that gave it downloaded
 
     @property

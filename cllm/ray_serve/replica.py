@@ -23,7 +23,7 @@ import threading
 
 from ray import serve
 
-from cllm.core.launch import OUTPUT_RING_BYTES, REQUEST_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly
+from cllm.core.launch import OUTPUT_RING_BYTES, EngineRings, Launch, ModelSlot, close_quietly, request_ring_bytes
 from cllm.core.prefix_router import PrefixMemory
 from cllm.core.protocol import EngineExited
 from cllm.core.registry import ModelSpec
@@ -42,7 +42,7 @@ class EngineReplica:
     async def __init__(self, spec: ModelSpec, api_key: str | None = None):  # type: ignore[misc]  # Ray awaits it
         self._spec = spec
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self._rings = (Ring.create(REQUEST_RING_BYTES), Ring.create(OUTPUT_RING_BYTES))
+        self._rings = (Ring.create(request_ring_bytes(spec.config)), Ring.create(OUTPUT_RING_BYTES))
         rings = EngineRings(*(ring.spec for ring in self._rings))
         self._engine_lifeline = os.pipe()
         # The frontend's lifeline (supervisor notices) and control pipe: this replica

@@ -19,14 +19,15 @@ class Hub:
             path.write_bytes(b"GGUF" + bytes(60))
             self.files[name] = str(path)
         self.asked = []
+        self.mmproj = {}  # name -> the projector its repo has beside it
 
     def resolve(self, name):
         self.asked.append(name)
         full = name if ":" in name else name + ":Q4_K_M"
-        return full, self.files[full]
+        return full, self.files[full], self.mmproj.get(full)
 
     def listed(self):
-        return list(self.files.items())
+        return [(name, path, self.mmproj.get(name)) for name, path in self.files.items()]
 
 
 def config(tmp_path, yaml: str):
@@ -85,3 +86,26 @@ def test_a_model_that_is_no_file_but_a_name_is_pulled_by_it(tmp_path, monkeypatc
     (tmp_path / "org" / "a-GGUF").write_bytes(b"GGUF" + bytes(60))
     (spec,) = build_registry(config(tmp_path, "model: org/a-GGUF\n"), hub)
     assert spec.path == str(tmp_path / "org" / "a-GGUF") and hub.asked == ["org/a-GGUF"]
+
+
+def test_a_pulled_model_takes_the_projector_beside_it_unless_told_otherwise(tmp_path):
+    hub = Hub(tmp_path, ["org/v-GGUF:Q4_K_M", "org/t-GGUF:Q8_0"])
+    beside, own = tmp_path / "mmproj-v.gguf", tmp_path / "own-mmproj.gguf"
+    for f in (beside, own):
+        f.write_bytes(b"GGUF" + bytes(60))
+    hub.mmproj["org/v-GGUF:Q4_K_M"] = str(beside)
+    (spec,) = build_registry(config(tmp_path, "hf-repo: org/v-GGUF\n"), hub)
+    assert spec.config.mmproj == str(beside)
+    (spec,) = build_registry(config(tmp_path, "hf-repo: org/v-GGUF\nmmproj-auto: false\n"), hub)
+    assert spec.config.mmproj is None
+    (spec,) = build_registry(config(tmp_path, f"hf-repo: org/v-GGUF\nmmproj: {own}\n"), hub)
+    assert spec.config.mmproj == str(own)
+    # --mmproj is the one model's; a pool's other models take their own repo's, if any
+    specs = build_registry(config(tmp_path, f"hf-repo: org/v-GGUF\nmmproj: {own}\npulled: true\n"), hub)
+    assert [(s.id, s.config.mmproj) for s in specs] == [("org/v-GGUF:Q4_K_M", str(own)), ("org/t-GGUF:Q8_0", None)]
+    specs = build_registry(
+        config(tmp_path, "models:\n  - {hf-repo: org/v-GGUF}\n  - {hf-repo: 'org/t-GGUF:Q8_0'}\n"), hub
+    )
+    assert [s.config.mmproj for s in specs] == [str(beside), None]
+    with pytest.raises(ConfigError, match="--mmproj .*nothing.gguf: no such file"):
+        config(tmp_path, "mmproj: nothing.gguf\n")
