@@ -247,6 +247,14 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     request_timeout: Annotated[float, setting(
         "seconds a request may take before it is cancelled with 408 (0: no limit)", REQUESTS, ge=0,
     )] = 600.0
+    # Off by default: a request's URL would make the server fetch from wherever it can reach (its own network too).
+    image_urls: Annotated[bool, setting(
+        "fetch images that requests give as http(s) URLs (at most 20 MiB, within `--image-url-timeout`); off, "
+        "such a request gets 400 and images come as data URIs or base64", REQUESTS,
+    )] = False
+    image_url_timeout: Annotated[float, setting(
+        "seconds fetching one image URL may take before the request gets 400", REQUESTS, gt=0,
+    )] = 10.0
     # The frontend gets the key in its environment, never in argv (which `ps` shows).
     api_key: Annotated[Annotated[str, Meta(min_length=1)] | None, setting(
         "require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but `/health` and the chat page; "

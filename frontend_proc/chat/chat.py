@@ -14,6 +14,7 @@ from __future__ import annotations
 import msgspec
 
 from cllm.core.errors import invalid
+from frontend_proc.chat import images
 from frontend_proc.chat.reasoning import HARMONY_TOKENS, is_harmony, splitter_factory
 from frontend_proc.chat.reply import Reply
 from frontend_proc.chat.request import ChatRequest, Fields
@@ -38,9 +39,12 @@ def tool_plan(req: ChatRequest, template: ChatTemplate, vocab) -> ToolPlan:
         raise invalid(str(e), e.param if e.index is None else req.fields.tool_schema.format(e.index)) from None
 
 
-def render(template: ChatTemplate, req: ChatRequest, tool_plan: ToolPlan) -> str:
-    """The prompt text: the messages with the template, the tools as the plan says."""
-    messages = req.messages
+def render(template: ChatTemplate, req: ChatRequest, tool_plan: ToolPlan, marker: str = images.SHOWN_MARKER) -> str:
+    """The prompt text: the messages with the template (marker where each image goes), the tools as the plan says."""
+    messages = [
+        {**m, "content": images.joined(m["content"], marker)} if isinstance(m.get("content"), list) else m
+        for m in req.messages
+    ]
     if not tool_plan.format.native:
         messages = generic_messages(messages, tool_plan.system_text, template.renders_tool_role)
     try:
@@ -50,10 +54,19 @@ def render(template: ChatTemplate, req: ChatRequest, tool_plan: ToolPlan) -> str
 
 
 class ChatPrompt:
-    """A rendered conversation: its tokens, and how to read the reply."""
+    """A rendered conversation: its tokens and images, and how to read the reply."""
 
-    def __init__(self, st: ModelState, text: str, tool_plan: ToolPlan):
-        self.tokens = st.tokenizer.encode(text)
+    def __init__(
+        self, st: ModelState, text: str, tool_plan: ToolPlan, marker: str = "", found: list[bytes] | None = None
+    ):
+        """marker, found: where the images' marker is in text, and their checked bytes."""
+        if found:
+            self.tokens, self.images = images.split(st.tokenizer.encode, text, marker, found)
+            text = text.replace(marker, "")  # the reasoning splitter reads the prompt's text
+        else:
+            self.tokens, self.images = st.tokenizer.encode(text), []
+        # The positions the prompt takes (what its usage counts): each image its projector's.
+        self.positions = len(self.tokens) + (len(self.images) * st.client.info.image_tokens if found else 0)
         self.tool_plan = tool_plan
         harmony = is_harmony(st.chat_template.source)
         self._new_splitter = (
@@ -68,9 +81,27 @@ class ChatPrompt:
         return Reply(self._new_splitter() if self._new_splitter is not None else None, self.tool_plan)
 
 
-def prompt(st: ModelState, req: ChatRequest) -> ChatPrompt:
+async def prompt(st: ModelState, req: ChatRequest) -> ChatPrompt:
+    """The request's prompt, with its images (image_bytes)."""
     tools = tool_plan(req, st.chat_template, st.tokenizer.vocab)
-    return ChatPrompt(st, render(st.chat_template, req, tools), tools)
+    parts = [p for m in req.messages if isinstance(m.get("content"), list) for p in m["content"]]
+    if not (found := [p for p in parts if isinstance(p, images.Image)]):
+        return ChatPrompt(st, render(st.chat_template, req, tools), tools)
+    data = await image_bytes(st, found)
+    marker = images.new_marker()
+    return ChatPrompt(st, render(st.chat_template, req, tools, marker), tools, marker, data)
+
+
+async def image_bytes(st: ModelState, found: list[images.Image]) -> list[bytes]:
+    """The images' bytes, fetched (where the operator allows URLs) and checked, each a 400 naming what is wrong
+    with it; a model that takes no images refuses them with a 400 naming --mmproj."""
+    data = [images.checked(await images.fetch(image, st.config)) for image in found]
+    if generation.engine_info(st).image_tokens == 0:
+        raise invalid(
+            "this model takes no images: start the server with --mmproj FILE (the model's multimodal projector)",
+            found[0].param,
+        )
+    return data
 
 
 async def start(st: ModelState, req: ChatRequest, chat: ChatPrompt) -> Generation:
@@ -90,6 +121,7 @@ async def start(st: ModelState, req: ChatRequest, chat: ChatPrompt) -> Generatio
         prompt_param=fields.messages,
         limit_param=fields.max_tokens,
         shown=chat.shown,
+        images=chat.images,
     )
 
 

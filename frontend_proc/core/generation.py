@@ -17,7 +17,7 @@ import msgspec
 from starlette.requests import Request
 
 from cllm.core.errors import ApiError
-from cllm.core.protocol import ModelInfo, SamplingParams
+from cllm.core.protocol import ImageInput, ModelInfo, SamplingParams
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Detokenizer
 from frontend_proc.engine.client import EngineClient, RequestStream, not_ready
@@ -44,15 +44,19 @@ async def start(
     prompt_param: str = "prompt",
     limit_param: str = "max_tokens",
     shown: frozenset[int] = frozenset(),
+    images: list[ImageInput] | None = None,
 ) -> Generation:
     """Check limits and submit n sequences per prompt (seed, seed+1, ... when seeded).
 
     limit_param: the door's name for max_tokens, as the client sent it. shown: control tokens written out in the
-    text (a tool-call opener).
+    text (a tool-call opener). images: the one prompt's (frontend_proc.chat.images), each taking image_tokens
+    positions.
     """
-    engine_info(st)
+    info = engine_info(st)
+    assert not images or len(prompts) == 1
+    image_positions = len(images) * info.image_tokens if images else 0
     sampling = st.client.limits.capped(sampling)
-    st.client.limits.check(prompts, sampling.max_tokens, n, prompt_param, limit_param)
+    st.client.limits.check(prompts, sampling.max_tokens, n, prompt_param, limit_param, image_positions)
     per_step = stream or bool(stops)  # stop strings are looked for as the text grows
     choices: list[Choice] = []
     try:
@@ -63,13 +67,13 @@ async def start(
                     if i == 0 or sampling.seed is None
                     else msgspec.structs.replace(sampling, seed=sampling.seed + i)
                 )
-                rs = await st.client.submit(prompt, params, per_step)
+                rs = await st.client.submit(prompt, params, per_step, images)
                 choices.append(Choice(len(choices), rs, st.client, st.tokenizer.detokenizer(shown), stops))
     except BaseException:
         for choice in choices:
             choice.abort()
         raise
-    gen = Generation(choices, sum(map(len, prompts)), n)
+    gen = Generation(choices, sum(map(len, prompts)) + image_positions, n)
     if (generations := watched.get()) is not None:
         generations.append(gen)
     return gen

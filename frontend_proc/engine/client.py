@@ -42,6 +42,7 @@ from cllm.core.protocol import (
     EngineStats,
     FromEngine,
     Hello,
+    ImageInput,
     ModelInfo,
     SamplingParams,
     SeqOutput,
@@ -293,14 +294,18 @@ class EngineClient:
         finally:
             self._slot_actions.pop(rid, None)
 
-    async def submit(self, prompt: list[int], sampling: SamplingParams, per_step: bool) -> RequestStream:
+    async def submit(
+        self, prompt: list[int], sampling: SamplingParams, per_step: bool, images: list[ImageInput] | None = None
+    ) -> RequestStream:
+        """images: the prompt's, each taking info.image_tokens positions (counted in the stream's prompt_tokens)."""
         self._check_room()
-        stream = RequestStream(next(self._ids), self, len(prompt), per_step, sampling)
+        positions = len(prompt) + (len(images) * self.info.image_tokens if images and self.info else 0)
+        stream = RequestStream(next(self._ids), self, positions, per_step, sampling)
         self._streams[stream.id] = stream
         if self._config.request_timeout:
             stream.timer = self._loop.call_later(self._config.request_timeout, self._time_out, stream)
         try:
-            if not await self._put(self._encode(Submit(stream.id, prompt, sampling, per_step)), stream):
+            if not await self._put(self._encode(Submit(stream.id, prompt, sampling, per_step, images or [])), stream):
                 raise stream.error or not_ready()
         except BaseException:
             self.abort(stream)

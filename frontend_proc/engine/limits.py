@@ -52,17 +52,25 @@ class Limits:
         return sampling if asked == sampling.max_tokens else msgspec.structs.replace(sampling, max_tokens=asked)
 
     def check(
-        self, prompts: list[list[int]], max_tokens: int, n: int, prompt_param: str, limit_param: str = "max_tokens"
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        n: int,
+        prompt_param: str,
+        limit_param: str = "max_tokens",
+        image_positions: int = 0,
     ) -> None:
-        """limit_param: the field the client set max_tokens with (num_predict, max_output_tokens...), for the 400."""
+        """limit_param: the field the client set max_tokens with (num_predict, max_output_tokens...), for the 400.
+        image_positions: what the (one) prompt's images take besides its tokens."""
         for prompt in prompts:
             if not prompt:
                 raise ApiError(400, "invalid request", "prompt is empty", param=prompt_param)
-            if len(prompt) > self.prompt_tokens:
+            if (length := len(prompt) + image_positions) > self.prompt_tokens:
+                images = f" (its images take {image_positions})" if image_positions else ""
                 raise ApiError(
                     400,
                     "prompt too long",
-                    f"the prompt is {len(prompt)} tokens; this server takes at most {self.prompt_tokens}",
+                    f"the prompt is {length} tokens{images}; this server takes at most {self.prompt_tokens}",
                     param=prompt_param,
                     code="context_length_exceeded",
                 )
