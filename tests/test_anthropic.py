@@ -157,7 +157,7 @@ def test_bad_requests_raise_the_sdk_errors(claude):
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
     assert "temperature" in e.value.body["error"]["message"]
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
-    with pytest.raises(anthropic.BadRequestError, match="image input is not supported"):
+    with pytest.raises(anthropic.BadRequestError, match="the PNG is truncated"):  # a PNG's signature alone
         claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": [image]}])
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         claude.messages.create(model=MODEL, max_tokens=10**7, messages=QUESTION)

@@ -347,7 +347,6 @@ def test_infill_builds_llama_servers_prompt_and_generates(fim_server):
 # Keys llama-server has that cLLM leaves out on purpose (docs/llama-server-api.md says why).
 ONLY_LLAMA_SERVER = {
     "props": {
-        "media_marker",
         "ui",
         "ui_settings",
         "chat_template_caps",

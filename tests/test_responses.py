@@ -167,9 +167,9 @@ def test_json_schema_output(oai):
 
 def test_bad_requests(oai):
     image = {"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}
-    with pytest.raises(openai.BadRequestError, match="image input is not supported") as e:
+    with pytest.raises(openai.BadRequestError, match="not an image") as e:  # 3 bytes
         greedy(oai, input=[image])
-    assert e.value.body["param"] == "input[0].content[0]"
+    assert e.value.body["param"] == "input[0].content[0].image_url"
     with pytest.raises(openai.BadRequestError, match="not supported"):
         greedy(oai, input=[{"type": "web_search_call", "id": "x"}])
     with pytest.raises(openai.BadRequestError, match="unsupported JSON schema") as e:

@@ -14,8 +14,9 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError
+from cllm.core.errors import invalid
 from frontend_proc.chat import chat
+from frontend_proc.chat.images import Image, from_base64, from_url
 from frontend_proc.chat.reply import CALL, CONTENT
 from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call
 from frontend_proc.chat.tools import Tool
@@ -45,44 +46,60 @@ _PATH = "/v1/messages"
 _FIELDS = Fields(output="output_config.format", tool_schema="tools[{}]")
 
 
-def _refuse(block: ImageBlock | DocumentBlock, param: str) -> ApiError:
-    return not_text("image" if isinstance(block, ImageBlock) else "document", param)
+def _image(block: ImageBlock, param: str) -> Image:
+    """An image block's source: base64 (with its media type) or a URL; a file id has nothing to read here."""
+    source, param = block.source, f"{param}.source"
+    kind = source.get("type")
+    if kind == "base64":
+        return from_base64(source.get("data"), f"{param}.data", source.get("media_type"))
+    if kind == "url" and isinstance(url := source.get("url"), str):
+        return from_url(url, f"{param}.url")
+    raise invalid(f"an image source of type {kind!r} cannot be read here: send base64 (or a url)", f"{param}.type")
 
 
-def _text(blocks: str | list, param: str) -> str:
-    """The text of a string or of text blocks; anything that is not text is refused."""
+def _content(blocks: str | list, param: str, joiner: str = "") -> str | list:
+    """A message's text (its text blocks joined with ``joiner``), or beside images the chat layer's list of texts
+    and images; thinking and tool blocks are left to the caller, documents refused."""
     if isinstance(blocks, str):
         return blocks
+    parts: list = []
     for i, block in enumerate(blocks):
-        if isinstance(block, (ImageBlock, DocumentBlock)):
-            raise _refuse(block, f"{param}[{i}]")
-    return "\n".join(b.text for b in blocks if isinstance(b, TextBlock))
+        if isinstance(block, TextBlock):
+            if parts and isinstance(parts[-1], str):
+                parts[-1] += joiner + block.text
+            else:
+                parts.append(block.text)
+        elif isinstance(block, ImageBlock):
+            parts.append(_image(block, f"{param}[{i}]"))
+        elif isinstance(block, DocumentBlock):
+            raise not_text("document", f"{param}[{i}]")
+    if all(isinstance(p, str) for p in parts):
+        return "".join(parts)
+    return parts
 
 
 def template_messages(body: CountTokensRequest) -> list[dict]:
     """Anthropic's conversation as chat-template messages (tool_use as tool_calls, tool_result as tool messages)."""
     out: list[dict] = []
     if body.system:
-        out.append({"role": "system", "content": _text(body.system, "system")})
+        system = body.system
+        out.append({"role": "system", "content": system if isinstance(system, str) else _content(system, "", "\n")})
     for i, message in enumerate(body.messages):
         param = f"messages[{i}].content"
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
             continue
-        texts, calls = [], []
+        calls = []
         for j, block in enumerate(message.content):
-            if isinstance(block, TextBlock):
-                texts.append(block.text)
-            elif isinstance(block, (ImageBlock, DocumentBlock)):
-                raise _refuse(block, f"{param}[{j}]")
-            elif isinstance(block, ToolUseBlock):
+            if isinstance(block, ToolUseBlock):
                 calls.append(template_call(block.id, block.name, block.input))
             elif isinstance(block, ToolResultBlock):
-                content = _text(block.content, f"{param}[{j}].content")
+                content = _content(block.content, f"{param}[{j}].content", "\n")
                 out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
             # thinking blocks of earlier turns are not sent back to the model, as Anthropic's own API does
-        if texts or calls or not message.content:
-            entry = {"role": message.role, "content": "".join(texts)}
+        content = _content(message.content, param)
+        if content or calls or not message.content:
+            entry = {"role": message.role, "content": content}
             if calls:
                 entry["tool_calls"] = calls
             out.append(entry)
@@ -115,7 +132,7 @@ async def messages(request: Request) -> Response:
     st = await model_state(request, body.model)
     req = chat_request(body, body.max_tokens)
     req.stops, req.stream = body.stop_sequences or (), body.stream
-    prompt = chat.prompt(st, req)
+    prompt = await chat.prompt(st, req)
     gen = await chat.start(st, req, prompt)
     if body.stream:
         return lifecycle.stream(gen, Stream(gen, prompt.reply(), st.model_id))
@@ -136,9 +153,8 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     body = await decode_body(request, CountTokensRequest)
-    return json_response(
-        {"input_tokens": len(chat.prompt(await model_state(request, body.model), chat_request(body)).tokens)}
-    )
+    prompt = await chat.prompt(await model_state(request, body.model), chat_request(body))
+    return json_response({"input_tokens": prompt.positions})
 
 
 operations = [

@@ -7,7 +7,7 @@ the output (`metadata`, `service_tier`, `cache_control`, `context_management`,
 `top_k`, which newer SDKs no longer send, are read when given. Content blocks carry more keys than are read here
 (`cache_control`, `citations`): those are ignored, so a conversation can be
 sent back as the SDK or Claude Code keeps it. Image and document blocks are
-decoded only to be refused with a clear message.
+decoded for the chat layer (images) or refused with a clear message (documents).
 
 What real clients send beyond the docs is taken as the API means it, once
 decoded (__post_init__): Claude Code's system-role messages inside `messages`

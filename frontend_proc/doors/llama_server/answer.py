@@ -127,14 +127,14 @@ class Answer:
             "stop": True,
             "model": self.st.model_id,
             "tokens_predicted": choice.n_tokens,
-            "tokens_evaluated": len(prompt),
+            "tokens_evaluated": rs.prompt_tokens,  # an image's positions counted
             "generation_settings": self.settings,
             "prompt": self.st.tokenizer.decode(prompt).decode(errors="replace"),
             "has_new_line": "\n" in text if new_line is None else new_line,
             "truncated": False,
             "stop_type": stop_type(choice),
             "stopping_word": choice.stop_string or "",
-            "tokens_cached": len(prompt) + choice.n_tokens,
+            "tokens_cached": rs.prompt_tokens + choice.n_tokens,
             "timings": timings(choice),
         }
         if body.probs and not streamed:
@@ -149,7 +149,7 @@ class Answer:
             "stop": False,
             "id_slot": -1,
             "tokens_predicted": end,
-            "tokens_evaluated": len(self.prompts[choice.index // self.n]),
+            "tokens_evaluated": choice.stream.prompt_tokens,
         }
         if self.body.probs and end > start:
             chunk["completion_probabilities"] = probabilities(self.st, choice, start, end)

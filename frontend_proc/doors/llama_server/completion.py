@@ -21,7 +21,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError, invalid
-from cllm.core.protocol import SamplingParams
+from cllm.core.protocol import ImageInput, SamplingParams
+from frontend_proc.chat import chat
+from frontend_proc.chat.images import SHOWN_MARKER, from_base64, split
 from frontend_proc.core import generation
 from frontend_proc.core.output import GrammarOutput, JsonOutput, grammar_for
 from frontend_proc.core.sampling import REST
@@ -29,7 +31,7 @@ from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import fim_tokens
 from frontend_proc.doors.llama_server.answer import Answer, Stream, nothing, settings
 from frontend_proc.doors.llama_server.infill import infill_prompt, missing_fim
-from frontend_proc.doors.llama_server.schemas import CompletionBody, CompletionFields, InfillBody
+from frontend_proc.doors.llama_server.schemas import CompletionBody, CompletionFields, InfillBody, MultimodalPrompt
 from frontend_proc.http import lifecycle
 from frontend_proc.http.app import state
 from frontend_proc.http.body import decode_body
@@ -43,9 +45,23 @@ _ID = re.compile(r"-?[0-9]+")  # a token id written as an object key
 # ---- the request in cLLM's terms ---------------------------------------------
 
 
-def prompts_of(st: ModelState, prompt) -> list[list[int]]:
+async def prompts_of(st: ModelState, prompt) -> tuple[list[list[int]], list[ImageInput]]:
     """Token lists as llama-server reads `prompt`: an array holding a number is one prompt (ids and text mixed),
-    any other array is a list of prompts."""
+    any other array is a list of prompts; a multimodal prompt's images, with its tokens (the only prompt)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], MultimodalPrompt):
+        prompt = prompt[0]
+    if isinstance(prompt, MultimodalPrompt):
+        param = "prompt.multimodal_data"
+        found = [from_base64(data, f"{param}[{i}]") for i, data in enumerate(prompt.multimodal_data)]
+        if not found:
+            return [st.tokenizer.encode(prompt.prompt_string)], []
+        data = await chat.image_bytes(st, found)
+        tokens, inputs = split(st.tokenizer.encode, prompt.prompt_string, SHOWN_MARKER, data, "prompt.prompt_string")
+        return [tokens], inputs
+    return plain_prompts(st, prompt), []
+
+
+def plain_prompts(st: ModelState, prompt) -> list[list[int]]:
     if isinstance(prompt, list) and not any(type(p) is int for p in prompt):
         if not prompt:
             raise invalid("prompt must not be empty", "prompt")
@@ -67,7 +83,7 @@ def mixed(st: ModelState, prompt, param: str, add_special: bool = True, parse_sp
                 raise invalid(f"token {part} is outside the vocabulary (0..{tokenizer.n_vocab - 1})", param)
             tokens.append(part)
         else:
-            raise invalid("a prompt is a string, token ids, or a list mixing both", param)
+            raise invalid("a prompt is a string, token ids, a list mixing both, or one multimodal prompt", param)
     return tokens
 
 
@@ -142,7 +158,13 @@ def summary(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k not in ("stop", "logit_bias", "grammar")}
 
 
-async def answer(request: Request, st: ModelState, body: CompletionFields, prompts: list[list[int]]) -> Response:
+async def answer(
+    request: Request,
+    st: ModelState,
+    body: CompletionFields,
+    prompts: list[list[int]],
+    images: list[ImageInput] | None = None,
+) -> Response:
     params = sampling(st, body)
     if params.max_tokens == 0:  # llama-server evaluates the prompt into its cache; cLLM has nothing to give back
         results = nothing(st, body, params, prompts)
@@ -150,7 +172,14 @@ async def answer(request: Request, st: ModelState, body: CompletionFields, promp
             return sse_response(iter([b"".join(map(sse, results))]))
         return json_response(results[0] if len(results) == 1 else results)
     gen = await generation.start(
-        st, prompts, params, n=body.count, stops=body.stops, stream=body.stream, limit_param=body.predict_field
+        st,
+        prompts,
+        params,
+        n=body.count,
+        stops=body.stops,
+        stream=body.stream,
+        limit_param=body.predict_field,
+        images=images,
     )
     out = Answer(st, body, params, prompts, gen)
     if body.stream:
@@ -167,7 +196,7 @@ async def completion(request: Request) -> Response:
     body: Any = await decode_body(request, CompletionBody, near_misses=True)  # a Struct made by msgspec.defstruct
     st = state(request)
     generation.engine_info(st)
-    return await answer(request, st, body, prompts_of(st, body.prompt))
+    return await answer(request, st, body, *await prompts_of(st, body.prompt))
 
 
 def added_bos(vocab) -> int | None:

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError
+from frontend_proc.chat.images import SHOWN_MARKER
 from frontend_proc.core import generation
 from frontend_proc.doors.llama_server.completion import default_settings, settings, summary
 from frontend_proc.doors.llama_server.schemas import (
@@ -89,7 +90,8 @@ async def get_props(request: Request) -> Response:
             "model_alias": st.model_id,
             "model_ftype": info.quantization,
             "model_path": info.model_path,
-            "modalities": {"vision": False, "video": False, "audio": False},
+            "modalities": {"vision": info.image_tokens > 0, "video": False, "audio": False},
+            "media_marker": SHOWN_MARKER,  # where /completion's multimodal_data go in its prompt_string
             "endpoint_slots": True,
             "endpoint_props": False,
             "endpoint_metrics": True,

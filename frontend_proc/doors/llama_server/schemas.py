@@ -81,7 +81,17 @@ IGNORED = (
 )
 
 NProbs = Annotated[int, Meta(ge=0, le=20)]
-Prompt = str | list[int | str | list[int | str]]  # a string, token ids, a mix; or a list of those (one result each)
+
+
+class MultimodalPrompt(msgspec.Struct):
+    """A prompt with images: each `<__media__>` in the text is where the next image (base64) goes."""
+
+    prompt_string: str
+    multimodal_data: list[str] = []
+
+
+# A string, token ids, a mix, a multimodal prompt; or a list of those (one result each).
+Prompt = str | MultimodalPrompt | list[int | str | list[int | str] | MultimodalPrompt]
 
 
 class CompletionFields(Sampling, kw_only=True):

@@ -19,8 +19,9 @@ from starlette.responses import Response
 from cllm.core.errors import invalid
 from cllm.core.protocol import SamplingParams
 from frontend_proc.chat import chat
+from frontend_proc.chat.images import from_base64
 from frontend_proc.chat.reply import CONTENT, REASONING, join
-from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call, tool
+from frontend_proc.chat.request import ChatRequest, Fields, template_call, tool
 from frontend_proc.core import generation
 from frontend_proc.core.models import Model
 from frontend_proc.core.output import JsonOutput
@@ -63,9 +64,7 @@ def _messages(messages: list[Message]) -> list[dict]:
     out, calls = [], 0
     names: dict[str, str] = {}  # a tool's name -> the id of its latest call, for the tool message that answers it
     for i, m in enumerate(messages):
-        if m.images:
-            raise not_text("image", f"messages[{i}].images")
-        entry: dict = {"role": m.role, "content": m.content}
+        entry: dict = {"role": m.role, "content": _with_images(m.content, m.images, f"messages[{i}].images")}
         if m.tool_calls:
             entry["tool_calls"] = []
             for call in m.tool_calls:
@@ -79,6 +78,13 @@ def _messages(messages: list[Message]) -> list[dict]:
                 entry["name"] = m.tool_name
         out.append(entry)
     return out
+
+
+def _with_images(text: str, images: list[str] | None, param: str) -> str | list:
+    """A message's text, its images (base64) before it as Ollama places them."""
+    if not images:
+        return text
+    return [*(from_base64(image, f"{param}[{i}]") for i, image in enumerate(images)), text]
 
 
 def _thinking(think) -> tuple[bool | None, str | None]:
@@ -102,7 +108,7 @@ def _request(body: ChatBody | GenerateBody, messages: list[dict], st: ModelState
     )
 
 
-def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest) -> chat.ChatPrompt:
+async def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest) -> chat.ChatPrompt:
     """The prompt of /api/generate: the chat template around it, or (raw, suffix) its text as it is."""
     if body.template:
         raise invalid(
@@ -111,7 +117,9 @@ def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest) -> ch
             "template",
         )
     if body.suffix is None and not body.raw:
-        return chat.prompt(st, req)
+        return await chat.prompt(st, req)
+    if body.images:
+        raise invalid("images need the chat template: a raw or suffix prompt has no place marked for them", "images")
     if body.system:
         raise invalid("system cannot be combined with raw or suffix: the prompt is sent as it is", "system")
     text = body.prompt
@@ -167,23 +175,21 @@ async def chat_route(request: Request) -> Response:
     st, load_ns = await loaded_state(request, model, keep)
     tools = [tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()]
     req = _request(body, _messages(body.messages), st, tools)
-    return await _respond(request, body, st, req, chat.prompt(st, req), model, keep, t0, load_ns)
+    return await _respond(request, body, st, req, await chat.prompt(st, req), model, keep, t0, load_ns)
 
 
 async def generate(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     body = await decode_body(request, GenerateBody)
-    if body.images:
-        raise not_text("image", "images")
     model, keep = find(request, body.model), keep_alive(body.keep_alive)
     if not body.prompt and body.suffix is None:
         return await load_only(request, model, keep, body.model, False)
     st, load_ns = await loaded_state(request, model, keep)
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
-        {"role": "user", "content": body.prompt}
+        {"role": "user", "content": _with_images(body.prompt, body.images, "images")}
     ]
     req = _request(body, messages, st)
-    return await _respond(request, body, st, req, _generate_prompt(body, st, req), model, keep, t0, load_ns)
+    return await _respond(request, body, st, req, await _generate_prompt(body, st, req), model, keep, t0, load_ns)
 
 
 operations = [

@@ -114,7 +114,7 @@ async def chat_completions(request: Request) -> Response:
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     req = chat_request(body)
-    prompt = chat.prompt(st, req)
+    prompt = await chat.prompt(st, req)
     gen = await chat.start(st, req, prompt)
     head = response_head(gen, "chatcmpl", "chat.completion.chunk" if body.stream else "chat.completion", st)
     replies = [prompt.reply() for _ in gen.choices]

@@ -21,6 +21,7 @@ import msgspec
 from msgspec import Meta
 
 from cllm.core.protocol import SamplingParams
+from frontend_proc.chat.images import from_url
 from frontend_proc.chat.request import template_call
 from frontend_proc.core.sampling import Sampling
 
@@ -97,9 +98,17 @@ class CompletionRequest(OpenAIRequest, kw_only=True):
     best_of: Annotated[int, Meta(ge=1)] | None = None
 
 
-class TextPart(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["text"]
+class TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
     text: str
+
+
+class ImageUrl(msgspec.Struct):
+    url: str  # a data URI, or an http(s) URL the server fetches only when the operator allows it
+    detail: str | None = None  # the image is read whole: ignored
+
+
+class ImageUrlPart(msgspec.Struct, tag="image_url", tag_field="type"):
+    image_url: ImageUrl
 
 
 class MessageError(ValueError):
@@ -124,7 +133,7 @@ class MessageToolCall(msgspec.Struct):
 
 class Message(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None  # null or absent only beside tool_calls
+    content: str | list[TextPart | ImageUrlPart] | None = None  # null or absent only beside tool_calls
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # assistant
     tool_call_id: str | None = None  # tool: the call it answers
@@ -134,9 +143,9 @@ class Message(msgspec.Struct):
 
         MessageError for a message that lacks what its role needs.
         """
-        content = self.content
+        content: str | list | None = self.content
         if isinstance(content, list):
-            content = "\n".join(p.text for p in content)
+            content = parts(content, f"messages[{index}].content")
         if content is None and not self.tool_calls:
             raise MessageError(
                 "content is required (it may be null only beside tool_calls)", f"messages[{index}].content"
@@ -155,6 +164,16 @@ class Message(msgspec.Struct):
                 )
             message["tool_call_id"] = self.tool_call_id
         return message
+
+
+def parts(content: list[TextPart | ImageUrlPart], param: str) -> str | list:
+    """Text parts as one text; beside images, the chat layer's list of texts and images."""
+    if all(isinstance(p, TextPart) for p in content):
+        return "\n".join(p.text for p in content if isinstance(p, TextPart))
+    return [
+        p.text if isinstance(p, TextPart) else from_url(p.image_url.url, f"{param}[{i}].image_url.url")
+        for i, p in enumerate(content)
+    ]
 
 
 class FunctionDef(msgspec.Struct, forbid_unknown_fields=True):

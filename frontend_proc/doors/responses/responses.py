@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from cllm.core.errors import ApiError, invalid
 from frontend_proc.chat import chat
+from frontend_proc.chat.images import Image, from_url
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, join
 from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call, tool
 from frontend_proc.core.output import JsonOutput
@@ -46,13 +47,29 @@ from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
 _FIELDS = Fields(messages="input", output="text.format", tool_schema="tools[{}]", max_tokens="max_output_tokens")
 
 
-def _text(content: str | list, param: str) -> str:
+def _image(part: InputImage, param: str) -> Image:
+    if part.image_url is not None:
+        return from_url(part.image_url, f"{param}.image_url")
+    if part.file_id is not None:
+        raise invalid("this server has no Files API: send the image as image_url (a data URI)", f"{param}.file_id")
+    raise invalid("an input_image needs image_url (a data URI)", f"{param}.image_url")
+
+
+def _text(content: str | list, param: str) -> str | list:
+    """The parts' text, or beside images the chat layer's list of texts and images."""
     if isinstance(content, str):
         return content
+    parts: list = []
     for i, part in enumerate(content):
-        if isinstance(part, (InputImage, InputFile)):
-            raise not_text("image" if isinstance(part, InputImage) else "file", f"{param}[{i}]")
-    return "".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
+        if isinstance(part, InputFile):
+            raise not_text("file", f"{param}[{i}]")
+        if isinstance(part, InputImage):
+            parts.append(_image(part, f"{param}[{i}]"))
+        elif parts and isinstance(parts[-1], str):
+            parts[-1] += part.refusal if isinstance(part, Refusal) else part.text
+        else:
+            parts.append(part.refusal if isinstance(part, Refusal) else part.text)
+    return "".join(parts) if all(isinstance(p, str) for p in parts) else parts
 
 
 def input_messages(input_: str | list) -> list[dict]:
@@ -117,7 +134,7 @@ async def create(request: Request) -> Response:
     if not conversation:
         raise invalid("input is empty", "input")
     req = chat_request(body, conversation)
-    prompt = chat.prompt(st, req)
+    prompt = await chat.prompt(st, req)
     gen = await chat.start(st, req, prompt)
     response = response_object(f"resp_{secrets.token_hex(12)}", body, st.model_id)
     if body.stream:

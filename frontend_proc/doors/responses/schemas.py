@@ -34,7 +34,8 @@ class OutputText(msgspec.Struct, tag="output_text", tag_field="type"):
 
 
 class InputImage(msgspec.Struct, tag="input_image", tag_field="type"):
-    pass
+    image_url: str | None = None  # a data URI, or an http(s) URL fetched only where the operator allows it
+    file_id: str | None = None  # of OpenAI's Files API, which this server has not
 
 
 class InputFile(msgspec.Struct, tag="input_file", tag_field="type"):

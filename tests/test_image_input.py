@@ -1,0 +1,272 @@
+"""Images through every chat door on a server without a projector: each malformed image gets a 400 naming what is
+wrong with it (and the field it came in), a good one a 400 naming --mmproj, a URL a 400 unless the operator lets
+the server fetch it (then bounded in size and time); the server keeps serving text throughout.
+
+The answers with a projector (each door's real client, the counts against llama-server's, the prefix cache) are
+tests/test_vision_doors.py's.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from perf import image_files
+from tests.conftest import Server, start_server
+
+OLLAMA_NAME = "SmolLM2-135M-Instruct.Q4_1:latest"
+PNG = image_files.png(image_files.picture(64, 48))
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def data_uri(data: bytes, kind: str = "image/png") -> str:
+    return f"data:{kind};base64,{b64(data)}"
+
+
+# Each door's request with one image given as its wire format carries it: (path, body, the image's field).
+Request = tuple[str, dict, str]
+
+
+def openai_chat(url: str) -> Request:
+    content = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 4}
+    return "/v1/chat/completions", body, "messages[0].content[1].image_url.url"
+
+
+def anthropic_source(source: dict, in_tool_result: bool = False) -> Request:
+    image = {"type": "image", "source": source}
+    param = "messages[0].content[1].source"
+    if in_tool_result:
+        call = {"type": "tool_use", "id": "toolu_1", "name": "look", "input": {}}
+        messages = [
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [image]}]},
+        ]
+        param = "messages[1].content[0].content[0].source"
+    else:
+        messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]
+    return "/v1/messages", {"model": "m", "max_tokens": 4, "messages": messages}, param
+
+
+def responses_input(part: dict) -> Request:
+    content = [{"type": "input_text", "text": "What is this?"}, {"type": "input_image", "detail": "auto", **part}]
+    body = {"input": [{"role": "user", "content": content}], "max_output_tokens": 4}
+    return "/v1/responses", body, "input[0].content[1]"
+
+
+def ollama_chat(image: str) -> Request:
+    body = {"model": OLLAMA_NAME, "messages": [{"role": "user", "content": "What is this?", "images": [image]}]}
+    return "/api/chat", {**body, "stream": False, "options": {"num_predict": 4}}, "messages[0].images[0]"
+
+
+def ollama_generate(image: str, **more) -> Request:
+    body = {"model": OLLAMA_NAME, "prompt": "What is this?", "images": [image], "stream": False, **more}
+    return "/api/generate", {**body, "options": {"num_predict": 4}}, "images[0]"
+
+
+def llama_completion(image: str, text: str = "What is <__media__> this?") -> Request:
+    body = {"prompt": {"prompt_string": text, "multimodal_data": [image]}, "n_predict": 4}
+    return "/completion", body, "prompt.multimodal_data[0]"
+
+
+def base64_source(data: bytes, media_type: str = "image/png") -> dict:
+    return {"type": "base64", "media_type": media_type, "data": b64(data)}
+
+
+def url_source(url: str) -> dict:
+    return {"type": "url", "url": url}
+
+
+# door -> a request carrying the image's bytes
+BY_BYTES: dict[str, Callable[[bytes], Request]] = {
+    "openai": lambda data: openai_chat(data_uri(data)),
+    "anthropic": lambda data: anthropic_source(base64_source(data)),
+    "anthropic tool_result": lambda data: anthropic_source(base64_source(data), in_tool_result=True),
+    "responses": lambda data: responses_input({"image_url": data_uri(data)}),
+    "ollama chat": lambda data: ollama_chat(b64(data)),
+    "ollama generate": lambda data: ollama_generate(b64(data)),
+    "llama-server completion": lambda data: llama_completion(b64(data)),
+}
+# door -> a request carrying a URL (data URI or http), where the door takes one
+BY_URL: dict[str, Callable[[str], Request]] = {
+    "openai": openai_chat,
+    "anthropic": lambda url: anthropic_source(url_source(url)),
+    "responses": lambda url: responses_input({"image_url": url}),
+}
+# door -> its own malformed images: (request, what the 400 says)
+MALFORMED: dict[str, list[tuple[Request, str]]] = {
+    "anthropic": [
+        (anthropic_source({"type": "base64", "media_type": "image/png", "data": "iVBOR!!"}), "not valid base64"),
+        (anthropic_source(base64_source(b"x", "text/plain")), "'text/plain' is not an image type"),
+        (anthropic_source({"type": "base64", "data": b64(b"x")}), "None is not an image type"),
+        (anthropic_source({"type": "base64", "media_type": "image/png", "data": 5}), "base64 string"),
+        (anthropic_source({"type": "file", "file_id": "file_1"}), "of type 'file' cannot be read"),
+    ],
+    "responses": [
+        (responses_input({"file_id": "file-1"}), "no Files API"),
+        (responses_input({}), "needs image_url"),
+    ],
+    "llama-server": [
+        (llama_completion("iVBOR!!w0K"), "not valid base64"),
+        (llama_completion(data_uri(PNG)), "not valid base64"),  # llama-server's multimodal_data are bare base64
+    ],
+    "ollama": [
+        (ollama_chat("iVBOR!!w0K"), "not valid base64"),
+        (ollama_chat(data_uri(PNG)), "not valid base64"),  # Ollama's images are bare base64
+        (ollama_generate("iVBOR"), "not valid base64"),
+        (ollama_generate(b64(PNG), raw=True)[:2] + ("images",), "raw or suffix prompt"),
+    ],
+}
+
+
+def ask(http: httpx.Client, request: tuple[str, dict, str]) -> tuple[httpx.Response, str]:
+    path, body, param = request
+    return http.post(path, json=body), param
+
+
+def assert_400(r: httpx.Response, *words: str) -> str:
+    assert r.status_code == 400, r.text
+    text = r.text
+    for word in words:
+        assert word in text, text
+    return text
+
+
+def still_serves(http: httpx.Client) -> None:
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+
+
+BAD_BYTES = {
+    "not an image": (b"hello, this is text", "not an image in a supported format"),
+    "webp": (b"RIFF\x10\x00\x00\x00WEBPVP8 " + bytes(8), "WebP images are not supported"),
+    "truncated png": (PNG[: len(PNG) // 2], "the PNG is truncated"),
+    "corrupted png": (PNG[:40] + bytes([PNG[40] ^ 1]) + PNG[41:], "the PNG is corrupted"),
+    "too many pixels": (image_files.png_raw(60000, 60000, b"x"), "over the limit of"),
+}
+
+
+@pytest.mark.parametrize("door", BY_BYTES)
+@pytest.mark.parametrize("case", BAD_BYTES)
+def test_bytes_that_are_not_an_acceptable_image_get_a_400_naming_why(http, door, case):
+    data, words = BAD_BYTES[case]
+    r, param = ask(http, BY_BYTES[door](data))
+    text = assert_400(r, words)
+    assert param in text
+    still_serves(http)
+
+
+BAD_URIS = {
+    "bad base64": ("data:image/png;base64,iVBOR!!w0K", "not valid base64"),
+    "not base64": ("data:image/png,rawbytes", "must be base64 encoded"),
+    "text media type": (data_uri(PNG, "text/plain"), "'text/plain' is not an image type"),
+    "no comma": ("data:image/png;base64", "no comma"),
+    "a file path": ("file:///etc/passwd", "data URI"),
+    "an ftp url": ("ftp://example.com/cat.png", "data URI"),
+}
+
+
+@pytest.mark.parametrize("door", BY_URL)
+@pytest.mark.parametrize("case", BAD_URIS)
+def test_a_malformed_data_uri_gets_a_400_naming_it(http, door, case):
+    uri, words = BAD_URIS[case]
+    r, param = ask(http, BY_URL[door](uri))
+    assert param in assert_400(r, words)
+    still_serves(http)
+
+
+@pytest.mark.parametrize("door, case", [(door, i) for door, cases in MALFORMED.items() for i in range(len(cases))])
+def test_each_doors_own_malformed_images_get_a_400_naming_them(http, door, case):
+    request, words = MALFORMED[door][case]
+    r, param = ask(http, request)
+    assert param in assert_400(r, words)
+    still_serves(http)
+
+
+@pytest.mark.parametrize("door", BY_BYTES)
+def test_a_good_image_to_a_model_without_a_projector_gets_a_400_naming_mmproj(http, door):
+    r, param = ask(http, BY_BYTES[door](PNG))
+    assert param in assert_400(r, "--mmproj", "takes no images")
+    still_serves(http)
+
+
+@pytest.mark.parametrize("door", BY_URL)
+def test_an_http_url_is_refused_unless_the_operator_allows_fetching(http, door):
+    r, param = ask(http, BY_URL[door]("http://127.0.0.1:9/cat.png"))
+    assert param in assert_400(r, "--image-urls", "data URI")
+    still_serves(http)
+
+
+# ---- fetching, where the operator allows it --------------------------------------------------------------------
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    """/png, /text, /big (over the byte limit), /slow (a byte a second), anything else 404."""
+
+    def do_GET(self):
+        if self.path == "/slow":
+            self.send_response(200)
+            self.end_headers()
+            for byte in PNG[:30]:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(1)
+            return
+        body = {"/png": PNG, "/text": b"plain text", "/big": b"\x89PNG\r\n\x1a\n" + bytes(20 * 1024 * 1024)}.get(
+            self.path
+        )
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server stopped reading at its limit
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def files() -> Iterator[str]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fetching() -> Iterator[Server]:
+    with start_server("--image-urls", "--image-url-timeout", "3") as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(
+    "path, words",
+    [
+        ("/png", ["--mmproj"]),  # fetched and checked: only then refused for the model
+        ("/text", ["not an image"]),
+        ("/missing", ["HTTP 404"]),
+        ("/big", ["over the limit of 20971520 bytes"]),
+        ("/slow", ["longer than 3 s"]),
+    ],
+)
+def test_fetched_urls_are_checked_and_bounded_in_size_and_time(fetching, files, path, words):
+    with fetching.client() as c:
+        t0 = time.monotonic()
+        r, param = ask(c, openai_chat(files + path))
+        assert param in assert_400(r, *words)
+        assert time.monotonic() - t0 < 10
+        still_serves(c)
