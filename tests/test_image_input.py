@@ -206,6 +206,9 @@ def test_an_http_url_is_refused_unless_the_operator_allows_fetching(http, door):
     still_serves(http)
 
 
+# A valid PNG of 17 MiB (under the 20 MiB an image may have; four are over the 64 MiB a request may carry).
+LARGE_PNG = image_files.png_raw(8, 8, bytes(17 * 1024 * 1024))
+
 # ---- fetching, where the operator allows it --------------------------------------------------------------------
 
 
@@ -224,6 +227,8 @@ class Files(http.server.BaseHTTPRequestHandler):
         body = {"/png": PNG, "/text": b"plain text", "/big": b"\x89PNG\r\n\x1a\n" + bytes(20 * 1024 * 1024)}.get(
             self.path
         )
+        if self.path == "/17mib":
+            body = LARGE_PNG
         if body is None:
             self.send_error(404)
             return
@@ -269,4 +274,13 @@ def test_fetched_urls_are_checked_and_bounded_in_size_and_time(fetching, files, 
         r, param = ask(c, openai_chat(files + path))
         assert param in assert_400(r, *words)
         assert time.monotonic() - t0 < 10
+        still_serves(c)
+
+
+def test_images_over_what_one_request_may_carry_get_a_400(fetching, files):
+    path, body, _ = openai_chat(files + "/17mib")
+    body["messages"][0]["content"] *= 4
+    with fetching.client() as c:
+        r = c.post(path, json=body)
+        assert_400(r, "the request's images are 71303", "over the limit of 67108864")
         still_serves(c)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import msgspec
 
 from cllm.core.errors import invalid
+from cllm.core.images import MAX_REQUEST_BYTES
 from frontend_proc.chat import images
 from frontend_proc.chat.reasoning import HARMONY_TOKENS, is_harmony, splitter_factory
 from frontend_proc.chat.reply import Reply
@@ -96,6 +97,8 @@ async def image_bytes(st: ModelState, found: list[images.Image]) -> list[bytes]:
     """The images' bytes, fetched (where the operator allows URLs) and checked, each a 400 naming what is wrong
     with it; a model that takes no images refuses them with a 400 naming --mmproj."""
     data = [images.checked(await images.fetch(image, st.config)) for image in found]
+    if (total := sum(map(len, data))) > MAX_REQUEST_BYTES:  # what the engine's request ring has room for
+        raise invalid(f"the request's images are {total} bytes, over the limit of {MAX_REQUEST_BYTES}", found[0].param)
     if generation.engine_info(st).image_tokens == 0:
         raise invalid(
             "this model takes no images: start the server with --mmproj FILE (the model's multimodal projector)",
