@@ -6,11 +6,13 @@ land in $ARTIFACTS_DIR (default tests/browser/artifacts/, ignored by git).
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
 import pytest
 
+from perf import image_files
 from tests.conftest import ROOT, start_server, wait_idle, wait_until
 
 playwright = pytest.importorskip("playwright.sync_api", reason="make test-browser installs playwright")
@@ -157,3 +159,38 @@ def test_api_key_field(browser):
             assert not page.is_visible("#notice")
         finally:
             page.close()
+
+
+# ---- images ------------------------------------------------------------------------------------------------------
+
+PNG = image_files.png(image_files.picture(64, 48, seed=5))
+
+
+def paste(page, data: bytes, kind: str = "image/png") -> None:
+    """A paste into the message box carrying one image file, as a browser fires it."""
+    page.evaluate(
+        """([bytes, kind]) => {
+            const dt = new DataTransfer();
+            dt.items.add(new File([new Uint8Array(bytes)], "pasted", { type: kind }));
+            document.querySelector("#input").dispatchEvent(new ClipboardEvent("paste", { clipboardData: dt }));
+        }""",
+        [list(data), kind],
+    )
+
+
+def test_an_attached_and_a_pasted_image_go_as_image_url_parts(page, tmp_path):
+    """On a server without a projector the images reach it (its 400 names --mmproj) and the page shows why."""
+    (tmp_path / "cat.png").write_bytes(PNG)
+    page.set_input_files("#file", str(tmp_path / "cat.png"))
+    paste(page, PNG)
+    until(page, "document.querySelectorAll('#attached img').length === 2")
+    page.click("#attached [data-remove='1']")  # the pasted one taken off again
+    until(page, "document.querySelectorAll('#attached img').length === 1")
+    send(page, "What is this?")
+    page.wait_for_selector(".msg.assistant .error", timeout=WAIT_MS)
+    assert "--mmproj" in page.inner_text(".msg.assistant .error")
+    assert page.locator(".msg.user img").count() == 1 and page.locator("#attached img").count() == 0
+    src = page.get_attribute(".msg.user img", "src")
+    assert src == "data:image/png;base64," + base64.b64encode(PNG).decode()
+    page.reload()  # the conversation, image and all, survives a reload
+    page.wait_for_selector(".msg.user img", timeout=WAIT_MS)
