@@ -213,7 +213,7 @@ LARGE_PNG = image_files.png_raw(8, 8, bytes(17 * 1024 * 1024))
 
 
 class Files(http.server.BaseHTTPRequestHandler):
-    """/png, /text, /big (over the byte limit), /slow (a byte a second), anything else 404."""
+    """/png, /text, /17mib, /endless (bytes until the reader stops), /slow (a byte a second), anything else 404."""
 
     def do_GET(self):
         if self.path == "/slow":
@@ -224,9 +224,16 @@ class Files(http.server.BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(1)
             return
-        body = {"/png": PNG, "/text": b"plain text", "/big": b"\x89PNG\r\n\x1a\n" + bytes(20 * 1024 * 1024)}.get(
-            self.path
-        )
+        if self.path == "/endless":  # a PNG's signature, then zeros until the reader hangs up
+            self.send_response(200)
+            self.end_headers()
+            try:
+                self.wfile.write(b"\x89PNG\r\n\x1a\n")
+                while True:
+                    self.wfile.write(bytes(1 << 20))
+            except (BrokenPipeError, ConnectionResetError):
+                return
+        body = {"/png": PNG, "/text": b"plain text"}.get(self.path)
         if self.path == "/17mib":
             body = LARGE_PNG
         if body is None:
@@ -264,7 +271,7 @@ def fetching() -> Iterator[Server]:
         ("/png", ["--mmproj"]),  # fetched and checked: only then refused for the model
         ("/text", ["not an image"]),
         ("/missing", ["HTTP 404"]),
-        ("/big", ["over the limit of 20971520 bytes"]),
+        ("/endless", ["over the limit of 20971520 bytes"]),  # read no further than the limit
         ("/slow", ["longer than 3 s"]),
     ],
 )
