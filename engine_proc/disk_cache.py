@@ -100,8 +100,8 @@ def identity(
 ) -> dict:
     """What a KV cell's bits depend on, besides the tokens before it, and what a saved stream fits into.
 
-    The model file (path, size, mtime), llama.cpp's build and this CPU's
-    features, the KV types, flash attention, where layers run, a sequence's
+    The model file (path, size, mtime) and the projector's, llama.cpp's build and
+    this CPU's features, the KV types, flash attention, where layers run, a sequence's
     cells; in exact mode also the batch shapes, which fix the prefill blocks.
     And the context's KV streams: llama_state_seq_set_data refuses a stream
     saved from a context with another count ("n_stream mismatch").
@@ -115,6 +115,9 @@ def identity(
     }
     if config.prefix_cache_exact:
         ident["batch"] = [token_budget, min(token_budget, 512)]
+    if config.mmproj:  # an image's cells: its positions' ids come from its pixels, its rows from the projector
+        st = os.stat(config.mmproj)
+        ident["mmproj"] = [os.path.realpath(config.mmproj), st.st_size, st.st_mtime_ns]
     return ident
 
 

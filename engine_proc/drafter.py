@@ -62,7 +62,7 @@ class Drafter:
         drafted: list[Chunk] = []
         for chunk in decode:
             seq = chunk.seq
-            if not seq.params.speculative or budget <= 0:
+            if not seq.params.speculative or seq.images or budget <= 0:  # an image's placeholders are no tokens
                 continue
             d = seq.drafting
             if d is None:

@@ -19,10 +19,11 @@ from cllm.core.protocol import Embed, Embeddings, EngineStats, ModelInfo, SeqOut
 from engine_proc.disk_cache import fingerprint, identity, open_disk_cache
 from engine_proc.drafter import Drafter
 from engine_proc.embedder import Embedder
+from engine_proc.encoder import Encoder, splice
 from engine_proc.model_runner import ModelLoadError, ModelRunner
 from engine_proc.sampler import GrammarError, Sampler, SeqSampler
 from engine_proc.scheduler import Scheduler
-from engine_proc.sequence import Chunk, Sequence
+from engine_proc.sequence import Chunk, ImageSpan, Sequence
 from engine_proc.slot_files import SlotFiles
 from engine_proc.step_timer import StepTimer
 from engine_proc.vision import ProjectorError, Vision
@@ -82,6 +83,7 @@ class LLMEngine:
         steady = config.steady_steps == "on" or (config.steady_steps == "auto" and self.runner.info.gpu_layers > 0)
         self.scheduler.steady = steady and self.drafter is None
         self.embedder = Embedder(self.runner)
+        self.encoder = Encoder(self.vision) if self.vision is not None else None
         self.info: ModelInfo = replace(
             self.runner.info,
             spec_type=config.spec_type,
@@ -119,16 +121,46 @@ class LLMEngine:
 
     def add(self, req: Submit) -> SeqOutput | None:
         """Queue a request; the output that ends it at once if the engine refuses it."""
-        if req.images:  # images in the step come next (issue 48)
-            return SeqOutput(req.id, finish="error")
+        if req.images:  # made ready in the encoder's thread first (see _images_ready)
+            # The frontend sends images only to an engine with a projector, in prompt order; prompt logprobs
+            # would score the placeholders of an image's positions.
+            ats = [i.at for i in req.images]
+            if (
+                self.encoder is None
+                or req.sampling.prompt_logprobs is not None
+                or ats != sorted(ats)
+                or not 0 <= ats[0] <= ats[-1] <= len(req.prompt)
+            ):
+                return SeqOutput(req.id, finish="error")
+            self.encoder.add(req)
+            return None
+        return self._queue(req, np.array(req.prompt, np.int32))
+
+    def _queue(self, req: Submit, prompt: np.ndarray, images: list[ImageSpan] | None = None) -> SeqOutput | None:
         try:
             sampler = self.sampler.new(req.sampling, req.prompt)
         except GrammarError:
             return SeqOutput(req.id, finish="error")
-        self.scheduler.add(
-            Sequence(req.id, np.array(req.prompt, np.int32), req.sampling, sampler, per_step=req.per_step)
-        )
+        seq = Sequence(req.id, prompt, req.sampling, sampler, per_step=req.per_step, images=images or [])
+        self.scheduler.add(seq)
         return None
+
+    def _images_ready(self, outputs: list[SeqOutput]) -> None:
+        """Queue the requests whose images the encoder made ready; end those it could not (a malformed image)."""
+        for req, pieces in self.encoder.take():
+            if isinstance(pieces, Exception):
+                outputs.append(SeqOutput(req.id, finish="error"))
+                continue
+            prompt, spans = splice(req.prompt, req.images, pieces, self.runner.n_vocab)
+            if len(prompt) >= self.runner.seq_ctx:  # the frontend counted image_tokens for each: not expected
+                outputs.append(SeqOutput(req.id, finish="error"))
+                continue
+            if (refused := self._queue(req, prompt, spans)) is not None:
+                outputs.append(refused)
+
+    def wake_fds(self) -> tuple[int, ...]:
+        """What the idle engine waits on besides requests: the encoder's signal that images are ready."""
+        return (self.encoder.armed(),) if self.encoder is not None else ()
 
     def embed(self, req: Embed) -> None:
         self.embedder.add(req)
@@ -136,15 +168,23 @@ class LLMEngine:
     def abort(self, ids: list[int]) -> None:
         self._release(self.scheduler.remove(set(ids)))
         self.embedder.abort(set(ids))
+        if self.encoder is not None:
+            self.encoder.abort(set(ids))
 
     def drop_all(self) -> None:
         self.slots.pending.clear()
         self.abort(
-            [s.id for s in (*self.scheduler.running, *self.scheduler.waiting)] + [j.id for j in self.embedder.jobs]
+            [s.id for s in (*self.scheduler.running, *self.scheduler.waiting)]
+            + [j.id for j in self.embedder.jobs]
+            + list(self.encoder.pending if self.encoder is not None else ())
         )
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self.embedder.jobs)
+        """Sequences or embeddings to step, or requests whose images are ready; images still being encoded are not
+        (the idle engine waits for them on wake_fds)."""
+        return (
+            self.scheduler.has_work() or bool(self.embedder.jobs) or (self.encoder is not None and self.encoder.ready())
+        )
 
     def step(self) -> Iterator[StepResult]:
         """Schedule, run, postprocess: one step. Yields a result for each group of streamed prompts'
@@ -153,6 +193,9 @@ class LLMEngine:
         if timer:
             timer.start()
         t0 = time.perf_counter()
+        outputs: list[SeqOutput] = []
+        if self.encoder is not None and self.encoder.pending:
+            self._images_ready(outputs)
         step = self.scheduler.schedule()
         # Drafts only in steps without prompt work: those are compute-bound already.
         drafting = self.drafter is not None and bool(step.decode) and not step.prefill
@@ -160,7 +203,7 @@ class LLMEngine:
             self.drafter.draft(step.decode, self.runner.token_budget - len(step.decode))
         if timer:
             timer.lap("schedule")
-        outputs: list[SeqOutput] = []
+        refused = bool(outputs)
         done: list[Sequence] = []
         steady = self.scheduler.steady
         parked = 0  # sequences that finished in a steady decode
@@ -210,7 +253,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         streams = any(c.seq.per_step for c in step.decode)
         wake = (
-            bool(done or parked)
+            bool(done or parked or refused)
             or any(c.samples for c in step.prefill)
             or (streams and 2 * t1 - t0 - self._woke >= self.stream_interval)
         )
@@ -255,8 +298,10 @@ class LLMEngine:
         if not chunks:
             return [], []
         by_slot = lambda c: c.seq.slot  # noqa: E731
-        alone = [[c] for c in chunks if self.scheduler.exact or c.scores]
-        shared = [c for c in chunks if not (self.scheduler.exact or c.scores)]
+        # An image's rows are a llama_decode of their own (a batch holds tokens or embeddings), after the text
+        # before them: the scheduler ends a sequence's chunks of a step with its image's.
+        alone = [[c] for c in chunks if self.scheduler.exact or c.scores or c.image is not None]
+        shared = [c for c in chunks if not (self.scheduler.exact or c.scores or c.image is not None)]
         first: list[list[Chunk]] = []
         starting = sorted((c for c in shared if c.samples and c.seq.per_step), key=lambda c: c.end - c.start)
         shared = [c for c in shared if not (c.samples and c.seq.per_step)]
@@ -281,10 +326,16 @@ class LLMEngine:
             for c in chunks:
                 if c.samples:
                     self.sampler.attach(c.seq.sampler, c.seq.slot)
-        rows = self.runner.fill(chunks, plain)
-        if timer:
-            timer.lap("batch")
-        self.runner.decode()
+        if chunks[0].image is not None:  # alone in its call (see _prefill_runs)
+            c = chunks[0]
+            rows: list[int | None] = [-1 if c.samples else None]
+            image = c.image.rows[c.start - c.image.start : c.end - c.image.start]
+            self.runner.decode_rows(image, c.start, c.seq.slot, c.samples)
+        else:
+            rows = self.runner.fill(chunks, plain)
+            if timer:
+                timer.lap("batch")
+            self.runner.decode()
         if timer:  # on a GPU the wait would otherwise count as sampling, where the outputs are first read
             self.runner.synchronize()
             timer.lap("llama_decode")
@@ -427,6 +478,8 @@ class LLMEngine:
         if self.scheduler.cache is not None:  # what the streams hold goes to disk (--cache-dir)
             self.scheduler.cache.close(self.runner)
         self.embedder.close()
+        if self.encoder is not None:
+            self.encoder.close()
         if self.vision is not None:
             self.vision.close()
         self.runner.close()

@@ -89,7 +89,7 @@ def main() -> int:
                 if session is not None and not reported:
                     send(engine.stats())  # going idle: the frontend sees the final figures
                     reported = True
-                if launch.lifeline in requests.wait(watch, engine.persist_wait()):
+                if launch.lifeline in requests.wait(watch + engine.wake_fds(), engine.persist_wait()):
                     break  # the supervisor is gone
                 continue
             refused: list[SeqOutput] = []

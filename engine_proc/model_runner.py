@@ -27,6 +27,7 @@ from cllm.core.protocol import ModelInfo
 from engine_proc.batch import Batch
 from engine_proc.sequence import Chunk
 from engine_proc.threads import Threads
+from engine_proc.vision import EmbdBatch
 
 FLASH_ATTN = {
     "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -86,6 +87,7 @@ class ModelRunner:
         self.threads = Threads(config.n_threads, self.set_threads, follow)
 
         self._b = Batch(self.token_budget)
+        self._e: EmbdBatch | None = None  # an image's rows, made at the first
         self._n = 0  # tokens in the batch
         # llama.cpp's count of ubatches that reused the previous one's compute graph (PR 14482: same token
         # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
@@ -137,6 +139,18 @@ class ModelRunner:
         """One llama_decode of the batch fill() wrote."""
         cpu, wall = time.process_time(), time.perf_counter()
         self._b.decode(self.ctx, self._n)
+        self._decoded(wall, cpu)
+
+    def decode_rows(self, rows: np.ndarray, pos0: int, slot: int, logits: bool) -> None:
+        """One llama_decode of an image's embeddings (``rows``, at most a step's budget) at positions pos0.. of
+        stream ``slot``; ``logits``: the last row's, for the sampler (row -1)."""
+        if self._e is None:
+            self._e = EmbdBatch(self.token_budget, L.llama_model_n_embd_inp(self.model))
+        cpu, wall = time.process_time(), time.perf_counter()
+        self._e.decode(self.ctx, rows, pos0, slot, logits)
+        self._decoded(wall, cpu)
+
+    def _decoded(self, wall: float, cpu: float) -> None:
         self.threads.decoded(time.perf_counter() - wall, time.process_time() - cpu)
         self._moving.clear()
         n_reused = L.llama_perf_context(self.ctx).n_reused  # counted with no_perf too

@@ -205,8 +205,8 @@ class Scheduler:
         position (its output was sent), until the next wave, so that the batch keeps its shape."""
         seq.parked = True
         self.parked += 1
-        if not seq.output:  # finished on its first token: the prompt's last one fills its row
-            seq.output.append(int(seq.prompt[-1]))
+        if not seq.output:  # finished on its first token: the prompt's last one fills its row (an image's is no token)
+            seq.output.append(0 if seq.images and seq.images[-1].end == len(seq.prompt) else int(seq.prompt[-1]))
 
     def wave(self) -> list[Chunk]:
         """After a steady step's decode, when one is due: the parked sequences leave and waiting requests start
@@ -267,14 +267,21 @@ class Scheduler:
         """
         start, end = seq.n_cached, len(seq.prompt)
         while start < end:
-            # In exact mode start is a block boundary.
-            size = self.block if self.exact else max(budget, self.block)
+            # In exact mode up to the next block boundary (start is one, or an image's edge).
+            size = (start // self.block + 1) * self.block - start if self.exact else max(budget, self.block)
             stop = min(start + (min(size, SCORED_ROWS) if seq.scored else size), end)
+            image = seq.image_over(start, stop) if seq.images else None
+            if image is not None and image.start > start:  # the text before it
+                stop, image = image.start, None
+            elif image is not None:
+                stop = min(stop, image.end)
             if stop - start > budget and chunks:
                 break
-            chunks.append(Chunk(seq, start, stop))
+            chunks.append(Chunk(seq, start, stop, image=image))
             budget -= stop - start
             start = stop
+            if image is not None:  # its own llama_decode, after the step's text (LLMEngine._prefill_runs): the rest
+                break  # of the prompt waits for the next step, so that its cells come after the image's
         return budget
 
     def _reusable(self, seq: Sequence) -> int:
@@ -331,6 +338,7 @@ class Scheduler:
             src = self._fetch(stored, held, into)
             if src < 0:  # no stream can take it this step: the best a stream holds, then
                 src, reuse, stored = cache.lookup(prompt, held, host=False, into=into)
+        reuse = seq.image_edge(reuse)
         cache.count(reuse, stored, src)
         slot = seq.slot = heapq.heappop(self.free_slots)
         entry = cache.entries.get(src)

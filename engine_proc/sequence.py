@@ -22,6 +22,15 @@ class Drafting:
     misses: int = 0  # drafts in a row that failed outright
 
 
+@dataclass(slots=True)
+class ImageSpan:
+    """One image's positions in a sequence's prompt, [start, end), and its encoding: row k goes at start + k."""
+
+    start: int
+    end: int
+    rows: np.ndarray  # float32, one row of the model's input width per position
+
+
 @dataclass(eq=False, slots=True)
 class Sequence:
     id: int
@@ -37,6 +46,9 @@ class Sequence:
     per_step: bool = True  # the frontend reads each step's token as it comes (Submit.per_step)
     arrived: int = 0  # the scheduler's step count when it was queued
     parked: bool = False  # finished, kept in a steady decode batch until the next wave (Scheduler.park)
+    # Its images, in prompt order: their positions hold placeholder ids (engine_proc/encoder.py), never decoded
+    # as tokens.
+    images: list[ImageSpan] = field(default_factory=list)
     # Its known tokens, prompt then output, in one array whose capacity doubles: known() is a view, not a copy.
     tokens: np.ndarray = field(init=False)
 
@@ -61,6 +73,19 @@ class Sequence:
     def prefilling(self) -> bool:
         return self.n_cached < len(self.prompt)
 
+    def image_over(self, start: int, stop: int) -> ImageSpan | None:
+        """The first image with positions in [start, stop)."""
+        for span in self.images:
+            if span.end > start and span.start < stop:
+                return span
+        return None
+
+    def image_edge(self, n: int) -> int:
+        """``n`` moved back to the start of the image it falls inside, if any: a cached prefix must end at an
+        image's edge, so that another image's cells match all of an image's positions or none."""
+        span = self.image_over(n - 1, n) if n else None
+        return span.start if span is not None and span.end > n else n
+
     def known(self, n: int) -> np.ndarray:
         """Its first ``n`` known tokens: the prompt's, then the output's (a view: later tokens never change them)."""
         return self.tokens[:n]
@@ -74,6 +99,7 @@ class Chunk:
     start: int
     end: int
     draft: np.ndarray | None = None  # tokens guessed after the last sampled one: [start + 1, end)
+    image: ImageSpan | None = None  # the positions are this image's: its rows are decoded, not tokens
 
     @property
     def samples(self) -> bool:

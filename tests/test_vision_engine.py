@@ -2,17 +2,26 @@
 (perf/synth_mmproj.py, random weights: the path is tested, not what the model says about an image).
 
 Loading: `--mmproj` makes the engine load the projector and count the positions one image takes; a projector
-that cannot serve stops the engine with llama.cpp's reason.
+that cannot serve stops the engine with llama.cpp's reason. The step: an image request decodes as mtmd's own eval
+path does, beside text requests; a malformed image ends its request alone.
 """
 
 from __future__ import annotations
 
+import ctypes
+import select
+import time
+
+import llama_cpp as L
+import llama_cpp.mtmd_cpp as M
+import numpy as np
 import pytest
 
 from cllm.core.config import ServeConfig
 from cllm.core.images import MAX_REQUEST_BYTES
 from cllm.core.launch import REQUEST_RING_BYTES, request_ring_bytes
 from cllm.core.model_file import resolve_model
+from cllm.core.protocol import ImageInput, SamplingParams, SeqOutput, Submit
 from engine_proc.engine import LLMEngine
 from engine_proc.model_runner import ModelLoadError
 from perf import image_files as F
@@ -20,6 +29,10 @@ from perf import synth_mmproj
 from tests.conftest import start_server
 
 N_IMAGE = synth_mmproj.Tower().n_patches  # positions an image takes with the made projector (it adds no text)
+USER = "<|im_start|>user\n"
+ASK = "\nWhat is in this picture?<|im_end|>\n<|im_start|>assistant\n"
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+THREADS = 1  # no barrier for threads to spin at when other programs hold the CPUs (docs/internals.md: Threads)
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +73,171 @@ def test_serve_with_mmproj_reports_the_projector(mmproj):
     with start_server("--parallel", "2", "--ctx-size", "1024") as srv, srv.client() as http:
         info = http.get("/model/info").json()["data"]
         assert (info["mmproj"], info["image_tokens"]) == ("", 0)
+
+
+@pytest.fixture(scope="module")
+def engine(mmproj):
+    eng = LLMEngine(resolve_model(None), ServeConfig(parallel=4, ctx_size=2048, threads=THREADS, mmproj=mmproj))
+    try:
+        yield eng
+    finally:
+        eng.close()
+
+
+def run(engine: LLMEngine, reqs: list[Submit], timeout: float = 120) -> dict[int, list[SeqOutput]]:
+    """Submit the requests and step until each has finished; every output of each."""
+    outs: dict[int, list[SeqOutput]] = {r.id: [] for r in reqs}
+    for r in reqs:
+        if (refused := engine.add(r)) is not None:
+            outs[r.id].append(refused)
+    deadline = time.monotonic() + timeout
+    while not all(o and o[-1].finish for o in outs.values()):
+        assert time.monotonic() < deadline, "the engine did not finish the requests"
+        if engine.has_work():
+            for result in engine.step():
+                for o in result.outputs:
+                    outs[o.id].append(o)
+        else:  # images being encoded: the idle engine waits for them as engine_proc/main.py does
+            select.select(engine.wake_fds(), [], [], 1.0)
+    return outs
+
+
+def tokens(outs: list[SeqOutput]) -> list[int]:
+    return [o.token for o in outs if o.token is not None]
+
+
+def prompt(vision, data: bytes) -> tuple[list[int], int, list]:
+    """USER, the image, ASK as mtmd tokenizes them: (the text tokens, where the image goes, the chunks to close)."""
+    image = vision.image(data)
+    try:
+        chunks = vision.tokenize([USER, image, ASK])
+    finally:
+        image.close()
+    (before, img, after) = chunks
+    assert img.is_image and not before.is_image and not after.is_image
+    return before.tokens.tolist() + after.tokens.tolist(), len(before.tokens), chunks
+
+
+def reference(engine: LLMEngine, chunks, n: int) -> list[int]:
+    """The greedy tokens after the chunks through mtmd's own path (mtmd_helper_eval_chunks) in a context of its own."""
+    model, vision = engine.runner.model, engine.vision
+    assert vision is not None
+    vocab = L.llama_model_get_vocab(model)
+    p = L.llama_context_default_params()
+    p.n_ctx, p.n_batch, p.n_ubatch = 512, 512, 512
+    p.n_threads = p.n_threads_batch = THREADS
+    ctx = L.llama_init_from_model(model, p)
+    batch = L.llama_batch_init(1, 0, 1)
+    try:
+        n_past = L.llama_pos()
+        assert M.mtmd_helper_eval_chunks(vision.ctx, ctx, chunks._ptr, 0, 0, 512, True, ctypes.byref(n_past)) == 0
+        out: list[int] = []
+        for _ in range(n):
+            logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), (L.llama_vocab_n_tokens(vocab),))
+            t = int(np.argmax(logits))
+            if L.llama_vocab_is_eog(vocab, t):
+                break
+            out.append(t)
+            batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = t, n_past.value, 1, True
+            batch.seq_id[0][0] = 0
+            batch.n_tokens = 1
+            assert L.llama_decode(ctx, batch) == 0
+            n_past.value += 1
+        return out
+    finally:
+        L.llama_batch_free(batch)
+        L.llama_free(ctx)
+
+
+def test_an_image_request_decodes_as_mtmds_own_path(engine):
+    data = F.png(F.picture(96, 64, seed=5))
+    text, at, chunks = prompt(engine.vision, data)
+    with chunks:
+        want = reference(engine, chunks, GREEDY.max_tokens)
+    outs = run(engine, [Submit(1, text, GREEDY, images=[ImageInput(at, data)])])[1]
+    assert outs[-1].finish in ("stop", "length") and tokens(outs) == want and len(want) >= 4
+    assert outs[0].cached_tokens == 0
+    # another image, same text: another reply (the made projector's random weights still show the image)
+    other = run(engine, [Submit(2, text, GREEDY, images=[ImageInput(at, F.png(F.picture(96, 64, seed=6)))])])[2]
+    assert tokens(other) != want
+
+
+def test_a_malformed_image_ends_only_its_own_request(engine, tok):
+    good = F.png(F.picture(64, 48, seed=7))
+    text, at, chunks = prompt(engine.vision, good)
+    chunks.close()
+    plain = tok.encode(USER + "Say something." + ASK)
+    alone = {
+        "text": tokens(run(engine, [Submit(10, plain, GREEDY)])[10]),
+        "image": tokens(run(engine, [Submit(11, text, GREEDY, images=[ImageInput(at, good)])])[11]),
+    }
+    bad = [
+        F.png_raw(64, 48, b"\x00garbage, not a zlib stream"),  # passes the header checks, stb_image cannot decode it
+        b"not an image at all",
+        good[: len(good) // 2],  # cut short
+    ]
+    reqs = [Submit(20, plain, GREEDY), Submit(21, text, GREEDY, images=[ImageInput(at, good)])]
+    reqs += [Submit(30 + i, text, GREEDY, images=[ImageInput(at, b)]) for i, b in enumerate(bad)]
+    outs = run(engine, reqs)
+    for i in range(len(bad)):
+        assert [(o.token, o.finish) for o in outs[30 + i]] == [(None, "error")]
+    assert tokens(outs[20]) == alone["text"] and tokens(outs[21]) == alone["image"]
+    # refused outright: prompt logprobs (they would score an image's placeholders), images out of the prompt
+    scored = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
+    for req in (
+        Submit(40, text, scored, images=[ImageInput(at, good)]),
+        Submit(41, text, GREEDY, images=[ImageInput(len(text) + 1, good)]),
+        Submit(42, text, GREEDY, images=[ImageInput(at, good), ImageInput(at - 1, good)]),
+    ):
+        assert engine.add(req) == SeqOutput(req.id, finish="error")
+    assert tokens(run(engine, [Submit(43, text, GREEDY, images=[ImageInput(at, good)])])[43]) == alone["image"]
+
+
+def test_the_next_turn_about_an_image_reuses_its_cells_and_another_image_does_not(engine):
+    a, b = F.png(F.picture(80, 60, seed=8)), F.png(F.picture(80, 60, seed=9))
+    text, at, chunks = prompt(engine.vision, a)
+    chunks.close()
+    first = run(engine, [Submit(50, text, GREEDY, images=[ImageInput(at, a)])])[50]
+    history = text + tokens(first)
+    turn = [*history, *text[at:]]  # the reply, then another user turn
+    cached = []
+    for i, image in enumerate((a, b, a)):
+        outs = run(engine, [Submit(60 + i, turn, GREEDY, images=[ImageInput(at, image)])])[60 + i]
+        cached.append(outs[0].cached_tokens)
+    # the same image: its positions and the reply after them came from the cache; another image: only the text
+    # before it (its first position's placeholder differs)
+    assert cached[0] >= at + N_IMAGE + len(tokens(first)) and cached[2] >= cached[0]
+    assert cached[1] == at
+
+
+def test_an_images_cells_are_reused_from_host_ram_and_after_a_restart(mmproj, tok, tmp_path):
+    """Two streams: two long text requests push the image conversation's entry out to host RAM, where its next turn
+    finds it; the engine closes (its entries go to --cache-dir's files) and a new one serves the turn after from
+    them. The placeholders of the image's positions go with the tokens."""
+    config = ServeConfig(parallel=2, ctx_size=2048, threads=THREADS, mmproj=mmproj, cache_dir=str(tmp_path / "kv"))
+    system = tok.encode("<|im_start|>system\n" + "You describe pictures carefully and briefly. " * 20 + "<|im_end|>\n")
+    data = F.png(F.picture(80, 60, seed=11))
+    eng = LLMEngine(resolve_model(None), config)
+    try:
+        text, at, chunks = prompt(eng.vision, data)
+        chunks.close()
+        text, at = system + text, len(system) + at
+        first = tokens(run(eng, [Submit(1, text, GREEDY, images=[ImageInput(at, data)])])[1])
+        others = [tok.encode(f"<|im_start|>user\n{w} " * 60) for w in ("apples", "rivers")]
+        run(eng, [Submit(2 + i, p, GREEDY) for i, p in enumerate(others)])
+        assert eng.scheduler.cache.host.entries  # the image conversation's entry went to host RAM
+        turn = [*text, *first, *text[at:]]
+        outs = run(eng, [Submit(5, turn, GREEDY, images=[ImageInput(at, data)])])[5]
+        assert outs[0].cached_tokens >= at + N_IMAGE + len(first)
+    finally:
+        eng.close()
+    eng = LLMEngine(resolve_model(None), config)
+    try:
+        assert eng.scheduler.cache.disk.entries  # found at the start
+        turn2 = [*turn, *tokens(outs), *text[at:]]
+        outs2 = run(eng, [Submit(6, turn2, GREEDY, images=[ImageInput(at, data)])])[6]
+        assert outs2[0].cached_tokens >= at + N_IMAGE + len(first)
+        other = run(eng, [Submit(7, turn2, GREEDY, images=[ImageInput(at, F.png(F.picture(80, 60, seed=12)))])])[7]
+        assert other[0].cached_tokens == at
+    finally:
+        eng.close()

@@ -24,7 +24,7 @@ from engine_proc import host_cache
 from engine_proc.disk_cache import DiskCache
 from engine_proc.host_cache import HEAD, MIN_CELLS, HostCache
 from engine_proc.scheduler import MAX_WAIT, Scheduler
-from engine_proc.sequence import Sequence, common_prefix, starts_with
+from engine_proc.sequence import ImageSpan, Sequence, common_prefix, starts_with
 
 
 class FakeStreams:
@@ -587,3 +587,44 @@ def test_steady_steps_change_the_decode_batch_only_in_waves_and_keep_the_books()
     full = [(a, b) for a, b in zip(shapes, shapes[1:]) if len(a) >= 8 and a and b]
     changed = sum(a != b for a, b in full)
     assert changed * 5 < len(full), (changed, len(full))  # decoding together changes shape in waves, not every step
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["cache", "exact"])
+def test_an_images_positions_are_decoded_apart_in_pieces_and_reused_whole(exact):
+    """An image's rows: chunks of their own within the budget, each its sequence's last of a step (text after it
+    waits a step); a cached prefix is reused up to an image's edge only, so another image never matches."""
+    kv = FakeStreams(4)
+    sched = Scheduler(2, 4, 16, 512, kv, prefix_cache=True, exact=exact)  # blocks of 16 in exact mode
+
+    def with_image(first_id, seq_id):
+        prompt = np.concatenate((np.arange(10), np.arange(first_id, first_id + 40), np.arange(20, 50))).astype(np.int32)
+        rows = np.zeros((40, 2), np.float32)
+        return Sequence(seq_id, prompt, SamplingParams(max_tokens=2), None, images=[ImageSpan(10, 50, rows)])
+
+    first = with_image(5000, 1)
+    sched.add(first)
+    pieces = []
+    while first.prefilling:
+        step = sched.schedule()
+        kv.decode()
+        for c in step.prefill:
+            pieces.append((c.start, c.end, c.image is not None))
+            kv.write(c.seq.slot, c.start, c.seq.known(c.end)[c.start :].tolist())
+            c.seq.n_cached = c.end
+        assert all(c.image is None for c in step.prefill[:-1])  # an image's chunk ends its sequence's step
+    assert [p[:2] for p in pieces] == sorted(p[:2] for p in pieces) and pieces[0][0] == 0 and pieces[-1][1] == 80
+    for start, end, image in pieces:
+        assert image == (10 <= start < 50) and (end <= 10 or start >= 10) and (end <= 50 or start >= 50)
+    assert max(e - s for s, e, image in pieces if image) <= 16  # within the step's budget
+    first.append(7)
+    first.n_cached += 1
+    sched.remove({1})  # its cells stay, a cache entry
+    same, other = with_image(5000, 2), with_image(5000, 3)
+    other.prompt[40:50] += 1000  # the same first 30 of the image's placeholders, then another image's
+    other.tokens[40:50] += 1000
+    # exact mode reuses whole blocks: up to 64 here, past the image's end
+    for seq, reused in ((other, 10), (same, 64 if exact else 79)):
+        sched.add(seq)
+        sched.schedule()
+        assert seq.reused == reused
+        sched.remove({seq.id})
