@@ -15,6 +15,7 @@ import numpy as np
 from msgspec.structs import replace
 
 from cllm.core.config import ServeConfig
+from cllm.core.images import ImageError
 from cllm.core.protocol import Embed, Embeddings, EngineStats, ModelInfo, SeqOutput, Submit
 from engine_proc.disk_cache import fingerprint, identity, open_disk_cache
 from engine_proc.drafter import Drafter
@@ -122,19 +123,22 @@ class LLMEngine:
     def add(self, req: Submit) -> SeqOutput | None:
         """Queue a request; the output that ends it at once if the engine refuses it."""
         if req.images:  # made ready in the encoder's thread first (see _images_ready)
-            # The frontend sends images only to an engine with a projector, in prompt order; prompt logprobs
-            # would score the placeholders of an image's positions.
-            ats = [i.at for i in req.images]
-            if (
-                self.encoder is None
-                or req.sampling.prompt_logprobs is not None
-                or ats != sorted(ats)
-                or not 0 <= ats[0] <= ats[-1] <= len(req.prompt)
-            ):
-                return SeqOutput(req.id, finish="error")
+            if why := self._refuse_images(req):
+                return SeqOutput(req.id, finish="error", error=why)
             self.encoder.add(req)
             return None
         return self._queue(req, np.array(req.prompt, np.int32))
+
+    def _refuse_images(self, req: Submit) -> str:
+        """Why the engine cannot take the request's images ("": it can). The frontend checks these first."""
+        ats = [i.at for i in req.images]
+        if self.encoder is None:
+            return "this model takes no images: start it with --mmproj (a vision projector)"
+        if req.sampling.prompt_logprobs is not None:  # they would score the placeholders of an image's positions
+            return "prompt logprobs are not available for a prompt with images"
+        if ats != sorted(ats) or not 0 <= ats[0] <= ats[-1] <= len(req.prompt):
+            return "the images' places are out of the prompt's order or range"
+        return ""
 
     def _queue(self, req: Submit, prompt: np.ndarray, images: list[ImageSpan] | None = None) -> SeqOutput | None:
         try:
@@ -148,12 +152,14 @@ class LLMEngine:
     def _images_ready(self, outputs: list[SeqOutput]) -> None:
         """Queue the requests whose images the encoder made ready; end those it could not (a malformed image)."""
         for req, pieces in self.encoder.take():
-            if isinstance(pieces, Exception):
-                outputs.append(SeqOutput(req.id, finish="error"))
+            if isinstance(pieces, Exception):  # an ImageError's message names the problem; mtmd's codes do not
+                why = str(pieces) if isinstance(pieces, ImageError) else f"the image could not be encoded ({pieces})"
+                outputs.append(SeqOutput(req.id, finish="error", error=why))
                 continue
             prompt, spans = splice(req.prompt, req.images, pieces, self.runner.n_vocab)
             if len(prompt) >= self.runner.seq_ctx:  # the frontend counted image_tokens for each: not expected
-                outputs.append(SeqOutput(req.id, finish="error"))
+                why = f"the prompt with its images takes {len(prompt)} positions, over the {self.runner.seq_ctx - 1} "
+                outputs.append(SeqOutput(req.id, finish="error", error=why + "a sequence may"))
                 continue
             if (refused := self._queue(req, prompt, spans)) is not None:
                 outputs.append(refused)

@@ -179,17 +179,18 @@ def test_a_malformed_image_ends_only_its_own_request(engine, tok):
     reqs = [Submit(20, plain, GREEDY), Submit(21, text, GREEDY, images=[ImageInput(at, good)])]
     reqs += [Submit(30 + i, text, GREEDY, images=[ImageInput(at, b)]) for i, b in enumerate(bad)]
     outs = run(engine, reqs)
-    for i in range(len(bad)):
-        assert [(o.token, o.finish) for o in outs[30 + i]] == [(None, "error")]
+    for i, why in enumerate(("could not be decoded", "not an image", "truncated")):
+        assert [(o.token, o.finish) for o in outs[30 + i]] == [(None, "error")] and why in outs[30 + i][0].error
     assert tokens(outs[20]) == alone["text"] and tokens(outs[21]) == alone["image"]
     # refused outright: prompt logprobs (they would score an image's placeholders), images out of the prompt
     scored = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
-    for req in (
-        Submit(40, text, scored, images=[ImageInput(at, good)]),
-        Submit(41, text, GREEDY, images=[ImageInput(len(text) + 1, good)]),
-        Submit(42, text, GREEDY, images=[ImageInput(at, good), ImageInput(at - 1, good)]),
+    for req, why in (
+        (Submit(40, text, scored, images=[ImageInput(at, good)]), "prompt logprobs"),
+        (Submit(41, text, GREEDY, images=[ImageInput(len(text) + 1, good)]), "out of the prompt"),
+        (Submit(42, text, GREEDY, images=[ImageInput(at, good), ImageInput(at - 1, good)]), "out of the prompt"),
     ):
-        assert engine.add(req) == SeqOutput(req.id, finish="error")
+        out = engine.add(req)
+        assert out is not None and (out.id, out.token, out.finish) == (req.id, None, "error") and why in out.error
     assert tokens(run(engine, [Submit(43, text, GREEDY, images=[ImageInput(at, good)])])[43]) == alone["image"]
 
 

@@ -144,6 +144,7 @@ class SeqOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     logprobs: TokenLogprobs | None = None  # only for sequences that ask
     prompt_logprobs: list[TokenLogprobs] | None = None  # with the first output of a sequence that asks
     cached_tokens: int = 0  # with a sequence's first output: its prompt tokens the prefix cache served
+    error: str = ""  # with finish "error": why, for the client (empty: its grammar allowed no next token)
 
 
 class StepOutputs(msgspec.Struct, tag=2, array_like=True, gc=False):

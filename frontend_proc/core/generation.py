@@ -226,8 +226,9 @@ class Generation:
                 texts = await asyncio.gather(*(c.text() for c in self.choices))
         finally:
             watcher.cancel()
-        if any(c.finish == "error" for c in self.choices):
-            raise engine_refused()
+        for c in self.choices:
+            if c.finish == "error":
+                raise engine_refused(c.stream.refusal)
         return texts
 
     async def _cancel_on_disconnect(self, request: Request) -> None:
@@ -285,8 +286,11 @@ async def disconnected(request: Request) -> None:
         pass
 
 
-def engine_refused() -> ApiError:
-    # The frontend parses grammars before submitting, so this is one that led to a dead end.
+def engine_refused(reason: str = "") -> ApiError:
+    """The engine gave up on a request: for ``reason`` (an image it could not decode, say), or else its grammar,
+    which the frontend parsed before submitting, led to a dead end."""
+    if reason:
+        return ApiError(400, "invalid request", reason)
     return ApiError(
         400,
         "invalid request",

@@ -74,6 +74,7 @@ class RequestStream:
         "prompt_logprobs",
         "cached_tokens",
         "finish",
+        "refusal",
         "error",
         "t_submit",
         "t_first",
@@ -96,6 +97,7 @@ class RequestStream:
         self.prompt_logprobs: list[TokenLogprobs] = []  # one per prompt token after the first, when asked
         self.cached_tokens = 0  # of the prompt, served by the engine's prefix cache
         self.finish: str | None = None
+        self.refusal = ""  # the engine's reason, where it gave up on the request (SeqOutput.error)
         self.error: ApiError | None = None  # why it ended early: timeout, hang-up, engine death
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
@@ -125,6 +127,7 @@ class RequestStream:
             if self.t_first is None:  # ended at its first output, without a token
                 self.cached_tokens = out.cached_tokens
             self.finish = finish
+            self.refusal = out.error  # why the engine gave up on it, with finish "error"
             self.t_done = time.perf_counter()
             self._tail = token is None
             self._event.set()
