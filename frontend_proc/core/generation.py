@@ -143,6 +143,11 @@ class Choice:
         """The stop string that ended the text, if one did."""
         return self._stop.matched if self._stop is not None else None
 
+    @property
+    def refusal(self) -> str:
+        """Where the engine gave up on it (finish "error"): its reason, if it gave one."""
+        return self.stream.refusal
+
     def abort(self) -> None:
         self._client.abort(self.stream)
 
@@ -228,7 +233,7 @@ class Generation:
             watcher.cancel()
         for c in self.choices:
             if c.finish == "error":
-                raise engine_refused(c.stream.refusal)
+                raise engine_refused(c.refusal)
         return texts
 
     async def _cancel_on_disconnect(self, request: Request) -> None:

@@ -73,12 +73,12 @@ async def _events(gen: Generation, door: Stream):
             if (item := first.result()) is not None:
                 choice, text = item
                 if text is None and choice.finish == "error":
-                    raise engine_refused(choice.stream.refusal)
+                    raise engine_refused(choice.refusal)
                 if out := piece(choice, text):
                     yield out
         async for choice, text in pieces:
             if text is None and choice.finish == "error":  # the engine refused it (its grammar led nowhere...)
-                raise engine_refused(choice.stream.refusal)
+                raise engine_refused(choice.refusal)
             if out := piece(choice, text):
                 yield out
         if out := door.end():

@@ -79,6 +79,7 @@ def test_a_reply_that_called_tools_finishes_with_tool_calls():
 class Choice:
     def __init__(self, finish):
         self.finish = finish
+        self.refusal = ""
 
 
 class Gen:
