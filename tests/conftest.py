@@ -232,6 +232,16 @@ def tok():
     return Tokenizer(resolve_model(None))
 
 
+@pytest.fixture(scope="session")
+def mmproj(tmp_path_factory) -> str:
+    """A made vision projector (perf/synth_mmproj.py, random weights) for the embedded model: its file."""
+    from cllm.core.model_file import resolve_model
+    from perf import synth_mmproj
+
+    width = synth_mmproj.text_embedding_width(resolve_model(None))
+    return synth_mmproj.write(str(tmp_path_factory.mktemp("vision") / "mmproj.gguf"), width)
+
+
 SHARED = ("--parallel", "16", "--ctx-size", "8192")  # 16 sequences at once, 512 KV cells each
 
 

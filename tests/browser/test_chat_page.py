@@ -194,3 +194,28 @@ def test_an_attached_and_a_pasted_image_go_as_image_url_parts(page, tmp_path):
     assert src == "data:image/png;base64," + base64.b64encode(PNG).decode()
     page.reload()  # the conversation, image and all, survives a reload
     page.wait_for_selector(".msg.user img", timeout=WAIT_MS)
+
+
+@pytest.fixture(scope="module")
+def vision_server(mmproj):
+    with start_server("--parallel", "2", "--ctx-size", "1024", "--mmproj", mmproj) as srv:
+        yield srv
+
+
+def test_a_chat_about_an_image_is_answered_with_a_projector(browser, vision_server, tmp_path):
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(vision_server.url + "/")
+        until(page, f"document.querySelector('#model').value === '{MODEL}'")
+        settings(page, system="", temperature=0, max_tokens=8)
+        paste(page, PNG)
+        until(page, "document.querySelectorAll('#attached img').length === 1")
+        page.press("#input", "Enter")  # an image alone, no text, is a message too
+        page.wait_for_selector(".msg.assistant [data-act=regenerate]", timeout=WAIT_MS)
+        assert page.locator(".msg.assistant .error").count() == 0
+        assert page.inner_text(".msg.assistant .body").strip()
+        assert errors == []
+    finally:
+        page.close()
