@@ -261,7 +261,8 @@ def files() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def fetching() -> Iterator[Server]:
-    with start_server("--image-urls", "--image-url-timeout", "3") as srv:
+    # A body limit that lets an image over 20 MiB through as base64.
+    with start_server("--image-urls", "--image-url-timeout", "3", "--max-body-bytes", str(40 << 20)) as srv:
         yield srv
 
 
@@ -290,4 +291,18 @@ def test_images_over_what_one_request_may_carry_get_a_400(fetching, files):
     with fetching.client() as c:
         r = c.post(path, json=body)
         assert_400(r, "the request's images are 71303", "over the limit of 67108864")
+        still_serves(c)
+
+
+@pytest.mark.parametrize("door", BY_URL)
+def test_each_doors_url_is_fetched_and_checked(fetching, files, door):
+    with fetching.client() as c:
+        r, param = ask(c, BY_URL[door](files + "/text"))
+        assert param in assert_400(r, "not an image")
+
+
+def test_an_image_over_20_mib_inline_gets_a_400(fetching):
+    with fetching.client() as c:
+        r, param = ask(c, BY_BYTES["openai"](image_files.png_raw(8, 8, bytes(21 << 20))))
+        assert param in assert_400(r, "over the limit of 20971520")
         still_serves(c)

@@ -51,8 +51,8 @@ def text_part(text: str = QUESTION) -> dict:
 
 @pytest.fixture(scope="module")
 def vision(mmproj) -> Iterator[Server]:
-    # 4 sequences of 512 positions: 7 images fit one, 8 do not.
-    with start_server("--parallel", "4", "--ctx-size", "2048", "--mmproj", mmproj) as srv:
+    # 4 sequences of 512 positions: 7 images fit one, 8 do not. One thread: none spins at a barrier on a busy machine.
+    with start_server("--parallel", "4", "--ctx-size", "2048", "--threads", "1", "--mmproj", mmproj) as srv:
         yield srv
 
 
