@@ -78,6 +78,19 @@ def llama_completion(image: str, text: str = "What is <__media__> this?") -> Req
     return "/completion", body, "prompt.multimodal_data[0]"
 
 
+def document_block() -> Request:
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "Hi"}}
+    path, body, _ = anthropic_source({})
+    body["messages"][0]["content"][1] = document
+    return path, body, "messages[0].content[1]"
+
+
+def input_file() -> Request:
+    path, body, _ = responses_input({})
+    body["input"][0]["content"][1] = {"type": "input_file", "file_id": "file-1"}
+    return path, body, "input[0].content[1]"
+
+
 def base64_source(data: bytes, media_type: str = "image/png") -> dict:
     return {"type": "base64", "media_type": media_type, "data": b64(data)}
 
@@ -110,10 +123,12 @@ MALFORMED: dict[str, list[tuple[Request, str]]] = {
         (anthropic_source({"type": "base64", "data": b64(b"x")}), "None is not an image type"),
         (anthropic_source({"type": "base64", "media_type": "image/png", "data": 5}), "base64 string"),
         (anthropic_source({"type": "file", "file_id": "file_1"}), "of type 'file' cannot be read"),
+        (document_block(), "document input is not supported"),
     ],
     "responses": [
         (responses_input({"file_id": "file-1"}), "no Files API"),
         (responses_input({}), "needs image_url"),
+        (input_file(), "file input is not supported"),
     ],
     "llama-server": [
         (llama_completion("iVBOR!!w0K"), "not valid base64"),

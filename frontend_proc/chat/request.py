@@ -3,8 +3,9 @@
 A door (OpenAI chat completions, Anthropic Messages, OpenAI Responses, and
 the next one) reads its wire format into a ChatRequest and hands it to
 frontend_proc.chat.chat; nothing below the doors knows any door's schemas. The
-messages are those chat templates know: role, content, and for calls
-`tool_calls` on an assistant message and `tool_call_id` on a tool message.
+messages are those chat templates know: role, content (a string, or a list of strings and
+frontend_proc.chat.images.Image parts), and for calls `tool_calls` on an assistant message and
+`tool_call_id` on a tool message.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from frontend_proc.core.output import GrammarOutput, JsonOutput
 
 
 def not_text(kind: str, param: str) -> ApiError:
-    """An image, a file: the served model reads text only."""
-    return invalid(f"{kind} input is not supported: the served model reads text only", param)
+    """A document, a file: a chat is text and images (frontend_proc.chat.images)."""
+    return invalid(f"{kind} input is not supported: send text (and images, to a model with a projector)", param)
 
 
 @dataclass(frozen=True, slots=True)
