@@ -1,9 +1,10 @@
 """Images through a served engine (issue 48): the embedded SmolLM2 with a made projector (perf/synth_mmproj.py,
 random weights: the path, not what the model says), over the OpenAI door.
 
-What only the engine can find (an image whose header passes the frontend's checks, but that stb_image cannot decode)
-gets a 400 with the engine's reason, streamed or not, and the server keeps serving images; a conversation about an
-image goes on after a restart with --cache-dir, its image's positions served from the files.
+The engine loads `--mmproj` and reports it in /model/info. What only the engine can find (an image whose header
+passes the frontend's checks, but that stb_image cannot decode) gets a 400 with the engine's reason, streamed or
+not, and the server keeps serving images; a conversation about an image goes on after a restart with --cache-dir,
+its image's positions served from the files.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def chat(data: bytes, history: list[dict] | None = None, **extra) -> dict:
 def test_an_image_only_the_engine_cannot_decode_gets_a_400_and_the_server_goes_on(mmproj):
     bad = F.png_raw(64, 48, b"\x00garbage, not a zlib stream")  # its header and CRCs pass; stb_image cannot inflate it
     with start_server(*ARGS, "--mmproj", mmproj) as srv, srv.client() as http:
+        info = http.get("/model/info").json()["data"]  # the engine loaded the projector and counted an image
+        assert (info["mmproj"], info["image_tokens"]) == (mmproj, N_IMAGE)
         r = http.post("/v1/chat/completions", json=chat(bad))
         assert r.status_code == 400 and "could not be decoded" in r.json()["error"]["message"], r.text
         r = http.post("/v1/chat/completions", json=chat(bad, stream=True))
