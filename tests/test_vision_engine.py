@@ -26,6 +26,7 @@ from engine_proc.engine import LLMEngine
 from engine_proc.model_runner import ModelLoadError
 from perf import image_files as F
 from perf import synth_mmproj
+from perf.vision_parity import prefill
 
 N_IMAGE = synth_mmproj.Tower().n_patches  # positions an image takes with the made projector (it adds no text)
 USER = "<|im_start|>user\n"
@@ -120,7 +121,10 @@ def reference(engine: LLMEngine, chunks, n: int) -> list[int]:
     batch = L.llama_batch_init(1, 0, 1)
     try:
         n_past = L.llama_pos()
-        assert M.mtmd_helper_eval_chunks(vision.ctx, ctx, chunks._ptr, 0, 0, 512, True, ctypes.byref(n_past)) == 0
+        if chunks[-1].is_image:  # the helper asks no logits of an image's last row: Vision + EmbdBatch's decode
+            n_past.value = prefill(vision, ctx, chunks)  # (bit for bit the helper's logits: tests/test_vision.py)
+        else:
+            assert M.mtmd_helper_eval_chunks(vision.ctx, ctx, chunks._ptr, 0, 0, 512, True, ctypes.byref(n_past)) == 0
         out: list[int] = []
         for _ in range(n):
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), (L.llama_vocab_n_tokens(vocab),))
@@ -232,3 +236,19 @@ def test_an_images_cells_are_reused_from_host_ram_and_after_a_restart(mmproj, to
         assert other[0].cached_tokens == at
     finally:
         eng.close()
+
+
+def test_a_prompt_that_ends_with_an_image_samples_from_its_last_row(engine):
+    data = F.png(F.picture(64, 48, seed=13))
+    image = engine.vision.image(data)
+    try:
+        chunks = engine.vision.tokenize([USER, image])
+    finally:
+        image.close()
+    with chunks:
+        (text, img) = chunks
+        assert img.is_image
+        want = reference(engine, chunks, GREEDY.max_tokens)
+        prompt = text.tokens.tolist()
+    outs = run(engine, [Submit(70, prompt, GREEDY, images=[ImageInput(len(prompt), data)])])[70]
+    assert tokens(outs) == want and outs[-1].finish in ("stop", "length")
