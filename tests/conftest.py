@@ -35,7 +35,7 @@ CHAT_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_
 
 UNIT = os.path.join(ROOT, "tests", "unit")
 # The fixtures that load the model or start a server: a test under tests/unit/ may not ask for them.
-MODEL_FIXTURES = {"engine", "tok", "server", "http", "oai"}
+MODEL_FIXTURES = {"engine", "tok", "server", "http", "oai", "keyed"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -249,6 +249,16 @@ SHARED = ("--parallel", "16", "--ctx-size", "8192")  # 16 sequences at once, 512
 def server() -> Iterator[Server]:
     """The server most tests share (SHARED)."""
     with start_server(*SHARED) as srv:
+        yield srv
+
+
+API_KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="session")
+def keyed() -> Iterator[Server]:
+    """A server that wants API_KEY (CLLM_API_KEY), one for every module that tests the key."""
+    with start_server("--parallel", "2", "--ctx-size", "1024", env={"CLLM_API_KEY": API_KEY}) as srv:
         yield srv
 
 

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from tests import test_tools
-from tests.conftest import start_server
+from tests.conftest import API_KEY, start_server
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -187,16 +187,20 @@ def test_history_with_thinking_blocks_is_accepted(claude):
     )
 
 
-def test_api_key_as_x_api_key_or_bearer():
-    with start_server("--parallel", "2", "--ctx-size", "1024", env={"CLLM_API_KEY": "sesame"}) as srv:
-        with anthropic.Anthropic(base_url=srv.url, api_key="sesame", max_retries=0) as good:
-            assert good.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens > 0
-        with anthropic.Anthropic(base_url=srv.url, auth_token="sesame", max_retries=0) as bearer:
-            assert bearer.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens > 0
-        with anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0) as bad:
-            with pytest.raises(anthropic.AuthenticationError) as e:
-                bad.messages.create(model=MODEL, max_tokens=5, messages=QUESTION)
-        assert e.value.body["error"]["type"] == "authentication_error"
+def test_api_key_as_x_api_key_or_bearer(keyed):
+    with anthropic.Anthropic(base_url=keyed.url, api_key=API_KEY, max_retries=0) as good:
+        assert good.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens > 0
+    with anthropic.Anthropic(base_url=keyed.url, auth_token=API_KEY, max_retries=0) as bearer:
+        assert bearer.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens > 0
+    with anthropic.Anthropic(base_url=keyed.url, api_key="wrong", max_retries=0) as bad:
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            bad.messages.create(model=MODEL, max_tokens=5, messages=QUESTION)
+    assert e.value.body["error"]["type"] == "authentication_error"
+    # The SDK sends its api_key as a Bearer token (anthropic 2.x): the x-api-key header itself, as other clients send
+    with httpx.Client(base_url=keyed.url, timeout=60) as raw:
+        body = {"model": MODEL, "messages": QUESTION}
+        for key, status in ((API_KEY, 200), ("wrong", 401)):
+            assert raw.post("/v1/messages/count_tokens", json=body, headers={"x-api-key": key}).status_code == status
 
 
 _FUNCTION = test_tools.WEATHER["function"]

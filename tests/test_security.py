@@ -7,19 +7,11 @@ import stat
 import tempfile
 
 import psutil
-import pytest
 
 from cllm.core import ring
 from cllm.core.config import ServeConfig
-from tests.conftest import child, start_server
-
-KEY = "s3cret-key"
-
-
-@pytest.fixture(scope="module")
-def keyed():
-    with start_server("--parallel", "2", "--ctx-size", "1024", env={"CLLM_API_KEY": KEY}) as srv:
-        yield srv
+from tests.conftest import API_KEY as KEY
+from tests.conftest import child
 
 
 def test_every_route_but_health_wants_the_key(keyed):
