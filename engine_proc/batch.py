@@ -34,17 +34,20 @@ class Batch:
         self.batch.seq_id = self._seq_id_rows
         self.batch.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
-    def fill(self, chunks: list[Chunk], positions: np.ndarray, plain: bool = False) -> tuple[int, list[int | None]]:
+    def fill(
+        self, chunks: list[Chunk], positions: np.ndarray, plain: bool = False, tokens: list[int] | None = None
+    ) -> tuple[int, list[int | None]]:
         """Write the chunks' tokens; (tokens written, each chunk's last logits row or None if it has none).
 
         A row is counted from the end of the decode's outputs (-1: the last),
         as llama_get_logits_ith takes it, and a chunk that scores or drafts has
         a row for each token, consecutive, its last one returned. ``plain``: every
-        chunk is one decoding sequence's last sampled token, all sampling.
+        chunk is one decoding sequence's last sampled token, all sampling; ``tokens``: those tokens, where
+        they are not recorded yet (a decode one step ahead).
         """
         if plain:
             n = len(chunks)
-            self.token[:n] = [c.seq.output[-1] for c in chunks]
+            self.token[:n] = [c.seq.output[-1] for c in chunks] if tokens is None else tokens
             self.pos[:n] = [c.start for c in chunks]
             self.seq_id[:n] = [c.seq.slot for c in chunks]
             self.logits[:n] = 1

@@ -3,6 +3,11 @@
 ``step()`` yields StepResults: the first tokens of streamed prompts as soon
 as their llama_decode call ends (see _prefill_runs), then the step's own
 result, with its embeddings and whether the frontend must wake for it.
+
+With steady steps a decode whose batch is known runs one step ahead: it is
+launched on the decode thread before the step's last result is yielded, so
+the tokens of the decode before are recorded, and written to the ring,
+while llama.cpp computes (see _step_ahead).
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ EMBED_SHARE = 4
 # before the next group runs (see _prefill_runs).
 FIRST_TOKEN_GROUP = 48
 PARKED = SeqSampler(None)  # a parked sequence's: the argmax of its row, not used
+
+
+@dataclass(slots=True)
+class Ahead:
+    """A steady decode that ran ahead of its step: its batch and sampled tokens, not recorded yet."""
+
+    chunks: list[Chunk]
+    tokens: list[int]
 
 
 @dataclass(slots=True)
@@ -100,6 +113,10 @@ class LLMEngine:
         self.reused_steps = 0  # of those, the ones whose compute graph llama.cpp reused from the call before
         self.stream_interval = config.stream_interval_ms / 1000
         self._woke = 0.0  # when the last urgent step ended
+        self._step_wall = 0.0  # the last step's seconds
+        self._ahead: Ahead | None = None  # see _step_ahead
+        self._inflight: list[Chunk] | None = None  # the batch of the decode on the decode thread
+        self._landed: list[SeqOutput] = []  # outputs of a decode that ran ahead, recorded by abort()
         self.generated_tokens = 0
         # Per-step figures gathered until the next stats(): a float and an int a step.
         self.step_seconds: list[float] = []
@@ -172,10 +189,17 @@ class LLMEngine:
         self.embedder.add(req)
 
     def abort(self, ids: list[int]) -> None:
-        self._release(self.scheduler.remove(set(ids)))
-        self.embedder.abort(set(ids))
+        self._settle()
+        gone = set(ids)
+        ahead = self._ahead
+        if ahead is not None and any(c.seq.id in gone for c in ahead.chunks):  # the batch changes: its tokens first
+            self._ahead = None
+            self._land(ahead, self._landed)
+            self._landed = [o for o in self._landed if o.id not in gone]
+        self._release(self.scheduler.remove(gone))
+        self.embedder.abort(gone)
         if self.encoder is not None:
-            self.encoder.abort(set(ids))
+            self.encoder.abort(gone)
 
     def drop_all(self) -> None:
         self.slots.pending.clear()
@@ -187,9 +211,11 @@ class LLMEngine:
 
     def has_work(self) -> bool:
         """Sequences or embeddings to step, or requests whose images are ready; images still being encoded are not
-        (the idle engine waits for them on wake_fds)."""
+        (the idle engine waits for them on wake_fds). Outputs an abort recorded go out in a step too."""
         return (
-            self.scheduler.has_work() or bool(self.embedder.jobs) or (self.encoder is not None and self.encoder.ready())
+            self.scheduler.has_work()
+            or bool(self.embedder.jobs or self._landed)
+            or (self.encoder is not None and self.encoder.ready())
         )
 
     def step(self) -> Iterator[StepResult]:
@@ -199,9 +225,24 @@ class LLMEngine:
         if timer:
             timer.start()
         t0 = time.perf_counter()
-        outputs: list[SeqOutput] = []
-        if self.encoder is not None and self.encoder.pending:
+        self._settle()
+        ahead, self._ahead = self._ahead, None
+        images = self.encoder is not None and bool(self.encoder.pending)
+        ready = images and self.encoder.ready()  # requests whose images are ready start in a wave
+        if ahead is not None and not (self.embedder.jobs or ready) and min(ahead.tokens) >= 0:
+            chunks = self.scheduler.go_on(ahead.chunks)
+            if chunks is not None:
+                yield from self._step_ahead(ahead, chunks, t0)
+                return
+        # The decode that ran ahead was this step's: its tokens are recorded first, as a steady step's decode's are.
+        outputs, self._landed = self._landed, []
+        parked = sum(o.finish is not None for o in outputs)  # sequences that finished in a steady decode
+        if ahead is not None:
+            parked += self._land(ahead, outputs)
+        refused = len(outputs)
+        if images:
             self._images_ready(outputs)
+        refused = len(outputs) > refused
         step = self.scheduler.schedule()
         # Drafts only in steps without prompt work: those are compute-bound already.
         drafting = self.drafter is not None and bool(step.decode) and not step.prefill
@@ -209,15 +250,13 @@ class LLMEngine:
             self.drafter.draft(step.decode, self.runner.token_budget - len(step.decode))
         if timer:
             timer.lap("schedule")
-        refused = bool(outputs)
         done: list[Sequence] = []
         steady = self.scheduler.steady
-        parked = 0  # sequences that finished in a steady decode
         if steady:  # the decode first, in the shape of the step before; then the wave's admissions (Scheduler.wave)
-            if step.decode:
+            if step.decode and ahead is None:
                 self._run(step.decode, outputs, done, plain=True)
                 self._count_decode()
-                parked = len(done)
+                parked += len(done)
                 self._park(done)
             step.prefill += self.scheduler.wave()
             if timer:
@@ -251,27 +290,115 @@ class LLMEngine:
             if step.decode:  # embedding is prefill work: a full budget of it beside decoding streams slows them ~15x
                 budget = min(budget, self.runner.token_budget // EMBED_SHARE)
             embeddings = self.embedder.step(budget)
-        # The frontend wants this step now if a request begins (its first token
-        # times TTFT) or ends. A token read as it comes (per_step) may wait in the
-        # ring while the next step, if it takes as long as this one, still ends
-        # within the stream interval of the last wake-up: one wake-up of the
-        # frontend then carries a few tokens, and its CPU goes to llama.cpp.
         t1 = time.perf_counter()
-        streams = any(c.seq.per_step for c in step.decode)
-        wake = (
-            bool(done or parked or refused)
-            or any(c.samples for c in step.prefill)
-            or (streams and 2 * t1 - t0 - self._woke >= self.stream_interval)
-        )
-        if wake:
-            self._woke = t1
+        # The last parked sequences may leave in a step of their own: the engine's final figures go with it.
+        urgent = bool(done or parked or refused) or any(c.samples for c in step.prefill) or not self.has_work()
+        wake = self._wake(urgent, step.decode, t1 - t0, t1)
         self.steps += 1
         self.generated_tokens += len(outputs)
-        self.step_seconds.append(t1 - t0)
         self.batch_sizes.append(len(step.decode) + len({id(c.seq) for c in step.prefill}))
         if timer:
             timer.lap("other")
+        chunks = self._next_decode() if steady else None
+        if chunks is None:
+            self._step_wall = t1 - t0
+            self.step_seconds.append(t1 - t0)
+            yield StepResult(outputs, embeddings, wake)
+            return
+        self._launch(chunks)
+        if timer:
+            timer.lap("batch")
         yield StepResult(outputs, embeddings, wake)
+        if timer:
+            timer.start()
+        self._collect(chunks, t0)
+
+    def _wake(self, urgent: bool, decode: list[Chunk], took: float, now: float) -> bool:
+        """Whether the frontend wants this step's outputs now: if a request begins (its first token
+        times TTFT) or ends (``urgent``). A token read as it comes (per_step) may wait in the
+        ring while the next step, if it takes as long as this one (``took``), still ends
+        within the stream interval of the last wake-up: one wake-up of the
+        frontend then carries a few tokens, and its CPU goes to llama.cpp."""
+        if urgent or (any(c.seq.per_step for c in decode) and now + took - self._woke >= self.stream_interval):
+            self._woke = now
+            return True
+        return False
+
+    def _next_decode(self) -> list[Chunk] | None:
+        """A steady step's next decode batch, when it is known before the step's result goes out: no prompt
+        work waits, and no sequence asks for logprobs (read from the logits the decode ahead overwrites)."""
+        if self.sampler.device or self.embedder.jobs:
+            return None
+        running = self.scheduler.running
+        if not running or any(s.prefilling or s.params.logprobs is not None for s in running):
+            return None
+        return self.scheduler.decode_batch()
+
+    def _step_ahead(self, ahead: Ahead, chunks: list[Chunk], t0: float) -> Iterator[StepResult]:
+        """A steady step whose decode batch is the one before it a position on (Scheduler.go_on).
+
+        On the step's critical path: the batch written and launched on the
+        decode thread, and, after the result is out, the wait for it and its
+        sampling. Meanwhile, while llama.cpp computes, the tokens of the decode
+        before are recorded (finish checks, outputs; the finished parked) and
+        the step's result goes to the ring. A sequence that finished on its
+        last token is still in the batch launched: it decodes a token more,
+        which a parked sequence does anyway (Scheduler.park).
+        """
+        timer = self.timer
+        tokens = [c.seq.output[-1] if c.seq.parked else t for c, t in zip(chunks, ahead.tokens)]
+        if timer:
+            timer.lap("schedule")
+        self._launch(chunks, tokens)
+        if timer:
+            timer.lap("batch")
+        outputs: list[SeqOutput] = []
+        parked = self._land(ahead, outputs)
+        t1 = time.perf_counter()
+        wake = self._wake(bool(parked), chunks, self._step_wall, t1)
+        self.steps += 1
+        self.generated_tokens += len(outputs)
+        self.batch_sizes.append(len(chunks))
+        if timer:
+            timer.lap("overlapped")
+        yield StepResult(outputs, [], wake)
+        if timer:
+            timer.start()
+        self._collect(chunks, t0)
+
+    def _launch(self, chunks: list[Chunk], tokens: list[int] | None = None) -> None:
+        self.runner.fill(chunks, True, tokens)
+        self.runner.launch()
+        self._inflight = chunks
+
+    def _settle(self) -> None:
+        """A decode launched by a step that was left before its end (the process stopping) ends before the
+        context is used again."""
+        if self._inflight is not None:
+            self._collect(self._inflight, time.perf_counter())
+
+    def _collect(self, chunks: list[Chunk], t0: float) -> None:
+        """Wait for the decode launched ahead and sample its rows: the next step records the tokens."""
+        timer = self.timer
+        self._inflight = None
+        self.runner.wait()
+        if timer:
+            timer.lap("llama_decode")
+        self._count_decode()
+        tokens = self.sampler.sample_rows([c.seq.sampler for c in chunks], list(range(-len(chunks), 0)))
+        self._ahead = Ahead(chunks, tokens)
+        self._step_wall = time.perf_counter() - t0
+        self.step_seconds.append(self._step_wall)
+        if timer:
+            timer.lap("sampling")
+
+    def _land(self, ahead: Ahead, outputs: list[SeqOutput]) -> int:
+        """Record the tokens of the decode that ran ahead; its finished sequences are parked. How many finished."""
+        done: list[Sequence] = []
+        self._postprocess(ahead.chunks, list(range(-len(ahead.chunks), 0)), ahead.tokens, outputs, done)
+        finished = len(done)
+        self._park(done)
+        return finished
 
     def _count_decode(self) -> None:
         self.decode_steps += 1
@@ -480,6 +607,7 @@ class LLMEngine:
         return stats
 
     def close(self) -> None:
+        self._settle()
         self.drop_all()
         if self.scheduler.cache is not None:  # what the streams hold goes to disk (--cache-dir)
             self.scheduler.cache.close(self.runner)

@@ -25,6 +25,7 @@ from cllm.core.model_meta import gpu_layers, kv_cache_bytes
 from cllm.core.model_meta import meta as _meta
 from cllm.core.protocol import ModelInfo
 from engine_proc.batch import Batch
+from engine_proc.decode_thread import DecodeThread
 from engine_proc.sequence import Chunk
 from engine_proc.threads import Threads
 from engine_proc.vision import EmbdBatch
@@ -89,6 +90,7 @@ class ModelRunner:
         self._b = Batch(self.token_budget)
         self._e: EmbdBatch | None = None  # an image's rows, made at the first
         self._n = 0  # tokens in the batch
+        self._thread = DecodeThread(self.decode)  # launch() and wait(): decode() while the engine's Python runs
         # llama.cpp's count of ubatches that reused the previous one's compute graph (PR 14482: same token
         # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
         self._moving: set[int] = set()  # streams a copy asked since the last llama_decode reads or writes
@@ -130,10 +132,18 @@ class ModelRunner:
             cache_type_v=config.cache_type_v,
         )
 
-    def fill(self, chunks: list[Chunk], plain: bool = False) -> list[int | None]:
+    def fill(self, chunks: list[Chunk], plain: bool = False, tokens: list[int] | None = None) -> list[int | None]:
         """Put the chunks in the batch the next decode() runs; each one's last logits row (see Batch.fill)."""
-        self._n, rows = self._b.fill(chunks, self._positions, plain)
+        self._n, rows = self._b.fill(chunks, self._positions, plain, tokens)
         return rows
+
+    def launch(self) -> None:
+        """decode() on the decode thread; nothing may use the context until wait() returns."""
+        self._thread.launch()
+
+    def wait(self) -> None:
+        """The decode launch() started has ended (on a GPU: llama_decode returned, as decode() does)."""
+        self._thread.wait()
 
     def decode(self) -> None:
         """One llama_decode of the batch fill() wrote."""
@@ -265,6 +275,7 @@ class ModelRunner:
         L.llama_memory_seq_rm(self.memory, slot, -1, -1)
 
     def close(self) -> None:
+        self._thread.close()
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
 

@@ -46,7 +46,7 @@ llama_decode in between. So a sequence that finishes in the decode is
 parked there (its last token fed again at the same position, its row
 ignored) and requests wait, until a wave: once a quarter of the slots would
 change (or a change has waited MAX_HOLD steps, or fewer than HOLD_MIN
-sequences decode), the parked leave and the waiting start in their slots,
+sequences decode while a request waits), the parked leave and the waiting start in their slots,
 right after the step's decode; their prefill and the next decode's new shape
 cost the one rebuild a wave makes.
 
@@ -187,10 +187,7 @@ class Scheduler:
         self._held = None
         if self.steady and self.parked and not self.waiting and self._wave_due():  # nothing to pair their leaving with
             self._leave()
-        decode = [Chunk(seq, seq.n_cached, seq.n_cached + 1) for seq in self.running if not seq.prefilling]
-        for seq in self.running:
-            if seq.parked:  # the cell its last decode wrote goes: it decodes at the same position again
-                self.kv.trim(seq.slot, seq.n_cached)
+        decode = self.decode_batch()
         budget = self.token_budget - len(decode)
         prefill: list[Chunk] = []
         for seq in self.running:
@@ -199,6 +196,33 @@ class Scheduler:
         if not self.steady and self._admit_waiting(budget, prefill):  # slots moved: the batch goes in slot order
             decode.sort(key=lambda c: c.seq.slot)
         return Step(decode, prefill)
+
+    def decode_batch(self) -> list[Chunk]:
+        """A token of every decoding sequence, in slot order."""
+        if self.parked:
+            for seq in self.running:
+                if seq.parked:  # the cell its last decode wrote goes: it decodes at the same position again
+                    self.kv.trim(seq.slot, seq.n_cached)
+        return [Chunk(seq, seq.n_cached, seq.n_cached + 1) for seq in self.running if not seq.prefilling]
+
+    def go_on(self, chunks: list[Chunk]) -> list[Chunk] | None:
+        """Steady steps one ahead (LLMEngine._step_ahead): the next decode batch from ``chunks``, the decode whose
+        tokens are not recorded yet: the same sequences, each a position on, the parked where they are. None when
+        the batch must change first: a wave is due, or a sequence would pass its context."""
+        if len(chunks) != len(self.running) or self._wave_due():
+            return None
+        if any(not c.seq.parked and c.end >= self.seq_ctx for c in chunks):
+            return None
+        self.steps += 1
+        nxt = []
+        for c in chunks:
+            seq = c.seq
+            if seq.parked:
+                self.kv.trim(seq.slot, seq.n_cached)
+                nxt.append(Chunk(seq, seq.n_cached, seq.n_cached + 1))
+            else:
+                nxt.append(Chunk(seq, c.end, c.end + 1))
+        return nxt
 
     def park(self, seq: Sequence) -> None:
         """A steady step's finished sequence: it stays in the decode batch, its token fed again at the same
@@ -220,19 +244,24 @@ class Scheduler:
     def _leave(self) -> None:
         self.remove({s.id for s in self.running if s.parked})  # their samplers went when they were parked
         self._pending_since = None
+        if not self.waiting:  # no request takes their slots: the gaps close (a gap splits the decode in two)
+            self._compact()
+            self._sort()
 
     def _wave_due(self) -> bool:
-        """Whether the decode batch changes now: always when it is small, else once a quarter of the slots would
-        change or a change has waited MAX_HOLD steps."""
+        """Whether the decode batch changes now: when it is small and a request waits (its first token does), or
+        nothing decodes but parked sequences; else once a quarter of the slots would change or a change has waited
+        MAX_HOLD steps. Parked sequences alone, with no request to take their slots, wait for a wave: as a run
+        drains, every departure at once would rebuild the graph at each (staggered c = 32: 80% of decode steps
+        reused it)."""
         decoding = len(self.running) - self.parked
         changes = max(self.parked, min(len(self.waiting), self.parallel - decoding))
         if not changes:
             return False
         if self._pending_since is None:
             self._pending_since = self.steps
-        return (
-            decoding < HOLD_MIN or changes * WAVE_SHARE >= self.parallel or self.steps - self._pending_since >= MAX_HOLD
-        )
+        small = decoding < HOLD_MIN and (self.waiting or not decoding)
+        return small or changes * WAVE_SHARE >= self.parallel or self.steps - self._pending_since >= MAX_HOLD
 
     def _admit_waiting(self, budget: int, prefill: list[Chunk]) -> bool:
         """Start waiting requests, their first chunks into ``prefill``; whether running sequences changed slots."""
@@ -253,6 +282,10 @@ class Scheduler:
             continued = self._admit(seq) or continued
             budget = self._prefill(seq, budget, prefill)
         self._compact()
+        return self._sort()
+
+    def _sort(self) -> bool:
+        """Running sequences in slot order again; whether they had moved."""
         if self._ordered:
             return False
         self.running.sort(key=lambda s: s.slot)  # slots moved, or sequences came in

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-PARTS = ("schedule", "batch", "llama_decode", "sampling", "retire", "other")
+# overlapped: host work done while a decode launched ahead runs (LLMEngine._step_ahead), off the step's critical path
+PARTS = ("schedule", "batch", "llama_decode", "sampling", "retire", "other", "overlapped")
 
 
 class StepTimer:

@@ -88,19 +88,20 @@ def table(doc: dict) -> str:
             lines += [
                 "",
                 "`cllm bench engine --sweep` (in-process, no HTTP): host µs per step = the step's work outside "
-                "llama_decode, engine thread CPU [wall]; decode = llama_decode's wall time per step (on a GPU it "
+                "llama_decode on its critical path, engine thread CPU [wall]; overlapped = host work done while a "
+                "decode launched ahead ran (steady steps); decode = llama_decode's wall time per step (on a GPU it "
                 "includes waiting for the device); reused = decode steps whose compute graph llama.cpp reused "
                 "(staggered: arrivals spread, generation lengths uniform in [g/2, 3g/2]).",
                 "",
                 "| arrivals | steady | c | sampling | on | tok/s | ms/step | decode ms | reused | host µs | schedule | "
-                "batch | sampling | retire | other | host share |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+                "batch | sampling | retire | other | overlapped | host share |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             for r in m["engine"]:
                 cpu, wall = r["host_us_per_step"]["cpu"], r["host_us_per_step"]["wall"]
                 parts = " | ".join(
-                    f"{cpu[k]:.0f} [{wall[k]:.0f}]"
-                    for k in ("host", "schedule", "batch", "sampling", "retire", "other")
+                    f"{cpu.get(k, 0):.0f} [{wall.get(k, 0):.0f}]"
+                    for k in ("host", "schedule", "batch", "sampling", "retire", "other", "overlapped")
                 )
                 reused = f"{r['reused_steps'] / r['decode_steps']:.0%}" if r.get("decode_steps") else "-"
                 lines.append(

@@ -53,7 +53,9 @@ def test_bench_engine_reports_the_hosts_time_per_step_sampled():
         parts = host[kind]
         assert {"schedule", "batch", "sampling", "retire", "other"} < parts.keys()
         assert all(v >= 0 for v in parts.values()) and parts["sampling"] > 0
-        assert abs(parts["host"] - sum(v for k, v in parts.items() if k != "host")) < 1e-6 * parts["host"] + 1e-9
+        on_path = sum(v for k, v in parts.items() if k not in ("host", "overlapped"))
+        assert abs(parts["host"] - on_path) < 1e-6 * parts["host"] + 1e-9
+        assert parts["overlapped"] == 0  # no steady steps: nothing runs ahead
     # The wall clock's host part is the step's time but llama_decode: below the step's whole time.
     assert host["wall"]["host"] < 1000 * r["step_ms"]
 
@@ -81,6 +83,9 @@ def test_steady_batches_keep_the_graph_and_every_token():
     assert steady["generated_tokens"] == plain["generated_tokens"] == sum(gen_lengths(24, 16, True))
     share = lambda r: r["reused_steps"] / r["decode_steps"]  # noqa: E731
     assert share(steady) > share(plain) + 0.15, (share(steady), share(plain))
+    # Steady decodes run a step ahead: recording the tokens before (retire) is done while the next one runs.
+    ahead, sync = steady["host_us_per_step"]["cpu"], plain["host_us_per_step"]["cpu"]
+    assert ahead["overlapped"] > ahead["retire"] and sync["overlapped"] == 0 < sync["retire"], (ahead, sync)
 
 
 def test_bench_engine_speculates_on_copy_tasks():

@@ -67,3 +67,82 @@ def test_no_fewer_decode_steps_reuse_their_graph(results):
     (_, steady, rows), (_, plain, plain_rows) = results
     assert rows > plain_rows  # finished sequences stayed parked in the batch
     assert steady >= plain, (steady, plain)
+
+
+def _engine(steady: str):
+    from cllm.core.config import ServeConfig
+    from cllm.core.model_file import resolve_model
+    from engine_proc.engine import LLMEngine
+
+    return LLMEngine(resolve_model(None), ServeConfig(parallel=12, ctx_size=6144, steady_steps=steady))
+
+
+def _submits(tok, first: int) -> list:
+    """Greedy requests of LENGTHS and, between them, seeded sampled ones."""
+    from cllm.core.protocol import SamplingParams, Submit
+
+    out = []
+    for i, n in enumerate(LENGTHS):
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        if i % 3 == 1:
+            params = SamplingParams(max_tokens=n, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True)
+        out.append(Submit(first + i, tok.encode(f"Story {i}: once upon a time"), params, per_step=False))
+    return out
+
+
+def _drive(engine, submits, abort: set[int] = frozenset(), abort_at: int = 6) -> dict[int, list]:
+    """Every request through the engine, all queued at once: id -> its outputs' tokens and finishes; ``abort``:
+    ids aborted after ``abort_at`` steps. Requests read whole (not per step), as a non-streamed one is."""
+    got: dict[int, list] = {s.id: [] for s in submits}
+    for s in submits:
+        assert engine.add(s) is None
+    steps = 0
+    while engine.has_work():
+        assert steps < 400, "the engine never finished"
+        if steps == abort_at and abort:
+            engine.abort(sorted(abort))
+            for i in abort:
+                got[i].append("aborted")
+        for result in engine.step():
+            for o in result.outputs:
+                got[o.id].append(o.token if o.finish is None else (o.token, o.finish))
+                assert o.finish is None or result.wake, o  # the frontend learns at once that a request ended
+        # The step that leaves the engine idle wakes the frontend: its final figures go with it (engine_proc.main).
+        assert engine.has_work() or result.wake
+        steps += 1
+    return got
+
+
+def test_decodes_run_ahead_lose_no_token_abort_or_seed(tok):
+    """Steady steps launch their decode a step ahead (LLMEngine._step_ahead): every request still gets its tokens,
+    greedy text as without steady steps, a seeded request its text again, and an aborted one nothing after its
+    abort, while the others go on."""
+    from engine_proc.step_timer import StepTimer
+
+    plain = _engine("off")
+    try:
+        base = _drive(plain, _submits(tok, 100))
+    finally:
+        plain.close()
+    engine = _engine("on")
+    try:
+        engine.timer = timer = StepTimer()
+        ahead = _drive(engine, _submits(tok, 100))
+        again = _drive(engine, _submits(tok, 200))
+        aborted = _drive(engine, _submits(tok, 300), abort={303, 306})
+        assert not engine.has_work() and engine.scheduler.running == []
+    finally:
+        engine.close()
+    assert timer.cpu["overlapped"] > 0  # tokens were recorded while a decode ran
+    for i, n in enumerate(LENGTHS):
+        tokens = ahead[100 + i]
+        assert len(tokens) == n and tokens[-1][1] == "length", (i, tokens)
+        assert tokens == again[200 + i], i  # greedy and seeded alike, run again
+        if i % 3 != 1:
+            assert tokens == base[100 + i], i  # greedy: the text without steady steps
+    for i in range(len(LENGTHS)):
+        if 300 + i in (303, 306):
+            cut = aborted[300 + i].index("aborted")
+            assert cut == len(aborted[300 + i]) - 1 and cut < LENGTHS[i], aborted[300 + i]
+        else:
+            assert aborted[300 + i] == ahead[100 + i], i

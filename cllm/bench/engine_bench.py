@@ -19,9 +19,13 @@ ends, and with no timer set makes no such call): wall clock and the engine
 thread's CPU time of schedule, batch fill, llama_decode, sampling, retire
 and the rest of the step. It also counts the decode steps whose compute
 graph llama.cpp reused from the step before (llama_perf_context's
-n_reused), which a GPU's CUDA graphs need too. The host's work per step is all of it but
-llama_decode; the thread's CPU time is the steadier figure on a busy
-machine. A GPU's llama_decode returns before the device is done: with the
+n_reused), which a GPU's CUDA graphs need too. The host's work per step on
+the critical path is all of it but llama_decode and what the engine does
+while a decode it launched ahead runs (overlapped: steady steps, see
+LLMEngine._step_ahead), reported apart; there llama_decode's time is only
+the wait for it that overlapped work did not cover, and the publishing of
+the step's outputs runs during the decode too. The thread's CPU time is
+the steadier figure on a busy machine. A GPU's llama_decode returns before the device is done: with the
 timer set, the engine waits for it there, so its time is llama_decode's
 and not that of the first read of the outputs (sampling). With --profile the timer stays off, so the split is coarser:
 admit, step, publish. cProfile does not see calls into C through ctypes:
@@ -59,6 +63,7 @@ PARTS = [
     ("sampling", "pick each sequence's token (one argmax over greedy rows, llama.cpp chains)"),
     ("retire", "finish checks, SeqOutputs, free finished sequences"),
     ("other", "the rest of the step (drafting's books, embeddings, step figures)"),
+    ("overlapped", "recording the tokens of a decode run ahead while the next one runs (steady steps)"),
     ("publish", "encode StepOutputs, write the ring"),
     ("loop", "the rest of the loop (bench bookkeeping, the reader's drain)"),
 ]
@@ -174,13 +179,15 @@ HOST_PARTS = ("schedule", "batch", "sampling", "retire", "other")
 
 def host_per_step(timer: StepTimer | None, steps: int) -> dict[str, dict[str, float]]:
     """Microseconds per step of the step's work outside llama_decode, by part: wall clock, and the engine
-    thread's CPU time (steadier on a busy machine); "host" is their sum."""
+    thread's CPU time (steadier on a busy machine); "host" is the sum of the parts on the critical path,
+    "overlapped" the work done while a decode ran."""
     if timer is None or not steps:
         return {}
     out = {}
     for kind, seconds in (("wall", timer.wall), ("cpu", timer.cpu)):
         parts = {k: 1e6 * seconds[k] / steps for k in HOST_PARTS}
         parts["host"] = sum(parts.values())
+        parts["overlapped"] = 1e6 * seconds["overlapped"] / steps
         out[kind] = parts
     return out
 
@@ -304,9 +311,13 @@ def report(r: dict) -> str:
         lines.append(f"  {name:<13}{1000 * s / r['steps']:9.3f}{100 * s / r['seconds']:7.1f}%  {what}")
     host = r["host_us_per_step"]
     if host:
-        lines.append("  host us/step (the step outside llama_decode), wall / engine thread CPU:")
+        lines.append("  host us/step on the critical path (outside llama_decode), wall / engine thread CPU:")
         lines.append(
             "    " + "  ".join(f"{k} {host['wall'][k]:.0f}/{host['cpu'][k]:.0f}" for k in ("host", *HOST_PARTS))
+        )
+        lines.append(
+            f"  overlapped host us/step (while a decode ran): {host['wall']['overlapped']:.0f}"
+            f"/{host['cpu']['overlapped']:.0f}"
         )
     return "\n".join(lines)
 
@@ -322,13 +333,13 @@ def sweep_table(results: list[dict]) -> str:
     """Host us per step, engine thread CPU (wall in brackets), by concurrency, greedy and sampled."""
     head = (
         f"{'c':>3} {'mode':<8}{'host':>13}"
-        + "".join(f"{k:>13}" for k in HOST_PARTS)
+        + "".join(f"{k:>13}" for k in (*HOST_PARTS, "overlapped"))
         + f"{'decode ms':>11}{'reused':>8}"
     )
     lines = ["host us/step: engine thread CPU [wall]", head]
     for r in results:
         h = r["host_us_per_step"]
-        cells = "".join(f"{h['cpu'][k]:>6.0f} [{h['wall'][k]:>4.0f}]" for k in ("host", *HOST_PARTS))
+        cells = "".join(f"{h['cpu'][k]:>6.0f} [{h['wall'][k]:>4.0f}]" for k in ("host", *HOST_PARTS, "overlapped"))
         decode_ms = 1000 * r["parts_seconds"]["llama_decode"] / r["steps"]
         lines.append(
             f"{r['concurrency']:>3} {'sampled' if r['sampled'] else 'greedy':<8}{cells}{decode_ms:>11.1f}{_share(r):>8}"
