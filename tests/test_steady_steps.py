@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from cllm.core.config import SteadySteps
 from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value
 
@@ -69,7 +70,7 @@ def test_no_fewer_decode_steps_reuse_their_graph(results):
     assert steady >= plain, (steady, plain)
 
 
-def _engine(steady: str):
+def _engine(steady: SteadySteps):
     from cllm.core.config import ServeConfig
     from cllm.core.model_file import resolve_model
     from engine_proc.engine import LLMEngine
@@ -90,7 +91,7 @@ def _submits(tok, first: int) -> list:
     return out
 
 
-def _drive(engine, submits, abort: set[int] = frozenset(), abort_at: int = 6) -> dict[int, list]:
+def _drive(engine, submits, abort: frozenset[int] = frozenset(), abort_at: int = 6) -> dict[int, list]:
     """Every request through the engine, all queued at once: id -> its outputs' tokens and finishes; ``abort``:
     ids aborted after ``abort_at`` steps. Requests read whole (not per step), as a non-streamed one is."""
     got: dict[int, list] = {s.id: [] for s in submits}
@@ -129,7 +130,7 @@ def test_decodes_run_ahead_lose_no_token_abort_or_seed(tok):
         engine.timer = timer = StepTimer()
         ahead = _drive(engine, _submits(tok, 100))
         again = _drive(engine, _submits(tok, 200))
-        aborted = _drive(engine, _submits(tok, 300), abort={303, 306})
+        aborted = _drive(engine, _submits(tok, 300), abort=frozenset({303, 306}))
         assert not engine.has_work() and engine.scheduler.running == []
     finally:
         engine.close()
