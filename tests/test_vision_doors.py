@@ -225,3 +225,13 @@ def test_a_clients_text_cannot_place_an_image(http):
     content[0] = text_part("")
     plain = http.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
     assert with_marker > plain  # the marker text was tokenized as text, and one image counted in both
+
+
+def test_a_photo_larger_than_a_text_servers_body_limit_is_taken(http):
+    """With a projector the default body limit makes room for a request's images: a 1.5 MB picture (over the
+    text-only server's 1 MiB) is answered, not refused with a 413."""
+    photo = image_files.png(image_files.picture(720, 720, seed=8), level=0)  # ~1.5 MB, its base64 ~2 MB
+    assert len(photo) > 1 << 20
+    body = {"messages": [{"role": "user", "content": [text_part(), image_part(photo)]}], "max_tokens": 1}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
+from cllm.core.images import MAX_REQUEST_BYTES
 from cllm.core.settings import ConfigError, from_environ, setting, settings
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -238,9 +239,10 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "(llama-server's `--n-predict`); for clients that ask for more than a sequence holds (Claude Code's 32,000, a "
         "400 otherwise) or name no limit (Codex CLI)", REQUESTS, default_text="what one sequence holds", ge=0,
     )] = 0
-    max_body_bytes: Annotated[int, setting(
-        "largest request body; larger ones get 413", REQUESTS, ge=1024,
-    )] = 1 << 20
+    max_body_bytes: Annotated[Annotated[int, Meta(ge=1024)] | None, setting(
+        "largest request body; larger ones get 413", REQUESTS,
+        default_text="1 MiB; with a projector, room for a request's images in base64 (~86 MiB)",
+    )] = None
     max_waiting: Annotated[int, setting(
         "requests that may wait beyond `--parallel`; more get 429 with `Retry-After`", REQUESTS, ge=0,
     )] = 256
@@ -331,6 +333,13 @@ class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="k
         if not self.prefix_cache:
             return self.parallel
         return min(self.parallel + self.cache_slots, MAX_STREAMS - 1)  # and the scratch stream
+
+    def body_bytes(self, images: bool) -> int:
+        """The largest request body: as set, else 1 MiB, or where a model takes images room for a request's
+        (base64 makes 4 bytes of 3) and its text."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return MAX_REQUEST_BYTES * 4 // 3 + (1 << 20) if images else 1 << 20
 
     @property
     def kv_cells(self) -> int:

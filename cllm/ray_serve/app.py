@@ -114,7 +114,7 @@ def application(
     ingress = serve.deployment(
         Ingress, name="cllm-ingress", max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}
     )
-    return ingress.bind(engines.bind(specs[0], config.api_key), config.max_body_bytes)
+    return ingress.bind(engines.bind(specs[0], config.api_key), config.body_bytes(bool(specs[0].config.mmproj)))
 
 
 def run(config: ServeConfig, address: str) -> int:

@@ -89,6 +89,11 @@ class ModelPool:
         self._slots = slots
         self._tasks: set[asyncio.Task] = set()
 
+    @property
+    def takes_images(self) -> bool:
+        """A model has a projector: request bodies may carry its images."""
+        return any(m.spec.config.mmproj for m in self.models)
+
     def start(self) -> None:
         """Attach to every ring; say Hello to the engines that run; watch keep-alive."""
         for model, slot in zip(self.models, self._slots):

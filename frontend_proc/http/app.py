@@ -75,7 +75,7 @@ def build_app(srv: ServerState, default: ModelState, lifespan) -> Starlette:
         middleware=[
             # Outermost, so that a request the guard refuses is counted too.
             Middleware(ObserveMiddleware, metrics=srv.metrics),
-            Middleware(Guard, api_key=srv.api_key, config=srv.config),
+            Middleware(Guard, api_key=srv.api_key, config=srv.config, images=srv.pool.takes_images),
         ],
         exception_handlers={ApiError: _on_api_error, HTTPException: _on_http_error},  # type: ignore[dict-item]
     )

@@ -35,10 +35,10 @@ PREFLIGHT_MAX_AGE = "600"
 
 
 class Guard:
-    def __init__(self, app, api_key: str | None, config: ServeConfig):
+    def __init__(self, app, api_key: str | None, config: ServeConfig, images: bool):
         self.app = app
         self.api_key = api_key.encode() if api_key is not None else None
-        self.max_body = config.max_body_bytes
+        self.max_body = config.body_bytes(images)
         self.hosts = host_names(config) if is_loopback(config.host) else None  # None: any Host
         self.origins = frozenset(o.lower() for o in config.allowed_origins)
 
