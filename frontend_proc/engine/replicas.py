@@ -13,7 +13,7 @@ import asyncio
 
 from cllm.core.errors import ApiError
 from cllm.core.prefix_router import BLOCK, PrefixRouter, block_hashes
-from cllm.core.protocol import EngineStats, ModelInfo, PrefixCacheStats, SamplingParams
+from cllm.core.protocol import EngineStats, ImageInput, ModelInfo, PrefixCacheStats, SamplingParams
 from frontend_proc.engine.client import EngineClient, RequestStream, not_ready
 from frontend_proc.engine.limits import Limits
 
@@ -79,14 +79,16 @@ class ReplicaSet:
         )
         return total
 
-    async def submit(self, prompt: list[int], sampling: SamplingParams, per_step: bool) -> RequestStream:
+    async def submit(
+        self, prompt: list[int], sampling: SamplingParams, per_step: bool, images: list[ImageInput] | None = None
+    ) -> RequestStream:
         usable = [c.info is not None for c in self.replicas]
         if not any(usable):
             raise not_ready()
         hashes = block_hashes(prompt)
         i = self.router.choose(hashes, [c.in_flight for c in self.replicas], usable)
         self.router.sent(i, hashes)
-        stream = await self.replicas[i].submit(prompt, sampling, per_step)
+        stream = await self.replicas[i].submit(prompt, sampling, per_step, images)
         self._prompts[stream] = (i, prompt)
         return stream
 
