@@ -7,30 +7,25 @@ carries their whole system prompt and every tool they offer (~12k tokens for
 Claude Code), so the server holds 16k cells for one sequence and sets no
 deadline; a run's second turn reads the first's prefix from the cache.
 
-The answers do not matter: the server must have answered every request with
-200, ending each with stop or length, and the run must end with exit 0. One
-outcome is the model's, not the server's: the embedded 135M model often writes
-no end past its 8k training context (4 of 6 samples of Claude Code's recorded
-~12k-token turn ran to 256 tokens) and now and then within it (1 of 5 of
-Codex's ~6k-token turn ran past 1,024). Claude Code asks
-for at most CLAUDE_CODE_MAX_OUTPUT_TOKENS; a reply cut there it asks to go on,
-up to three times, and when the last is cut too it exits 1 with "exceeded the
-256 output token maximum" (as it does against llama-server). Codex names no
-limit, so the server caps each reply (--max-tokens 512, else it would run for
-the ~10k tokens left in the sequence), and a reply cut there ends its run with
-exit 1, "Incomplete response returned, reason: max_output_tokens". Those exits
-are accepted only after a last reply cut at length. `make test-agents`
-installs the CLIs and runs this; without CLLM_TEST_AGENTS=1 it is skipped.
+They talk to the server through a recording proxy (tests/agents/proxy.py)
+that makes every turn greedy (temperature 0, a seed, one fixed date in their
+prompts), so a run is the same every time, and keeps each request and reply.
+A plain turn must exit 0, every request answered 200, its last reply ended by
+the model (end of sequence, not its length limit), and the CLI must print
+that reply. A tools turn must get a reply that calls a tool, and a later
+request must carry that call's result: the `ls` the agent ran, naming the
+project's one file. `make test-agents` installs the CLIs and runs this;
+without CLLM_TEST_AGENTS=1 it is skipped.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
-import time
 
 import pytest
+
+from tests.agents.proxy import Exchange, Proxy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(HERE, "node_modules", ".bin")
@@ -49,9 +44,8 @@ CLAUDE_ENV = {
     "API_TIMEOUT_MS": str(RUN_TIMEOUT * 1000),
     "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
 }
-# What each says, exiting 1, when its last reply was cut at its limit (stop_reason max_tokens, status incomplete).
-CLAUDE_CUT = "Claude's response exceeded the 256 output token maximum"
-CODEX_CUT = "Incomplete response returned, reason: max_output_tokens"
+PLAIN = "Say hello."
+TOOLS = "List the files in this directory."
 CODEX_CONFIG = """\
 model = "smollm2"
 model_provider = "cllm"
@@ -94,28 +88,49 @@ def run(argv: list[str], home, env: dict) -> subprocess.CompletedProcess:
     )
 
 
-def answered(server, route: str, before: int) -> list[str]:
-    """How the requests to ``route`` logged since line ``before`` of the server's log ended: "200 stop", ...
-
-    A request is logged once its response is sent, so the client may exit first: wait (bounded) for a quiet log.
-    """
-    seen, deadline = -1, time.monotonic() + 10
-    while seen != len(server.stderr_lines) and time.monotonic() < deadline:
-        seen = len(server.stderr_lines)
-        time.sleep(1)
-    pattern = re.compile(rf"route={re.escape(route)} status=(\d+) .*finish_reason=(\w+)")
-    return [" ".join(m.groups()) for line in server.stderr_lines[before:] if (m := pattern.search(line))]
+def exchanges(proxy: Proxy, route: str, before: int) -> list[Exchange]:
+    """The requests to ``route`` since exchange ``before``: each answered 200."""
+    seen = [e for e in proxy.exchanges[before:] if e.path == route]
+    assert seen and all(e.status == 200 for e in seen), [(e.status, e.content[:300]) for e in seen]
+    return seen
 
 
-def check(done: subprocess.CompletedProcess, server, route: str, before: int, cut: str | None = None) -> None:
-    """Every request answered 200 (stop or length), and exit 0, unless the client's ``cut`` message follows a last reply
-    cut at length."""
-    ends = answered(server, route, before)
-    assert ends and all(e in ("200 stop", "200 length") for e in ends), (ends, done.stdout + done.stderr)
-    if done.returncode != 0 and cut is not None and ends[-1] == "200 length":
-        assert cut in done.stdout + done.stderr, done.stdout + done.stderr
-    else:
-        assert done.returncode == 0, done.stdout + done.stderr
+def check_plain(done: subprocess.CompletedProcess, proxy: Proxy, route: str, before: int) -> None:
+    """Exit 0, a reply that ended at end of sequence, and the CLI printing that reply."""
+    output = done.stdout + done.stderr
+    replies = [e.reply() for e in exchanges(proxy, route, before)]
+    assert done.returncode == 0, output
+    assert any(r.end == "stop" for r in replies), [(r.end, r.text[:100]) for r in replies]
+    last = replies[-1]
+    assert last.end == "stop" and last.text.strip() and last.text.strip() in done.stdout, (last, done.stdout)
+
+
+def check_tools(done: subprocess.CompletedProcess, proxy: Proxy, route: str, before: int, results) -> None:
+    """A reply that called a tool, then a request carrying that call's result: the tool ran, on the project's files."""
+    seen = exchanges(proxy, route, before)
+    output = done.stdout + done.stderr
+    called = [(i, call) for i, e in enumerate(seen) for call in e.reply().calls]
+    assert called, ([(r.end, r.text[:100]) for r in map(Exchange.reply, seen)], output)
+    i, call = called[0]
+    carried = [result for e in seen[i + 1 :] for result in results(e.body, call.id)]
+    assert carried and "notes.txt" in carried[0], (call, carried, output)
+
+
+def tool_results(body: dict, call_id: str) -> list[str]:
+    """Anthropic: the text of each tool_result block naming ``call_id``."""
+    out = []
+    for message in body["messages"]:
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            if block.get("type") == "tool_result" and block["tool_use_id"] == call_id:
+                content = block.get("content", "")
+                out.append(content if isinstance(content, str) else "".join(b.get("text", "") for b in content))
+    return out
+
+
+def call_outputs(body: dict, call_id: str) -> list[str]:
+    """The Responses API: the output of each function_call_output item naming ``call_id``."""
+    items = body["input"] if isinstance(body["input"], list) else []
+    return [str(i["output"]) for i in items if i.get("type") == "function_call_output" and i["call_id"] == call_id]
 
 
 def claude(server, home, *args: str) -> subprocess.CompletedProcess:
@@ -132,20 +147,28 @@ def codex(server, home, prompt: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("Say hello.", "--max-turns", "1"),
-        ("List the files in this directory.", "--max-turns", "3", "--allowedTools", "Bash"),
-    ],
-    ids=["plain", "tools"],
-)
-def test_claude_code(server, home, args):
-    before = len(server.stderr_lines)
-    check(claude(server, home, *args), server, "/v1/messages", before, CLAUDE_CUT)
+@pytest.fixture(scope="module")
+def proxy(server):
+    with Proxy(server.url) as p:
+        yield p
 
 
-@pytest.mark.parametrize("prompt", ["Say hello.", "List the files in this directory."], ids=["plain", "tools"])
-def test_codex(server, home, prompt):
-    before = len(server.stderr_lines)
-    check(codex(server, home, prompt), server, "/v1/responses", before, CODEX_CUT)
+def test_claude_code_plain(proxy, home):
+    before = len(proxy.exchanges)
+    check_plain(claude(proxy, home, PLAIN, "--max-turns", "1"), proxy, "/v1/messages", before)
+
+
+def test_claude_code_tools(proxy, home):
+    before = len(proxy.exchanges)
+    done = claude(proxy, home, TOOLS, "--max-turns", "3", "--allowedTools", "Bash")
+    check_tools(done, proxy, "/v1/messages", before, tool_results)
+
+
+def test_codex_plain(proxy, home):
+    before = len(proxy.exchanges)
+    check_plain(codex(proxy, home, PLAIN), proxy, "/v1/responses", before)
+
+
+def test_codex_tools(proxy, home):
+    before = len(proxy.exchanges)
+    check_tools(codex(proxy, home, TOOLS), proxy, "/v1/responses", before, call_outputs)

@@ -20,6 +20,7 @@ if not os.environ.get("CLLM_TEST_AGENTS"):
     pytest.skip("the recorded agents' requests run in `make test-agents`", allow_module_level=True)
 
 LIMIT = 8  # tokens per reply: the prefill is what is tested
+GREEDY = {"temperature": 0, "seed": 1}
 STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use"}
 
 
@@ -36,7 +37,7 @@ def events(lines) -> list[tuple[str, dict]]:
     return out
 
 
-def check_anthropic_stream(stream: list[tuple[str, dict]], limit: int) -> None:
+def check_anthropic_stream(stream: list[tuple[str, dict]], limit: int) -> dict:
     """message_start, pings, per block start/deltas/stop with indices 0, 1, ..., message_delta, message_stop."""
     names = [n for n, _ in stream if n != "ping"]
     assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"], names
@@ -62,15 +63,16 @@ def check_anthropic_stream(stream: list[tuple[str, dict]], limit: int) -> None:
             open_block = None
     assert open_block is None
     end = [d for n, d in stream if n == "message_delta"][0]
-    assert end["delta"]["stop_reason"] in STOP_REASONS
-    # a sampled reply may end at its first token (end_turn, no blocks, 0 tokens); one cut at the limit has them all
+    assert end["delta"]["stop_reason"] in STOP_REASONS and index >= 0  # a block: something was said
+    # one cut at the limit has all its tokens
     if end["delta"]["stop_reason"] == "max_tokens":
         assert end["usage"]["output_tokens"] == limit
     else:
-        assert end["usage"]["output_tokens"] <= limit and (index >= 0 or end["delta"]["stop_reason"] != "tool_use")
+        assert end["usage"]["output_tokens"] <= limit
+    return {"input_tokens": start["usage"]["input_tokens"], "output_tokens": end["usage"]["output_tokens"]}
 
 
-def check_responses_stream(stream: list[tuple[str, dict]], limit: int) -> None:
+def check_responses_stream(stream: list[tuple[str, dict]], limit: int) -> dict:
     """created, in_progress, items added/deltas/done in order, then completed; sequence numbers 0, 1, ..."""
     names = [n for n, _ in stream]
     assert names[:2] == ["response.created", "response.in_progress"] and names[-1] in (
@@ -93,15 +95,62 @@ def check_responses_stream(stream: list[tuple[str, dict]], limit: int) -> None:
         and "cached_tokens" in usage["input_tokens_details"]
     )
     assert usage["output_tokens"] <= limit and (names[-1] == "response.completed" or usage["output_tokens"] == limit)
+    return usage
+
+
+def chat_body(body: dict) -> dict:
+    """A Responses API body as the chat body it means (developer messages as system ones, calls as tool_calls, their
+    outputs as tool messages, only function tools): what /apply-template renders to count its prompt."""
+    messages = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
+    for item in body["input"]:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = (
+                item["content"] if isinstance(item["content"], str) else "".join(p["text"] for p in item["content"])
+            )
+            messages.append({"role": "system" if item["role"] == "developer" else item["role"], "content": content})
+        elif kind == "function_call":
+            if messages[-1]["role"] != "assistant":
+                messages.append({"role": "assistant", "content": ""})
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            messages[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+    tools = [
+        {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
+        for t in body.get("tools", [])
+        if t["type"] == "function"
+    ]
+    return {"messages": messages, "tools": tools}
+
+
+def prompt_tokens(http, rec: dict) -> int:
+    """How many tokens the recorded request's prompt is, counted through the server apart from generating."""
+    if rec["path"].startswith("/v1/messages"):
+        counted = {k: v for k, v in rec["body"].items() if k not in ("max_tokens", "stream", "metadata")}
+        r = http.post("/v1/messages/count_tokens", json=counted, headers=rec["headers"])
+        assert r.status_code == 200, r.text
+        return r.json()["input_tokens"]
+    r = http.post("/apply-template", json=chat_body(rec["body"]))
+    assert r.status_code == 200, r.text
+    return len(http.post("/tokenize", json={"content": r.json()["prompt"], "add_special": True}).json()["tokens"])
 
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_a_recorded_request_is_answered_with_a_well_formed_stream(server, name):
+    """Greedy (temperature 0, a seed), so each reply is the same every run: at least one token, the prompt counted
+    whole."""
     rec = recorded(name)
     anthropic_api = rec["path"].startswith("/v1/messages")
-    body = {**rec["body"], ("max_tokens" if anthropic_api else "max_output_tokens"): LIMIT}
+    body = {**rec["body"], ("max_tokens" if anthropic_api else "max_output_tokens"): LIMIT, **GREEDY}
     with server.client(timeout=1800) as http:
         with http.stream("POST", rec["path"], json=body, headers=rec["headers"]) as r:
             assert r.status_code == 200, r.read()
             stream = events(r.iter_lines())
-    (check_anthropic_stream if anthropic_api else check_responses_stream)(stream, LIMIT)
+        n_prompt = prompt_tokens(http, rec)
+    usage = (check_anthropic_stream if anthropic_api else check_responses_stream)(stream, LIMIT)
+    assert usage["input_tokens"] == n_prompt > 1000 and usage["output_tokens"] >= 1, (usage, n_prompt)

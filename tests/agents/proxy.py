@@ -1,0 +1,170 @@
+"""A recording proxy between a coding agent and `cllm serve`: greedy decoding, and every exchange kept to read.
+
+The agents send their own sampling settings (Claude Code temperature 1), so
+what they get back would differ from run to run; the proxy sets temperature 0
+and a seed on every generation request, and writes one fixed date where their
+prompts carry today's, making each turn the same every run, any day.
+It keeps each request's body and its reply, read back as Reply: how it ended
+(stop, length or tool), its text and its tool calls, in either API's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+
+GREEDY = {"temperature": 0, "seed": 1}
+GENERATES = ("/v1/messages", "/v1/responses")  # count_tokens and the rest pass unchanged
+# Today's date as each writes it in its prompt (Claude Code's system prompt, Codex's environment context).
+DATES = (
+    (re.compile(r"Today's date is \d{4}-\d{2}-\d{2}"), "Today's date is 2026-11-26"),
+    (re.compile(r"<current_date>[^<]*</current_date>"), "<current_date>2026-11-26</current_date>"),
+)
+HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "accept-encoding"}
+
+
+@dataclass
+class Call:
+    id: str  # Anthropic's tool_use id, the Responses API's call_id: what the result must name
+    name: str
+    arguments: dict
+
+
+@dataclass
+class Reply:
+    end: str  # stop (end of sequence), length (cut at its limit) or tool (ended by a tool call)
+    text: str
+    calls: list[Call] = field(default_factory=list)
+
+
+@dataclass
+class Exchange:
+    path: str
+    body: dict
+    status: int
+    content: bytes
+
+    def reply(self) -> Reply:
+        """The reply read from the stream (or JSON) that answered this request."""
+        if self.path.startswith("/v1/messages"):
+            return (
+                _anthropic(_events(self.content))
+                if self.content.startswith(b"event:")
+                else _anthropic_message(json.loads(self.content))
+            )
+        stream = _events(self.content)
+        return _response(stream[-1][1]["response"] if stream else json.loads(self.content))
+
+
+class Proxy:
+    def __init__(self, upstream: str):
+        self.upstream = upstream
+        self.exchanges: list[Exchange] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                proxy._forward(self, None)
+
+            def do_HEAD(self):
+                proxy._forward(self, None)
+
+            def do_POST(self):
+                proxy._forward(self, self.rfile.read(int(self.headers.get("Content-Length", 0))))
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> Proxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(10)
+
+    def generations(self, path: str) -> list[Exchange]:
+        return [e for e in self.exchanges if e.path.split("?")[0] == path]
+
+    def _forward(self, handler: BaseHTTPRequestHandler, raw: bytes | None) -> None:
+        path = handler.path
+        body = json.loads(raw) if raw else None
+        if isinstance(body, dict) and path.split("?")[0] in GENERATES:
+            text = json.dumps({**body, **GREEDY})
+            for today, fixed in DATES:
+                text = today.sub(fixed, text)
+            body, raw = json.loads(text), text.encode()
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP}
+        # The whole reply is read before it is passed on: the agents read a stream sent with a length as well.
+        with httpx.Client(timeout=None) as c:
+            r = c.request(handler.command, self.upstream + path, content=raw, headers=headers)
+        if isinstance(body, dict):
+            self.exchanges.append(Exchange(path.split("?")[0], body, r.status_code, r.content))
+        handler.send_response(r.status_code)
+        for k, v in r.headers.items():
+            if k.lower() not in HOP:
+                handler.send_header(k, v)
+        handler.send_header("Content-Length", str(len(r.content)))
+        handler.end_headers()
+        if handler.command != "HEAD":
+            handler.wfile.write(r.content)
+
+
+def _events(content: bytes) -> list[tuple[str, dict]]:
+    out, name = [], ""
+    for line in content.decode().splitlines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            out.append((name, json.loads(line[6:])))
+    return out
+
+
+ANTHROPIC_ENDS = {"end_turn": "stop", "max_tokens": "length", "tool_use": "tool"}
+
+
+def _anthropic(stream: list[tuple[str, dict]]) -> Reply:
+    blocks: list[dict] = []
+    end = "?"
+    for name, data in stream:
+        if name == "content_block_start":
+            blocks.append({**data["content_block"], "json": ""})
+        elif name == "content_block_delta":
+            delta = data["delta"]
+            if delta["type"] == "text_delta":
+                blocks[-1]["text"] += delta["text"]
+            elif delta["type"] == "input_json_delta":
+                blocks[-1]["json"] += delta["partial_json"]
+        elif name == "message_delta":
+            end = data["delta"]["stop_reason"]
+    for b in blocks:
+        if b["type"] == "tool_use":
+            b["input"] = json.loads(b["json"] or "{}")
+    return _anthropic_message({"content": blocks, "stop_reason": end})
+
+
+def _anthropic_message(message: dict) -> Reply:
+    blocks = message["content"]
+    return Reply(
+        ANTHROPIC_ENDS.get(message["stop_reason"], message["stop_reason"]),
+        "".join(b["text"] for b in blocks if b["type"] == "text"),
+        [Call(b["id"], b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"],
+    )
+
+
+def _response(response: dict) -> Reply:
+    items = response["output"]
+    calls = [Call(i["call_id"], i["name"], json.loads(i["arguments"])) for i in items if i["type"] == "function_call"]
+    text = "".join(p.get("text", "") for i in items if i["type"] == "message" for p in i["content"])
+    end = "length" if response["status"] == "incomplete" else "tool" if calls else "stop"
+    return Reply(end, text, calls)
