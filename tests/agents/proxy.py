@@ -3,7 +3,13 @@
 The agents send their own sampling settings (Claude Code temperature 1), so
 what they get back would differ from run to run; the proxy sets temperature 0
 and a seed on every generation request, and writes one fixed date where their
-prompts carry today's, making each turn the same every run, any day.
+prompts carry today's and fixed stand-ins for the run's directories, making
+each turn the same every run, any day. In a turn that is to use a tool
+(``call_tool``), the request that carries no tool result yet asks for a call
+(Anthropic's tool_choice "any", the Responses API's "required"), one, and
+the requests that carry its result ask for none: the 135M model, offered
+Bash, writes about the command instead of calling it, and once it calls,
+calls on.
 It keeps each request's body and its reply, read back as Reply: how it ended
 (stop, length or tool), its text and its tool calls, in either API's shape.
 """
@@ -24,7 +30,15 @@ GENERATES = ("/v1/messages", "/v1/responses")  # count_tokens and the rest pass 
 DATES = (
     (re.compile(r"Today's date is \d{4}-\d{2}-\d{2}"), "Today's date is 2026-11-26"),
     (re.compile(r"<current_date>[^<]*</current_date>"), "<current_date>2026-11-26</current_date>"),
+    (re.compile(r"\bDate: \d{4}-\d{2}-\d{2}"), "Date: 2026-11-26"),  # Claude Code's --bare prompt
 )
+# One call (several in parallel ran the 135M model to its length limit), then an answer: offered its tools again,
+# the model called one after another and Codex, which sets no limit on turns, ran each.
+MUST_CALL = {
+    "/v1/messages": {"tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
+    "/v1/responses": {"tool_choice": "required", "parallel_tool_calls": False},
+}
+NO_CALL = {"/v1/messages": {"tool_choice": {"type": "none"}}, "/v1/responses": {"tool_choice": "none"}}
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "accept-encoding"}
 
 
@@ -62,8 +76,10 @@ class Exchange:
 
 
 class Proxy:
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, paths: dict[str, str] | None = None):
         self.upstream = upstream
+        self.paths = paths or {}  # a run's own directories (in the prompts) -> fixed stand-ins
+        self.call_tool = False
         self.exchanges: list[Exchange] = []
         proxy = self
 
@@ -81,6 +97,7 @@ class Proxy:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True  # closing does not wait on a request the server is still answering
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -100,9 +117,13 @@ class Proxy:
         path = handler.path
         body = json.loads(raw) if raw else None
         if isinstance(body, dict) and path.split("?")[0] in GENERATES:
-            text = json.dumps({**body, **GREEDY})
+            route = path.split("?")[0]
+            must = (NO_CALL if tool_results(body) else MUST_CALL)[route] if self.call_tool else {}
+            text = json.dumps({**body, **GREEDY, **must})
             for today, fixed in DATES:
                 text = today.sub(fixed, text)
+            for own, stand_in in self.paths.items():
+                text = text.replace(own, stand_in)
             body, raw = json.loads(text), text.encode()
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP}
         # The whole reply is read before it is passed on: the agents read a stream sent with a length as well.
@@ -168,3 +189,34 @@ def _response(response: dict) -> Reply:
     text = "".join(p.get("text", "") for i in items if i["type"] == "message" for p in i["content"])
     end = "length" if response["status"] == "incomplete" else "tool" if calls else "stop"
     return Reply(end, text, calls)
+
+
+def tool_results(body: dict) -> list[tuple[str, str]]:
+    """(call id, the result's text) for each tool result in a request: Anthropic's tool_result blocks, the Responses
+    API's function_call_output items."""
+    out = []
+    for message in body.get("messages", ()):
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            if block.get("type") == "tool_result":
+                content = block.get("content", "")
+                text = content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
+                out.append((block["tool_use_id"], text))
+    items = body.get("input", ())
+    for item in items if isinstance(items, list) else ():
+        if item.get("type") == "function_call_output":
+            out.append((item["call_id"], str(item["output"])))
+    return out
+
+
+def without_results(body: dict) -> dict:
+    """The request with each tool result's text emptied."""
+    body = json.loads(json.dumps(body))
+    for message in body.get("messages", ()):
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            if block.get("type") == "tool_result":
+                block["content"] = ""
+    items = body.get("input", ())
+    for item in items if isinstance(items, list) else ():
+        if item.get("type") == "function_call_output":
+            item["output"] = ""
+    return body

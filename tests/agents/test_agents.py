@@ -1,31 +1,37 @@
 """Claude Code and Codex CLI, as published (tests/agents/package.json pins them), run against `cllm serve`.
 
 Each completes a plain turn and a turn that asks for one of its own tools, as
-a new user would run them: `claude -p` with ANTHROPIC_BASE_URL, `codex exec`
-with a `model_providers` entry on the Responses API. Each request they send
-carries their whole system prompt and every tool they offer (~12k tokens for
-Claude Code), so the server holds 16k cells for one sequence and sets no
-deadline; a run's second turn reads the first's prefix from the cache.
+a user scripting them would run them: `claude -p --bare --tools Bash` with
+ANTHROPIC_BASE_URL, `codex exec` with a `model_providers` entry on the
+Responses API, one line of instructions and fewer tools. Their prompts are
+then ~0.5k and ~2.5k tokens, inside the 135M model's 8k training context
+(their default ~12k and ~10k lie past it, where greedy decoding wrote no end,
+and took ~15 min of prefill on two busy cores); tests/agents/test_recorded.py
+replays their default requests whole.
 
 They talk to the server through a recording proxy (tests/agents/proxy.py)
-that makes every turn greedy (temperature 0, a seed, one fixed date in their
-prompts), so a run is the same every time, and keeps each request and reply.
-A plain turn must exit 0, every request answered 200, its last reply ended by
-the model (end of sequence, not its length limit), and the CLI must print
-that reply. A tools turn must get a reply that calls a tool, and a later
-request must carry that call's result: the `ls` the agent ran, naming the
-project's one file. `make test-agents` installs the CLIs and runs this;
+that makes every turn greedy (temperature 0, a seed, one fixed date and fixed
+directories in their prompts), so a run is the same every time, and keeps
+each request and reply. A plain turn must exit 0, every request answered 200,
+its last reply ended by the model (end of sequence, not its length limit), and
+the CLI must print that reply. In a tools turn the proxy asks for one tool
+call (tool_choice), then for an answer; the reply must call a tool, a later
+request carry that call's result (for Claude Code the `ls` it ran, naming the
+project's one file), and the server read that result: emptied, the same request counts
+fewer prompt tokens. `make test-agents` installs the CLIs and runs this;
 without CLLM_TEST_AGENTS=1 it is skipped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 
+import httpx
 import pytest
 
-from tests.agents.proxy import Exchange, Proxy
+from tests.agents.proxy import Exchange, Proxy, tool_results, without_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(HERE, "node_modules", ".bin")
@@ -44,18 +50,31 @@ CLAUDE_ENV = {
     "API_TIMEOUT_MS": str(RUN_TIMEOUT * 1000),
     "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
 }
+# Its scripted mode (--bare: no hooks, plugins or CLAUDE.md, a one-line system prompt) with Bash its one tool: a
+# ~700-token prompt where the default one is ~12k, past the 135M model's 8k training context (where greedy decoding
+# wrote no end) and a prefill of ~15 min on two busy cores.
+CLAUDE_ARGS = ("--bare", "--tools", "Bash")
 PLAIN = "Say hello."
-TOOLS = "List the files in this directory."
+TOOLS = "Run the command ls."
+# Its own instructions in a file of one line, and no web search, sub-agents or goals: ~2.5k tokens where its default
+# prompt is ~10k, past the model's training context.
+CODEX_INSTRUCTIONS = "You are Codex, a coding agent. Answer briefly.\n"
 CODEX_CONFIG = """\
 model = "smollm2"
 model_provider = "cllm"
 check_for_update_on_startup = false
+model_instructions_file = "{instructions}"
+web_search = "disabled"
 
 [model_providers.cllm]
 name = "cllm"
 base_url = "{url}/v1"
 wire_api = "responses"
 stream_idle_timeout_ms = {idle_ms}
+
+[features]
+multi_agent = false
+goals = false
 
 [analytics]
 enabled = false
@@ -105,51 +124,62 @@ def check_plain(done: subprocess.CompletedProcess, proxy: Proxy, route: str, bef
     assert last.end == "stop" and last.text.strip() and last.text.strip() in done.stdout, (last, done.stdout)
 
 
-def check_tools(done: subprocess.CompletedProcess, proxy: Proxy, route: str, before: int, results) -> None:
-    """A reply that called a tool, then a request carrying that call's result: the tool ran, on the project's files."""
+def check_tools(done: subprocess.CompletedProcess, proxy: Proxy, route: str, before: int, listed: str) -> None:
+    """A reply that called a tool, then a request carrying that call's result (holding ``listed``), and that result
+    in the prompt the server read: emptied, the same request counts fewer prompt tokens."""
     seen = exchanges(proxy, route, before)
     output = done.stdout + done.stderr
     called = [(i, call) for i, e in enumerate(seen) for call in e.reply().calls]
     assert called, ([(r.end, r.text[:100]) for r in map(Exchange.reply, seen)], output)
     i, call = called[0]
-    carried = [result for e in seen[i + 1 :] for result in results(e.body, call.id)]
-    assert carried and "notes.txt" in carried[0], (call, carried, output)
+    carried = [(e, text) for e in seen[i + 1 :] for id, text in tool_results(e.body) if id == call.id]
+    assert carried and carried[0][1].strip() and listed in carried[0][1], (call, carried, output)
+    follow_up = carried[0][0].body
+    read, emptied = prompt_size(proxy, route, follow_up), prompt_size(proxy, route, without_results(follow_up))
+    assert read > emptied, (read, emptied)
 
 
-def tool_results(body: dict, call_id: str) -> list[str]:
-    """Anthropic: the text of each tool_result block naming ``call_id``."""
-    out = []
-    for message in body["messages"]:
-        for block in message["content"] if isinstance(message["content"], list) else ():
-            if block.get("type") == "tool_result" and block["tool_use_id"] == call_id:
-                content = block.get("content", "")
-                out.append(content if isinstance(content, str) else "".join(b.get("text", "") for b in content))
-    return out
-
-
-def call_outputs(body: dict, call_id: str) -> list[str]:
-    """The Responses API: the output of each function_call_output item naming ``call_id``."""
-    items = body["input"] if isinstance(body["input"], list) else []
-    return [str(i["output"]) for i in items if i.get("type") == "function_call_output" and i["call_id"] == call_id]
+def prompt_size(proxy: Proxy, route: str, body: dict) -> int:
+    """How many tokens the server read as the prompt of ``body`` (generating a token or a few)."""
+    limit = {"max_tokens": 1} if route == "/v1/messages" else {"max_output_tokens": 16}
+    r = httpx.post(proxy.upstream + route, json={**body, **limit, "stream": False}, timeout=RUN_TIMEOUT)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    cached = ("cache_read_input_tokens", "cache_creation_input_tokens") if route == "/v1/messages" else ()
+    return usage["input_tokens"] + sum(usage.get(k) or 0 for k in cached)
 
 
 def claude(server, home, *args: str) -> subprocess.CompletedProcess:
     env = {**CLAUDE_ENV, "ANTHROPIC_BASE_URL": server.url, "CLAUDE_CONFIG_DIR": str(home / "home" / ".claude")}
-    return run([os.path.join(BIN, "claude"), "-p", *args, "--model", "smollm2"], home, env)
+    return run([os.path.join(BIN, "claude"), "-p", *args, *CLAUDE_ARGS, "--model", "smollm2"], home, env)
 
 
 def codex(server, home, prompt: str) -> subprocess.CompletedProcess:
     codex_home = home / "home" / ".codex"
     codex_home.mkdir(exist_ok=True)
-    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=server.url, idle_ms=RUN_TIMEOUT * 1000))
+    (codex_home / "instructions.md").write_text(CODEX_INSTRUCTIONS)
+    config = CODEX_CONFIG.format(
+        instructions=codex_home / "instructions.md", url=server.url, idle_ms=RUN_TIMEOUT * 1000
+    )
+    (codex_home / "config.toml").write_text(config)
     return run(
         [os.path.join(BIN, "codex"), "exec", "--skip-git-repo-check", prompt], home, {"CODEX_HOME": str(codex_home)}
     )
 
 
+@contextlib.contextmanager
+def calling(proxy: Proxy):
+    """A turn in which the proxy asks for a tool call."""
+    proxy.call_tool = True
+    try:
+        yield
+    finally:
+        proxy.call_tool = False
+
+
 @pytest.fixture(scope="module")
-def proxy(server):
-    with Proxy(server.url) as p:
+def proxy(server, home):
+    with Proxy(server.url, {str(home): "/agents"}) as p:
         yield p
 
 
@@ -160,8 +190,9 @@ def test_claude_code_plain(proxy, home):
 
 def test_claude_code_tools(proxy, home):
     before = len(proxy.exchanges)
-    done = claude(proxy, home, TOOLS, "--max-turns", "3", "--allowedTools", "Bash")
-    check_tools(done, proxy, "/v1/messages", before, tool_results)
+    with calling(proxy):
+        done = claude(proxy, home, TOOLS, "--max-turns", "3", "--allowedTools", "Bash")
+    check_tools(done, proxy, "/v1/messages", before, "notes.txt")  # the `ls` it ran, on the project's one file
 
 
 def test_codex_plain(proxy, home):
@@ -171,4 +202,8 @@ def test_codex_plain(proxy, home):
 
 def test_codex_tools(proxy, home):
     before = len(proxy.exchanges)
-    check_tools(codex(proxy, home, TOOLS), proxy, "/v1/responses", before, call_outputs)
+    with calling(proxy):
+        done = codex(proxy, home, TOOLS)
+    # Its call is whatever the model writes (in Codex's prompt the 135M model names other commands than ls, or its
+    # other tools): the result Codex sends back, whatever it says, is what the server must read.
+    check_tools(done, proxy, "/v1/responses", before, "")

@@ -69,7 +69,9 @@ def check_anthropic_stream(stream: list[tuple[str, dict]], limit: int) -> dict:
         assert end["usage"]["output_tokens"] == limit
     else:
         assert end["usage"]["output_tokens"] <= limit
-    return {"input_tokens": start["usage"]["input_tokens"], "output_tokens": end["usage"]["output_tokens"]}
+    # The prompt: what the prefix cache served is counted apart from the rest (known at the end, not at the start).
+    prompt = sum(end["usage"][k] for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+    return {"input_tokens": prompt, "output_tokens": end["usage"]["output_tokens"]}
 
 
 def check_responses_stream(stream: list[tuple[str, dict]], limit: int) -> dict:
