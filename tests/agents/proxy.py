@@ -21,6 +21,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import httpx
 
@@ -34,11 +35,14 @@ DATES = (
 )
 # One call (several in parallel ran the 135M model to its length limit), then an answer: offered its tools again,
 # the model called one after another and Codex, which sets no limit on turns, ran each.
-MUST_CALL = {
+MUST_CALL: dict[str, dict[str, Any]] = {
     "/v1/messages": {"tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
     "/v1/responses": {"tool_choice": "required", "parallel_tool_calls": False},
 }
-NO_CALL = {"/v1/messages": {"tool_choice": {"type": "none"}}, "/v1/responses": {"tool_choice": "none"}}
+NO_CALL: dict[str, dict[str, Any]] = {
+    "/v1/messages": {"tool_choice": {"type": "none"}},
+    "/v1/responses": {"tool_choice": "none"},
+}
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "accept-encoding"}
 
 
