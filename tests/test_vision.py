@@ -38,12 +38,6 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def mmproj(tmp_path_factory) -> str:
-    width = synth_mmproj.text_embedding_width(resolve_model(None))
-    return synth_mmproj.write(str(tmp_path_factory.mktemp("vision") / "mmproj.gguf"), width)
-
-
-@pytest.fixture(scope="module")
 def vision(model, mmproj):
     v = Vision(model, mmproj, n_threads=THREADS)
     yield v

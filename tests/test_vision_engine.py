@@ -35,12 +35,6 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 THREADS = 1  # no barrier for threads to spin at when other programs hold the CPUs (docs/internals.md: Threads)
 
 
-@pytest.fixture(scope="module")
-def mmproj(tmp_path_factory) -> str:
-    width = synth_mmproj.text_embedding_width(resolve_model(None))
-    return synth_mmproj.write(str(tmp_path_factory.mktemp("vision") / "mmproj.gguf"), width)
-
-
 def test_the_engine_loads_the_projector_and_counts_an_images_positions(mmproj):
     engine = LLMEngine(resolve_model(None), ServeConfig(parallel=2, ctx_size=1024, mmproj=mmproj))
     try:

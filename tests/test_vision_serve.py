@@ -11,21 +11,12 @@ from __future__ import annotations
 
 import base64
 
-import pytest
-
-from cllm.core.model_file import resolve_model
 from perf import image_files as F
 from perf import synth_mmproj
 from tests.conftest import start_server
 
 N_IMAGE = synth_mmproj.Tower().n_patches  # positions one image takes with the made projector
 ARGS = ("--parallel", "2", "--ctx-size", "2048", "--threads", "1")
-
-
-@pytest.fixture(scope="module")
-def mmproj(tmp_path_factory) -> str:
-    width = synth_mmproj.text_embedding_width(resolve_model(None))
-    return synth_mmproj.write(str(tmp_path_factory.mktemp("vision") / "mmproj.gguf"), width)
 
 
 def chat(data: bytes, history: list[dict] | None = None, **extra) -> dict:
