@@ -59,9 +59,8 @@ def text_embedding_width(model_path: str) -> int:
     return width
 
 
-def _tensors(tower: Tower, n_embd_text: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """name -> array in numpy order (outermost dimension first: a ggml tensor's ne reversed)."""
-    d, ff = tower.n_embd, tower.n_ff
+def weights(rng: np.random.Generator):
+    """w(*shape): F16 weights of about unit gain; vec(n[, value]): an F32 vector, small random or all ``value``."""
 
     def w(*shape: int, scale: float = 0.0) -> np.ndarray:
         # 1/sqrt(fan-in) keeps the activations near unit size through every layer
@@ -72,13 +71,21 @@ def _tensors(tower: Tower, n_embd_text: int, rng: np.random.Generator) -> dict[s
             return np.full(n, value, np.float32)
         return (rng.standard_normal(n) * 0.02).astype(np.float32)
 
+    return w, vec
+
+
+def tower_tensors(tower: Tower, rng: np.random.Generator, pre_ln: bool = True) -> dict[str, np.ndarray]:
+    """The vision tower's tensors (v.*), name -> array in numpy order (outermost dimension first: a ggml tensor's
+    ne reversed); ``pre_ln``: CLIP's norm before the blocks (SigLIP has none)."""
+    d, ff = tower.n_embd, tower.n_ff
+    w, vec = weights(rng)
     t = {
         "v.patch_embd.weight": w(d, 3, tower.patch_size, tower.patch_size, scale=(3 * tower.patch_size**2) ** -0.5),
         "v.patch_embd.bias": vec(d),
         "v.position_embd.weight": (rng.standard_normal((tower.n_patches, d)) * 0.02).astype(np.float32),
-        "v.pre_ln.weight": vec(d, 1.0),
-        "v.pre_ln.bias": vec(d, 0.0),
     }
+    if pre_ln:
+        t["v.pre_ln.weight"], t["v.pre_ln.bias"] = vec(d, 1.0), vec(d, 0.0)
     for i in range(tower.n_layer):
         p = f"v.blk.{i}."
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
@@ -88,42 +95,72 @@ def _tensors(tower: Tower, n_embd_text: int, rng: np.random.Generator) -> dict[s
         t[p + "ln2.weight"], t[p + "ln2.bias"] = vec(d, 1.0), vec(d, 0.0)
         t[p + "ffn_up.weight"], t[p + "ffn_up.bias"] = w(ff, d), vec(ff)
         t[p + "ffn_down.weight"], t[p + "ffn_down.bias"] = w(d, ff), vec(d)
-    t["mm.0.weight"], t["mm.0.bias"] = w(n_embd_text, d), vec(n_embd_text)
+    return t
+
+
+def _tensors(tower: Tower, n_embd_text: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    t = tower_tensors(tower, rng)
+    w, vec = weights(rng)
+    t["mm.0.weight"], t["mm.0.bias"] = w(n_embd_text, tower.n_embd), vec(n_embd_text)
     t["mm.2.weight"], t["mm.2.bias"] = w(n_embd_text, n_embd_text), vec(n_embd_text)
     return t
 
 
-def write(path: str, n_embd_text: int, tower: Tower = Tower(), seed: int = 0) -> str:
-    """Write the projector to ``path``; returns ``path``."""
+def write_gguf(
+    path: str, projector_type: str, tower: Tower, n_embd_text: int, tensors: dict[str, np.ndarray], **extra
+) -> str:
+    """A projector GGUF: clip's metadata for ``tower`` and ``projector_type``, ``extra`` keys (name -> int, float,
+    bool or list, the name's dots given as __), and the tensors; returns ``path``."""
     import gguf  # the test extra's; imported here so that `text_embedding_width` needs only numpy
 
     if tower.image_size % tower.patch_size or tower.n_embd % tower.n_head:
         raise ValueError("image_size must be a multiple of patch_size, n_embd of n_head")
     writer = gguf.GGUFWriter(path, "clip")
     writer.add_string("general.type", "mmproj")
-    writer.add_string("general.name", "cllm synthetic projector (random weights)")
+    writer.add_string("general.name", f"cllm synthetic {projector_type} projector (random weights)")
     writer.add_string("general.description", "tests the image path, not the quality: its weights are random")
     writer.add_uint32("general.file_type", 1)  # mostly F16
-    writer.add_string("clip.projector_type", PROJECTOR_TYPE)
+    writer.add_string("clip.projector_type", projector_type)
     writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.use_gelu", True)
     writer.add_uint32("clip.vision.image_size", tower.image_size)
     writer.add_uint32("clip.vision.patch_size", tower.patch_size)
     writer.add_uint32("clip.vision.embedding_length", tower.n_embd)
     writer.add_uint32("clip.vision.feed_forward_length", tower.n_ff)
     writer.add_uint32("clip.vision.block_count", tower.n_layer)
     writer.add_uint32("clip.vision.attention.head_count", tower.n_head)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
     writer.add_uint32("clip.vision.projection_dim", n_embd_text)
-    writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])  # CLIP's
-    writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
-    for name, array in _tensors(tower, n_embd_text, np.random.default_rng(seed)).items():
+    for key, value in extra.items():
+        key = key.replace("__", ".")
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_array(key, value)
+    for name, array in tensors.items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write(path: str, n_embd_text: int, tower: Tower = Tower(), seed: int = 0) -> str:
+    """Write the projector to ``path``; returns ``path``."""
+    return write_gguf(
+        path,
+        PROJECTOR_TYPE,
+        tower,
+        n_embd_text,
+        _tensors(tower, n_embd_text, np.random.default_rng(seed)),
+        clip__use_gelu=True,
+        clip__vision__attention__layer_norm_epsilon=1e-5,
+        clip__vision__image_mean=[0.48145466, 0.4578275, 0.40821073],  # CLIP's
+        clip__vision__image_std=[0.26862954, 0.26130258, 0.27577711],
+    )
 
 
 def main() -> None:
