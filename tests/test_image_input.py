@@ -277,8 +277,32 @@ def files() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def fetching() -> Iterator[Server]:
     # A body limit that lets an image over 20 MiB through as base64.
-    with start_server("--image-urls", "--image-url-timeout", "3", "--max-body-bytes", str(40 << 20)) as srv:
+    # --image-urls-private: the files are served on loopback
+    with start_server(
+        "--image-urls", "--image-urls-private", "--image-url-timeout", "3", "--max-body-bytes", str(40 << 20)
+    ) as srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def public_only() -> Iterator[Server]:
+    with start_server("--image-urls", "--image-url-timeout", "2", "--parallel", "1", "--ctx-size", "512") as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "localhost", "[::1]", "[::ffff:127.0.0.1]", "0.0.0.0", "10.0.0.1", "169.254.169.254"]
+)
+def test_fetching_refuses_loopback_private_and_link_local_hosts_unless_allowed(public_only, files, host):
+    """Where /png would be fetched (then refused for the model, as test_fetched_urls_are_checked... shows), or a
+    connection tried, the URL is refused first; a name is resolved and its addresses checked."""
+    port = files.rsplit(":", 1)[1]
+    with public_only.client() as c:
+        for door in BY_URL:
+            r, param = ask(c, BY_URL[door](f"http://{host}:{port}/png"))
+            text = assert_400(r, "a loopback, private or link-local address", "--image-urls-private")
+            assert param in text and "--mmproj" not in text
+        still_serves(c)
 
 
 @pytest.mark.parametrize(

@@ -254,6 +254,12 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "fetch images that requests give as http(s) URLs (at most 20 MiB, within `--image-url-timeout`); off, "
         "such a request gets 400 and images come as data URIs or base64", REQUESTS,
     )] = False
+    # Off by default: with --image-urls alone a client could make the server fetch from its own network (an admin
+    # page, a cloud's metadata address); frontend_proc/chat/url_fetch.py checks every address a host resolves to.
+    image_urls_private: Annotated[bool, setting(
+        "let `--image-urls` fetch from loopback, private, link-local and other non-public addresses; off, a URL whose "
+        "host is or resolves to one gets 400", REQUESTS,
+    )] = False
     image_url_timeout: Annotated[float, setting(
         "seconds fetching one image URL may take before the request gets 400", REQUESTS, gt=0,
     )] = 10.0

@@ -13,15 +13,14 @@ import asyncio
 import base64
 import binascii
 import secrets
-import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 from cllm.core import images
 from cllm.core.config import ServeConfig
 from cllm.core.errors import invalid
 from cllm.core.protocol import ImageInput
+from frontend_proc.chat.url_fetch import download
 
 # What llama-server's /apply-template writes where an image goes (its default media marker).
 SHOWN_MARKER = "<__media__>"
@@ -64,33 +63,9 @@ def from_url(url: str, param: str) -> Image:
     raise invalid("an image URL must be a data URI (data:image/png;base64,...) or an http(s) URL", param)
 
 
-class _HttpOnly(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        if not newurl.lower().startswith(("http://", "https://")):
-            raise urllib.error.URLError(f"a redirect to {newurl!r}, not an http(s) URL")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-_opener = urllib.request.build_opener(_HttpOnly)
-
-
-def _download(url: str, limit: int, timeout: float) -> bytes:
-    """At most limit + 1 bytes of url, within timeout seconds in all (a slow sender is cut off too)."""
-    deadline = time.monotonic() + timeout
-    with _opener.open(urllib.request.Request(url, headers={"User-Agent": "cllm"}), timeout=timeout) as r:
-        data = bytearray()
-        while len(data) <= limit:
-            if time.monotonic() > deadline:
-                raise TimeoutError
-            piece = r.read1(min(1 << 16, limit + 1 - len(data)))
-            if not piece:
-                break
-            data += piece
-        return bytes(data)
-
-
 async def fetch(image: Image, config: ServeConfig) -> Image:
-    """An image with its bytes: fetched when it is a URL and --image-urls allows it."""
+    """An image with its bytes: fetched when it is a URL and --image-urls allows it (from a public address unless
+    --image-urls-private: frontend_proc.chat.url_fetch)."""
     if image.data is not None or image.url is None:
         return image
     if not config.image_urls:
@@ -101,7 +76,9 @@ async def fetch(image: Image, config: ServeConfig) -> Image:
         )
     limit, timeout = images.MAX_BYTES, config.image_url_timeout
     try:
-        data = await asyncio.wait_for(asyncio.to_thread(_download, image.url, limit, timeout), timeout + 1)
+        data = await asyncio.wait_for(
+            asyncio.to_thread(download, image.url, limit, timeout, config.image_urls_private), timeout + 1
+        )
     except (TimeoutError, asyncio.TimeoutError):
         raise invalid(f"fetching the image took longer than {timeout:g} s", image.param) from None
     except urllib.error.HTTPError as e:
