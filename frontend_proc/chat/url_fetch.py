@@ -38,7 +38,7 @@ def _public_connection(address: tuple[str, int], timeout=socket._GLOBAL_DEFAULT_
     host, port = address
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     for *_, sockaddr in infos:
-        if refused(sockaddr[0]):
+        if refused(str(sockaddr[0])):
             raise PrivateAddress(
                 f"{host} is at {sockaddr[0]}, a loopback, private or link-local address, which this server does not "
                 "fetch from (the operator may allow it with --image-urls-private)"
