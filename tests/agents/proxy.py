@@ -39,6 +39,16 @@ MUST_CALL: dict[str, dict[str, Any]] = {
     "/v1/messages": {"tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
     "/v1/responses": {"tool_choice": "required", "parallel_tool_calls": False},
 }
+# The call is to the agent's shell, and the command `ls`, where it offers one: left to choose among Codex's tools, the
+# 135M model's pick depended on rounding (on another machine it chose request_user_input and wrote its questions to
+# the length limit), and left to write the command, it wrote `git-clone-git-repo-...` to the limit. The server
+# enforces the narrowed schema with its grammar; what is tested is the call's round trip through the CLI.
+SHELLS = {"/v1/messages": ("Bash", "input_schema", "command"), "/v1/responses": ("exec_command", "parameters", "cmd")}
+NAMED = {
+    "/v1/messages": lambda name: {"type": "tool", "name": name, "disable_parallel_tool_use": True},
+    "/v1/responses": lambda name: {"type": "function", "name": name},
+}
+COMMAND = "ls"
 NO_CALL: dict[str, dict[str, Any]] = {
     "/v1/messages": {"tool_choice": {"type": "none"}},
     "/v1/responses": {"tool_choice": "none"},
@@ -50,7 +60,7 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"
 class Call:
     id: str  # Anthropic's tool_use id, the Responses API's call_id: what the result must name
     name: str
-    arguments: dict
+    arguments: dict | str
 
 
 @dataclass
@@ -117,12 +127,26 @@ class Proxy:
     def generations(self, path: str) -> list[Exchange]:
         return [e for e in self.exchanges if e.path.split("?")[0] == path]
 
+    @staticmethod
+    def _choice(route: str, body: dict) -> dict[str, Any]:
+        """What a turn that is to use a tool asks: a call to the shell running `ls` (or to any tool) until a result
+        comes back, then none."""
+        if tool_results(body):
+            return NO_CALL[route]
+        name, schema, arg = SHELLS[route]
+        tools = body.get("tools") or []
+        if not any(t.get("name") == name for t in tools):
+            return MUST_CALL[route]
+        narrowed = {"type": "object", "properties": {arg: {"enum": [COMMAND]}}, "required": [arg]}
+        tools = [{**t, schema: narrowed} if t.get("name") == name else t for t in tools]
+        return {**MUST_CALL[route], "tool_choice": NAMED[route](name), "tools": tools}
+
     def _forward(self, handler: BaseHTTPRequestHandler, raw: bytes | None) -> None:
         path = handler.path
         body = json.loads(raw) if raw else None
         if isinstance(body, dict) and path.split("?")[0] in GENERATES:
             route = path.split("?")[0]
-            must = (NO_CALL if tool_results(body) else MUST_CALL)[route] if self.call_tool else {}
+            must = self._choice(route, body) if self.call_tool else {}
             text = json.dumps({**body, **GREEDY, **must})
             for today, fixed in DATES:
                 text = today.sub(fixed, text)
@@ -174,7 +198,7 @@ def _anthropic(stream: list[tuple[str, dict]]) -> Reply:
             end = data["delta"]["stop_reason"]
     for b in blocks:
         if b["type"] == "tool_use":
-            b["input"] = json.loads(b["json"] or "{}")
+            b["input"] = _arguments(b["json"] or "{}")
     return _anthropic_message({"content": blocks, "stop_reason": end})
 
 
@@ -189,10 +213,18 @@ def _anthropic_message(message: dict) -> Reply:
 
 def _response(response: dict) -> Reply:
     items = response["output"]
-    calls = [Call(i["call_id"], i["name"], json.loads(i["arguments"])) for i in items if i["type"] == "function_call"]
+    calls = [Call(i["call_id"], i["name"], _arguments(i["arguments"])) for i in items if i["type"] == "function_call"]
     text = "".join(p.get("text", "") for i in items if i["type"] == "message" for p in i["content"])
     end = "length" if response["status"] == "incomplete" else "tool" if calls else "stop"
     return Reply(end, text, calls)
+
+
+def _arguments(text: str) -> dict | str:
+    """A call's arguments, or their text where it is not JSON (cut at the length limit): a failed check shows it."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def tool_results(body: dict) -> list[tuple[str, str]]:

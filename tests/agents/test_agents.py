@@ -204,6 +204,4 @@ def test_codex_tools(proxy, home):
     before = len(proxy.exchanges)
     with calling(proxy):
         done = codex(proxy, home, TOOLS)
-    # Its call is whatever the model writes (in Codex's prompt the 135M model names other commands than ls, or its
-    # other tools): the result Codex sends back, whatever it says, is what the server must read.
-    check_tools(done, proxy, "/v1/responses", before, "")
+    check_tools(done, proxy, "/v1/responses", before, "notes.txt")  # the `ls` it ran, on the project's one file
