@@ -4,13 +4,15 @@
 Each door answers a chat with an image through its real client where one exists (`openai` for chat completions
 and Responses, `anthropic`, `ollama`; llama-server's /completion over HTTP), and counts the prompt as llama-server
 (perf/cache/bin/llama-server, `--mmproj` the same file) counts it for the same image and text. A second turn
-about the same image is served from the prefix cache; the same turn with another image is not. More images than
-a sequence holds, and markers that do not match the images, get 400s; the server keeps serving.
+about the same image is served from the prefix cache, the same turn with another image is not, through each door
+that keeps a history (Ollama's counted by /metrics). More images than a sequence holds (through each door), and
+markers that do not match the images, get 400s; the server keeps serving.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +25,7 @@ import pytest
 from cllm.core.model_file import resolve_model
 from perf import image_files, synth_mmproj
 from tests.conftest import Server, start_server
+from tests.test_metrics import scrape, value
 from tests.test_native_routes import llama_server_on
 
 MARKER = "<__media__>"
@@ -149,7 +152,7 @@ def test_ollama_chat_and_generate_with_an_image(vision, theirs):
     assert r.message.content and r.eval_count >= 1
     assert r.prompt_eval_count == their_chat_tokens(theirs, [image_part(), text_part()])  # images before the text
     g = client.generate(model="SmolLM2-135M-Instruct.Q4_1", prompt=QUESTION, images=[PNG], options={"num_predict": 4})
-    assert g.response and g.prompt_eval_count == r.prompt_eval_count
+    assert g.response and g.prompt_eval_count == their_chat_tokens(theirs, [image_part(), text_part()])
 
 
 def test_llama_server_completion_with_multimodal_data(http, theirs):
@@ -176,6 +179,82 @@ def test_llama_servers_own_chat_route_with_an_image(http, theirs):
 
 
 # ---- the prefix cache ---------------------------------------------------------------------------------------------
+
+FOLLOW_UP = "And what colour is it?"
+
+
+def cache_counts(http: httpx.Client) -> tuple[float, float]:
+    """The engine's prefix cache lookups and hit tokens so far (sent by the engine as it goes idle)."""
+    samples = scrape(http)
+    return value(samples, "cllm_prefix_cache_lookups_total"), value(samples, "cllm_prefix_cache_hit_tokens_total")
+
+
+def anthropic_turn(vision: Server, image: bytes, reply: str | None) -> tuple[str, int, int]:
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(image)}}
+    messages: list[Any] = [{"role": "user", "content": [block, {"type": "text", "text": QUESTION}]}]
+    if reply is not None:
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": FOLLOW_UP}]
+    with anthropic.Anthropic(base_url=vision.url, api_key="x", max_retries=0) as claude:
+        r = claude.messages.create(model="m", max_tokens=8, messages=messages)
+    cached = r.usage.cache_read_input_tokens or 0
+    text = "".join(b.text for b in r.content if b.type == "text")
+    return text, r.usage.input_tokens + cached, cached  # Anthropic counts the cached part apart
+
+
+def responses_turn(vision: Server, image: bytes, reply: str | None) -> tuple[str, int, int]:
+    content = [{"type": "input_image", "image_url": data_uri(image)}, {"type": "input_text", "text": QUESTION}]
+    items: list[Any] = [{"role": "user", "content": content}]
+    if reply is not None:
+        items += [{"role": "assistant", "content": reply}, {"role": "user", "content": FOLLOW_UP}]
+    with openai.OpenAI(base_url=vision.url + "/v1", api_key="x", max_retries=0) as oai:
+        r = oai.responses.create(model="m", input=items, max_output_tokens=8, temperature=0, store=False)
+    assert r.usage is not None
+    return r.output_text, r.usage.input_tokens, r.usage.input_tokens_details.cached_tokens
+
+
+def ollama_turn(vision: Server, image: bytes, reply: str | None) -> tuple[str, int, int]:
+    """Ollama reports no cached count: the server's own counter of cache hits is read around the turn."""
+    messages: list[Any] = [{"role": "user", "content": QUESTION, "images": [image]}]
+    if reply is not None:
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": FOLLOW_UP}]
+    with vision.client() as http:
+        lookups, hits = cache_counts(http)
+        r = ollama.Client(host=vision.url).chat(
+            model="SmolLM2-135M-Instruct.Q4_1", messages=messages, options={"num_predict": 8, "temperature": 0}
+        )
+        deadline = time.monotonic() + 30
+        while (now := cache_counts(http))[0] == lookups:  # until the engine's figures for the turn came
+            assert time.monotonic() < deadline, "the engine's cache figures did not come"
+            time.sleep(0.05)
+    assert now[0] == lookups + 1  # this turn's lookup alone: no other request ran meanwhile
+    return r.message.content or "", r.prompt_eval_count or 0, int(now[1] - hits)
+
+
+def completion_turn(vision: Server, image: bytes, reply: str | None) -> tuple[str, int, int]:
+    prompt = f"<|im_start|>user\n{MARKER}\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+    if reply is not None:
+        prompt += f"{reply}<|im_end|>\n<|im_start|>user\n{FOLLOW_UP}<|im_end|>\n<|im_start|>assistant\n"
+    body = {"prompt": {"prompt_string": prompt, "multimodal_data": [b64(image)]}, "n_predict": 8, "temperature": 0}
+    with vision.client() as http:
+        r = http.post("/completion", json=body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    return answer["content"], answer["tokens_evaluated"], answer["timings"]["cache_n"]
+
+
+TURNS = {"anthropic": anthropic_turn, "responses": responses_turn, "ollama": ollama_turn, "completion": completion_turn}
+
+
+@pytest.mark.parametrize("door", TURNS)
+def test_each_doors_second_turn_about_an_image_is_served_from_the_cache_another_images_is_not(vision, door):
+    turn, seed = TURNS[door], 20 + 2 * list(TURNS).index(door)  # images of its own: the doors' prompts may agree
+    image, another = (image_files.png(image_files.picture(64, 48, seed=s)) for s in (seed, seed + 1))
+    reply, first, _ = turn(vision, image, None)
+    _, same, cached_same = turn(vision, image, reply)
+    _, other, cached_other = turn(vision, another, reply)
+    assert same == other > first
+    assert cached_same >= first - 2  # the whole first turn, image and all
+    assert cached_same - cached_other >= N_IMAGE  # the other image's cells were never reused
 
 
 def test_a_second_turn_about_the_same_image_is_served_from_the_cache_another_image_is_not(vision):
@@ -206,6 +285,39 @@ def test_more_images_than_a_sequence_holds_get_a_400(http):
     r = http.post(
         "/v1/chat/completions", json={"messages": [{"role": "user", "content": content[:3]}], "max_tokens": 1}
     )
+    assert r.status_code == 200, r.text
+
+
+TOO_MANY = 8  # images of 64 positions: over a sequence's 511
+
+
+def too_many(door: str) -> tuple[str, dict]:
+    if door == "anthropic":
+        block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}}
+        content = [{"type": "text", "text": QUESTION}, *[block] * TOO_MANY]
+        return "/v1/messages", {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}
+    if door == "responses":
+        part = {"type": "input_image", "image_url": data_uri(PNG)}
+        content = [{"type": "input_text", "text": QUESTION}, *[part] * TOO_MANY]
+        return "/v1/responses", {"input": [{"role": "user", "content": content}], "max_output_tokens": 1}
+    if door == "ollama":
+        message = {"role": "user", "content": QUESTION, "images": [b64(PNG)] * TOO_MANY}
+        return "/api/chat", {
+            "model": "SmolLM2-135M-Instruct.Q4_1",
+            "messages": [message],
+            "stream": False,
+            "options": {"num_predict": 1},
+        }
+    prompt = {"prompt_string": MARKER * TOO_MANY + QUESTION, "multimodal_data": [b64(PNG)] * TOO_MANY}
+    return "/completion", {"prompt": prompt, "n_predict": 1}
+
+
+@pytest.mark.parametrize("door", ["anthropic", "responses", "ollama", "completion"])
+def test_more_images_than_a_sequence_holds_get_a_400_through_each_door(http, door):
+    path, body = too_many(door)
+    r = http.post(path, json=body)
+    assert r.status_code == 400 and "its images take 512" in r.text, r.text
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
     assert r.status_code == 200, r.text
 
 
