@@ -1,6 +1,7 @@
-"""The GGUF container, as much of it as perf/synth_model.py needs: read a file's metadata, write a header.
+"""The GGUF container, as much of it as perf/synth_model.py needs: read a file's metadata (cllm.core.gguf_meta),
+write a header.
 
-Self-contained (stdlib and numpy), so that it runs on a machine with no `gguf` package. Layout (GGUF v3):
+Stdlib and numpy only, so that it runs on a machine with no `gguf` package. Layout (GGUF v3):
 magic, version, tensor count, metadata count; metadata as (key, type, value); tensor infos as (name, dims
 innermost first, ggml type, offset into the data section); padding to the alignment; the tensors' data.
 """
@@ -8,59 +9,19 @@ innermost first, ggml type, offset into the data section); padding to the alignm
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO
+
+from cllm.core.gguf_meta import (  # noqa: F401 (read_metadata: perf's tools read files through here)
+    ARRAY,
+    BOOL,
+    FLOAT32,
+    INT32,
+    SCALAR,
+    STRING,
+    UINT32,
+    read_metadata,
+)
 
 ALIGNMENT = 32
-
-# metadata value types
-UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
-_SCALAR = {
-    UINT8: "<B",
-    INT8: "<b",
-    UINT16: "<H",
-    INT16: "<h",
-    UINT32: "<I",
-    INT32: "<i",
-    FLOAT32: "<f",
-    BOOL: "<?",
-    UINT64: "<Q",
-    INT64: "<q",
-    FLOAT64: "<d",
-}
-
-
-def _read_str(f: BinaryIO) -> str:
-    (n,) = struct.unpack("<Q", f.read(8))
-    return f.read(n).decode("utf-8", errors="surrogateescape")
-
-
-def _read_value(f: BinaryIO, kind: int):
-    if kind == STRING:
-        return _read_str(f)
-    if kind == ARRAY:
-        elem, n = struct.unpack("<IQ", f.read(12))
-        if elem in _SCALAR and elem != BOOL:
-            import numpy as np
-
-            fmt = _SCALAR[elem]
-            return (elem, np.frombuffer(f.read(n * struct.calcsize(fmt)), dtype=fmt).tolist())
-        return (elem, [_read_value(f, elem) for _ in range(n)])
-    fmt = _SCALAR[kind]
-    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-
-def read_metadata(path: str) -> dict[str, tuple[int, object]]:
-    """key -> (type, value) of a GGUF file's metadata; an array's value is (element type, list)."""
-    with open(path, "rb") as f:
-        magic, version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
-        if magic != b"GGUF" or version < 2:
-            raise ValueError(f"{path} is not a GGUF v2/v3 file")
-        out = {}
-        for _ in range(n_kv):
-            key = _read_str(f)
-            (kind,) = struct.unpack("<I", f.read(4))
-            out[key] = (kind, _read_value(f, kind))
-        return out
 
 
 def _str(s: str) -> bytes:
@@ -76,12 +37,12 @@ def _value(kind: int, value) -> bytes:
         head = struct.pack("<IQ", elem, len(items))
         if elem == STRING:
             return head + b"".join(_str(s) for s in items)
-        if elem in _SCALAR:
+        if elem in SCALAR:
             import numpy as np
 
-            return head + np.asarray(items, dtype=_SCALAR[elem]).tobytes()
+            return head + np.asarray(items, dtype=SCALAR[elem]).tobytes()
         return head + b"".join(_value(elem, v) for v in items)
-    return struct.pack(_SCALAR[kind], value)
+    return struct.pack(SCALAR[kind], value)
 
 
 def pad(n: int, align: int = ALIGNMENT) -> int:

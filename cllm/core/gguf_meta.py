@@ -1,0 +1,60 @@
+"""A GGUF file's metadata, read without llama.cpp: for files llama.cpp's API says nothing of (a projector's).
+
+Stdlib and numpy only. Layout (GGUF v2/v3): magic, version, tensor count, metadata count; then the metadata as
+(key, type, value). perf/gguf_io.py writes the same container.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import BinaryIO
+
+# metadata value types
+UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
+SCALAR = {
+    UINT8: "<B",
+    INT8: "<b",
+    UINT16: "<H",
+    INT16: "<h",
+    UINT32: "<I",
+    INT32: "<i",
+    FLOAT32: "<f",
+    BOOL: "<?",
+    UINT64: "<Q",
+    INT64: "<q",
+    FLOAT64: "<d",
+}
+
+
+def _read_str(f: BinaryIO) -> str:
+    (n,) = struct.unpack("<Q", f.read(8))
+    return f.read(n).decode("utf-8", errors="surrogateescape")
+
+
+def _read_value(f: BinaryIO, kind: int):
+    if kind == STRING:
+        return _read_str(f)
+    if kind == ARRAY:
+        elem, n = struct.unpack("<IQ", f.read(12))
+        if elem in SCALAR and elem != BOOL:
+            import numpy as np
+
+            fmt = SCALAR[elem]
+            return (elem, np.frombuffer(f.read(n * struct.calcsize(fmt)), dtype=fmt).tolist())
+        return (elem, [_read_value(f, elem) for _ in range(n)])
+    fmt = SCALAR[kind]
+    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+
+def read_metadata(path: str) -> dict[str, tuple[int, object]]:
+    """key -> (type, value) of a GGUF file's metadata; an array's value is (element type, list)."""
+    with open(path, "rb") as f:
+        magic, version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"{path} is not a GGUF v2/v3 file")
+        out = {}
+        for _ in range(n_kv):
+            key = _read_str(f)
+            (kind,) = struct.unpack("<I", f.read(4))
+            out[key] = (kind, _read_value(f, kind))
+        return out
