@@ -5,7 +5,7 @@ its prompt already holds. When a sequence's last tokens appeared earlier in
 its prompt or output, the tokens that followed them there are a draft of
 what comes next. The engine feeds the draft in the step's batch right after
 the sequence's last sampled token; the sampler then checks the draft row by
-row and keeps the tokens it would have sampled anyway (engine.LLMEngine._verify).
+row and keeps the tokens it would have sampled anyway (recorder.Recorder._verify).
 
 Verifying costs prefill work: on a 2-core CPU a draft of 8 tokens makes the
 step about 5x as long as a one-token decode, so a draft pays only when most

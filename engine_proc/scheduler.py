@@ -10,7 +10,7 @@ A step starts at most one request that continues a cache entry (its
 prompt extends the entry's tokens: a chat's next turn, an agent's next
 call), and besides it any that has waited MAX_WAIT steps. The engine
 already sends a step's first tokens call by call (see
-LLMEngine._prefill_runs), but conversations whose turns arrive together and
+engine_proc/prefill_runs.py), but conversations whose turns arrive together and
 start together also decode in lockstep, and their next turns collide again:
 each then waits for the whole burst's prefill. Started a step apart, they
 drift apart. Requests start in arrival order, so the others (a shared
@@ -206,7 +206,7 @@ class Scheduler:
         return [Chunk(seq, seq.n_cached, seq.n_cached + 1) for seq in self.running if not seq.prefilling]
 
     def go_on(self, chunks: list[Chunk]) -> list[Chunk] | None:
-        """Steady steps one ahead (LLMEngine._step_ahead): the next decode batch from ``chunks``, the decode whose
+        """Steady steps one ahead (engine_proc/step_ahead.py): the next decode batch from ``chunks``, the decode whose
         tokens are not recorded yet: the same sequences, each a position on, the parked where they are. None when
         the batch must change first: a wave is due, or a sequence would pass its context."""
         if len(chunks) != len(self.running) or self._wave_due():
@@ -313,7 +313,7 @@ class Scheduler:
             chunks.append(Chunk(seq, start, stop, image=image))
             budget -= stop - start
             start = stop
-            if image is not None:  # its own llama_decode, after the step's text (LLMEngine._prefill_runs): the rest
+            if image is not None:  # its own llama_decode, after the step's text (engine_proc/prefill_runs.py): the rest
                 break  # of the prompt waits for the next step, so that its cells come after the image's
         return budget
 

@@ -1,0 +1,66 @@
+"""Requests with images, from their Submit to the scheduler's queue: the projector beside the model, the checks
+that refuse a request at once, the encoder's thread that makes the images ready, and their pieces spliced into the
+prompt as placeholder ids and image spans (engine_proc/encoder.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cllm.core.config import ServeConfig
+from cllm.core.images import ImageError
+from cllm.core.protocol import SeqOutput, Submit
+from engine_proc.encoder import Encoder, splice
+from engine_proc.model_runner import ModelLoadError, ModelRunner
+from engine_proc.sequence import ImageSpan
+from engine_proc.vision import ProjectorError, Vision
+
+NO_PROJECTOR = "this model takes no images: start it with --mmproj (a vision projector)"
+
+
+class ImageIntake:
+    def __init__(self, runner: ModelRunner, config: ServeConfig):
+        """The projector (--mmproj) loaded beside the model; ModelLoadError saying why it cannot serve (the runner
+        is closed then)."""
+        self.runner = runner
+        try:
+            self.vision = Vision(runner.model, config.mmproj, config.n_threads, use_gpu=runner.info.gpu_layers > 0)
+        except ProjectorError as e:
+            runner.close()
+            raise ModelLoadError(str(e)) from None
+        try:
+            self.image_tokens = self.vision.image_positions()  # the positions one image takes
+        except ProjectorError as e:
+            self.vision.close()
+            runner.close()
+            raise ModelLoadError(f"{config.mmproj}: {e}") from None
+        self.encoder = Encoder(self.vision)
+
+    def refuse(self, req: Submit) -> str:
+        """Why the engine cannot take the request's images ("": it can). The frontend checks these first."""
+        ats = [i.at for i in req.images]
+        if req.sampling.prompt_logprobs is not None:  # they would score the placeholders of an image's positions
+            return "prompt logprobs are not available for a prompt with images"
+        if ats != sorted(ats) or not 0 <= ats[0] <= ats[-1] <= len(req.prompt):
+            return "the images' places are out of the prompt's order or range"
+        return ""
+
+    def take(self, outputs: list[SeqOutput]) -> list[tuple[Submit, np.ndarray, list[ImageSpan]]]:
+        """The requests whose images the encoder made ready, each with its prompt and image spans; those it could
+        not make (a malformed image) end in ``outputs``."""
+        out = []
+        for req, pieces in self.encoder.take():
+            if isinstance(pieces, Exception):  # an ImageError's message names the problem; mtmd's codes do not
+                why = str(pieces) if isinstance(pieces, ImageError) else f"the image could not be encoded ({pieces})"
+                outputs.append(SeqOutput(req.id, finish="error", error=why))
+                continue
+            prompt, spans = splice(req.prompt, req.images, pieces, self.runner.n_vocab)
+            if len(prompt) >= self.runner.seq_ctx:  # the frontend counted image_tokens for each: not expected
+                why = f"the prompt with its images takes {len(prompt)} positions, over the {self.runner.seq_ctx - 1} "
+                outputs.append(SeqOutput(req.id, finish="error", error=why + "a sequence may"))
+                continue
+            out.append((req, prompt, spans))
+        return out
+
+    def close(self) -> None:
+        self.encoder.close()
+        self.vision.close()

@@ -1,0 +1,95 @@
+"""A steady decode run one step ahead of the Python that records its tokens (docs/internals.md: One step ahead).
+
+With steady steps a decode's batch is known before the tokens of the decode
+before it are recorded (Scheduler.go_on: the same sequences, each a position
+on), so it is launched on the decode thread (engine_proc/decode_thread.py),
+and while llama.cpp computes the engine records the tokens before and writes
+its result to the ring. What this holds between steps: the decode in flight,
+and the one collected (waited for and sampled) whose tokens are not recorded
+yet. LLMEngine.step runs it (LLMEngine._step_ahead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cllm.core.protocol import SeqOutput
+from engine_proc.model_runner import ModelRunner
+from engine_proc.recorder import Recorder
+from engine_proc.sampler import Sampler
+from engine_proc.scheduler import Scheduler
+from engine_proc.sequence import Chunk, Sequence
+from engine_proc.step_timer import StepTimer
+
+
+@dataclass(slots=True)
+class Ahead:
+    """A steady decode that ran ahead of its step: its batch and sampled tokens, not recorded yet."""
+
+    chunks: list[Chunk]
+    tokens: list[int]
+
+
+class StepAhead:
+    def __init__(self, runner: ModelRunner, sampler: Sampler, scheduler: Scheduler, recorder: Recorder):
+        self.runner = runner
+        self.sampler = sampler
+        self.scheduler = scheduler
+        self.recorder = recorder
+        self.ahead: Ahead | None = None  # collected, its tokens not recorded
+        self.inflight: list[Chunk] | None = None  # the batch of the decode on the decode thread
+        self.landed: list[SeqOutput] = []  # outputs of a decode that ran ahead, recorded by abort()
+
+    def next_decode(self, embedding: bool) -> list[Chunk] | None:
+        """A steady step's next decode batch, when it is known before the step's result goes out: no prompt
+        work or embedding waits, and no sequence asks for logprobs (read from the logits the decode ahead
+        overwrites)."""
+        if self.sampler.device or embedding:
+            return None
+        running = self.scheduler.running
+        if not running or any(s.prefilling or s.params.logprobs is not None for s in running):
+            return None
+        return self.scheduler.decode_batch()
+
+    def go_on(self, ahead: Ahead) -> tuple[list[Chunk], list[int]] | None:
+        """The batch after ``ahead``'s, its sequences a position on, and the tokens it decodes (a parked
+        sequence's last one again); None when the batch changes (Scheduler.go_on)."""
+        if min(ahead.tokens) < 0:  # a grammar's dead end ends its sequence
+            return None
+        chunks = self.scheduler.go_on(ahead.chunks)
+        if chunks is None:
+            return None
+        return chunks, [c.seq.output[-1] if c.seq.parked else t for c, t in zip(chunks, ahead.tokens)]
+
+    def launch(self, chunks: list[Chunk], tokens: list[int] | None = None) -> None:
+        self.runner.fill(chunks, True, tokens)
+        self.runner.launch()
+        self.inflight = chunks
+
+    def collect(self, timer: StepTimer | None) -> None:
+        """Wait for the decode launched and sample its rows: the next step records the tokens."""
+        chunks, self.inflight = self.inflight, None
+        assert chunks is not None
+        self.runner.wait()
+        if timer:
+            timer.lap("llama_decode")
+        self.ahead = Ahead(
+            chunks, self.sampler.sample_rows([c.seq.sampler for c in chunks], list(range(-len(chunks), 0)))
+        )
+
+    def land(self, ahead: Ahead, outputs: list[SeqOutput]) -> int:
+        """Record the tokens of the decode that ran ahead; its finished sequences are parked. How many finished."""
+        done: list[Sequence] = []
+        self.recorder.record(ahead.chunks, list(range(-len(ahead.chunks), 0)), ahead.tokens, outputs, done)
+        finished = len(done)
+        self.recorder.park(done)
+        return finished
+
+    def abort(self, gone: set[int]) -> None:
+        """Before sequences leave: if one is in the batch ahead, the batch changes, so its tokens are recorded first
+        (the next step sends them, the aborted ones' dropped)."""
+        ahead = self.ahead
+        if ahead is not None and any(c.seq.id in gone for c in ahead.chunks):
+            self.ahead = None
+            self.land(ahead, self.landed)
+            self.landed = [o for o in self.landed if o.id not in gone]
