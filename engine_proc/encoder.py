@@ -40,8 +40,9 @@ def placeholders(image_id: str, n: int, n_vocab: int) -> np.ndarray:
     return np.array(ids, np.int64).astype(np.int32) + np.int32(n_vocab)
 
 
-def splice(prompt: list[int], images: list[ImageInput], pieces: list[Pieces], n_vocab: int):
-    """The prompt with each image's pieces before prompt[at]: (its token ids, placeholders included; its images)."""
+def splice(prompt: list[int], images: list[ImageInput], pieces: list[Pieces], n_vocab: int, non_causal: bool = False):
+    """The prompt with each image's pieces before prompt[at]: (its token ids, placeholders included; its images,
+    ``non_causal`` as the projector asks)."""
     parts: list[np.ndarray] = []
     spans: list[ImageSpan] = []
     n = prev = 0
@@ -53,7 +54,7 @@ def splice(prompt: list[int], images: list[ImageInput], pieces: list[Pieces], n_
             if isinstance(piece, tuple):
                 image_id, rows = piece
                 parts.append(placeholders(image_id, len(rows), n_vocab))
-                spans.append(ImageSpan(n, n + len(rows), rows))
+                spans.append(ImageSpan(n, n + len(rows), rows, non_causal))
                 n += len(rows)
             else:
                 parts.append(piece)

@@ -329,7 +329,7 @@ class LLMEngine:
             c = chunks[0]
             rows: list[int | None] = [-1 if c.samples else None]
             image = c.image.rows[c.start - c.image.start : c.end - c.image.start]
-            self.runner.decode_rows(image, c.start, c.seq.slot, c.samples)
+            self.runner.decode_rows(image, c.start, c.seq.slot, c.samples, c.image.non_causal)
         else:
             rows = self.runner.fill(chunks, plain)
             if timer:

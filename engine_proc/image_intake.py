@@ -29,6 +29,8 @@ class ImageIntake:
             raise ModelLoadError(str(e)) from None
         try:
             self.image_tokens = self.vision.image_positions()  # the positions one image takes
+            if why := self.vision.batch_error(runner.n_ubatch):
+                raise ProjectorError(why)
         except ProjectorError as e:
             self.vision.close()
             runner.close()
@@ -53,7 +55,7 @@ class ImageIntake:
                 why = str(pieces) if isinstance(pieces, ImageError) else f"the image could not be encoded ({pieces})"
                 outputs.append(SeqOutput(req.id, finish="error", error=why))
                 continue
-            prompt, spans = splice(req.prompt, req.images, pieces, self.runner.n_vocab)
+            prompt, spans = splice(req.prompt, req.images, pieces, self.runner.n_vocab, self.vision.non_causal)
             if len(prompt) >= self.runner.seq_ctx:  # the frontend counted image_tokens for each: not expected
                 why = f"the prompt with its images takes {len(prompt)} positions, over the {self.runner.seq_ctx - 1} "
                 outputs.append(SeqOutput(req.id, finish="error", error=why + "a sequence may"))

@@ -68,7 +68,7 @@ class ModelRunner:
         self.n_streams = n_streams = config.kv_streams + config.prefix_cache
         cparams.n_ctx = config.kv_cells
         cparams.n_batch = self.token_budget
-        cparams.n_ubatch = min(self.token_budget, 512)
+        cparams.n_ubatch = self.n_ubatch = min(self.token_budget, 512)
         cparams.n_seq_max = n_streams
         cparams.n_threads = cparams.n_threads_batch = config.n_threads
         cparams.kv_unified = False
@@ -151,13 +151,21 @@ class ModelRunner:
         self._b.decode(self.ctx, self._n)
         self._decoded(wall, cpu)
 
-    def decode_rows(self, rows: np.ndarray, pos0: int, slot: int, logits: bool) -> None:
+    def decode_rows(self, rows: np.ndarray, pos0: int, slot: int, logits: bool, non_causal: bool = False) -> None:
         """One llama_decode of an image's embeddings (``rows``, at most a step's budget) at positions pos0.. of
-        stream ``slot``; ``logits``: the last row's, for the sampler (row -1)."""
+        stream ``slot``; ``logits``: the last row's, for the sampler (row -1). ``non_causal``: the rows are a whole
+        image whose rows see each other (at most n_ubatch): the causal mask is off for this call alone, which holds
+        no other sequence's tokens (mtmd_helper_decode_image_chunk does the same)."""
         if self._e is None:
             self._e = EmbdBatch(self.token_budget, L.llama_model_n_embd_inp(self.model))
         cpu, wall = time.process_time(), time.perf_counter()
-        self._e.decode(self.ctx, rows, pos0, slot, logits)
+        if non_causal:
+            L.llama_set_causal_attn(self.ctx, False)
+        try:
+            self._e.decode(self.ctx, rows, pos0, slot, logits)
+        finally:
+            if non_causal:
+                L.llama_set_causal_attn(self.ctx, True)
         self._decoded(wall, cpu)
 
     def _decoded(self, wall: float, cpu: float) -> None:

@@ -306,8 +306,8 @@ class Scheduler:
             image = seq.image_over(start, stop) if seq.images else None
             if image is not None and image.start > start:  # the text before it
                 stop, image = image.start, None
-            elif image is not None:
-                stop = min(stop, image.end)
+            elif image is not None:  # a non-causal image whole (its start is one: the cache keeps images whole)
+                stop = image.end if image.non_causal else min(stop, image.end)
             if stop - start > budget and chunks:
                 break
             chunks.append(Chunk(seq, start, stop, image=image))

@@ -29,6 +29,9 @@ class ImageSpan:
     start: int
     end: int
     rows: np.ndarray  # float32, one row of the model's input width per position
+    # Its rows see each other, not only the rows before them (Gemma 3: mtmd_decode_use_non_causal): it is decoded
+    # whole, in one llama_decode and one ubatch, with the causal mask off (ModelRunner.decode_rows)
+    non_causal: bool = False
 
 
 @dataclass(eq=False, slots=True)

@@ -12,7 +12,8 @@ and one chunk per image, which takes ``n_tokens`` embeddings and ``n_pos`` posit
 models, where they differ, are refused for now). Encoding an image chunk runs the projector and gives its
 embeddings, one row of the text model's width per position, which EmbdBatch decodes into a sequence as
 llama_decode decodes tokens: a llama_batch carries tokens or embeddings, never both, so an image is a decode
-of its own.
+of its own. Some projectors' rows see each other (Gemma 3: mtmd_decode_use_non_causal): such an image is decoded
+whole, in one ubatch, with the context's causal mask off for that decode alone (`non_causal`, `batch_error`).
 """
 
 from __future__ import annotations
@@ -153,12 +154,15 @@ class Vision:
         try:
             if not M.mtmd_support_vision(self.ctx):
                 raise ProjectorError(f"{mmproj_path} has no vision encoder (an audio-only projector?)")
-            if M.mtmd_decode_use_mrope(self.ctx) or M.mtmd_decode_use_non_causal(self.ctx, None):
-                raise ProjectorError(f"{mmproj_path} needs M-RoPE positions or non-causal attention: not supported yet")
+            if M.mtmd_decode_use_mrope(self.ctx):
+                raise ProjectorError(f"{mmproj_path} needs M-RoPE positions: not supported yet")
         except ProjectorError:
             self.close()
             raise
         self.n_embd = L.llama_model_n_embd_inp(model)
+        # An image's rows attend to each other (Gemma 3's projector): decoded whole with the causal mask off
+        self.non_causal = bool(M.mtmd_decode_use_non_causal(self.ctx, None))
+        self.image_rows = 0  # the most embeddings one image's chunk takes (image_positions measures it)
         self.max_bytes, self.max_pixels = max_bytes, max_pixels
         self._opt = M.mtmd_helper_init_opt_default()
         self._opt.video_params.ffmpeg_bin_dir = _NO_FFMPEG
@@ -174,7 +178,8 @@ class Vision:
 
     def image_positions(self) -> int:
         """Positions (KV cells) one image takes, its projector's begin/end text included, measured on made images
-        of two sizes; ProjectorError if the sizes take different counts (not supported yet)."""
+        of two sizes (and image_rows, its embeddings); ProjectorError if the sizes take different counts (not
+        supported yet)."""
         counts = set()
         for width, height in PROBE_SIZES:
             rgb = (ctypes.c_uint8 * (width * height * 3))()
@@ -182,6 +187,7 @@ class Vision:
             try:
                 with self.tokenize([image], add_special=False) as chunks:
                     counts.add(chunks.n_pos)
+                    self.image_rows = max([self.image_rows, *(c.n_tokens for c in chunks if c.is_image)])
             finally:
                 image.close()
         if len(counts) > 1:
@@ -190,6 +196,16 @@ class Vision:
                 "size: not supported yet"
             )
         return counts.pop()
+
+    def batch_error(self, n_ubatch: int) -> str:
+        """Why llama.cpp's batches of ``n_ubatch`` cannot take this projector's images ("": they can): the rows of a
+        non-causal image must be one ubatch (llama_decode asserts it). After image_positions."""
+        if not self.non_causal or self.image_rows <= n_ubatch:
+            return ""
+        return (
+            f"an image's {self.image_rows} rows see each other, so they are decoded in one batch, over this server's "
+            f"{n_ubatch}: start it with --batch-size {self.image_rows} or more (a batch is at most 512)"
+        )
 
     def tokenize(self, parts: Sequence[str | Image], add_special: bool = True, parse_special: bool = True) -> Chunks:
         """The prompt's chunks: each str part tokenized as text, each Image as its chunk."""

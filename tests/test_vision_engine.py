@@ -103,8 +103,9 @@ def prompt(vision, data: bytes) -> tuple[list[int], int, list]:
     return before.tokens.tolist() + after.tokens.tolist(), len(before.tokens), chunks
 
 
-def reference(engine: LLMEngine, chunks, n: int) -> list[int]:
-    """The greedy tokens after the chunks through mtmd's own path (mtmd_helper_eval_chunks) in a context of its own."""
+def reference(engine: LLMEngine, chunks, n: int, causal: bool = False) -> list[int]:
+    """The greedy tokens after the chunks through mtmd's own path (mtmd_helper_eval_chunks) in a context of its own;
+    ``causal``: through Vision + EmbdBatch's decode, the causal mask left on whatever the projector asks."""
     model, vision = engine.runner.model, engine.vision
     assert vision is not None
     vocab = L.llama_model_get_vocab(model)
@@ -115,8 +116,10 @@ def reference(engine: LLMEngine, chunks, n: int) -> list[int]:
     batch = L.llama_batch_init(1, 0, 1)
     try:
         n_past = L.llama_pos()
-        if chunks[-1].is_image:  # the helper asks no logits of an image's last row: Vision + EmbdBatch's decode
-            n_past.value = prefill(vision, ctx, chunks)  # (bit for bit the helper's logits: tests/test_vision.py)
+        # The helper asks no logits of an image's last row: then Vision + EmbdBatch's decode (bit for bit the
+        # helper's logits: tests/test_vision.py)
+        if causal or chunks[-1].is_image:
+            n_past.value = prefill(vision, ctx, chunks)
         else:
             assert M.mtmd_helper_eval_chunks(vision.ctx, ctx, chunks._ptr, 0, 0, 512, True, ctypes.byref(n_past)) == 0
         out: list[int] = []
