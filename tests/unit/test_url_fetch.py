@@ -4,7 +4,9 @@ refusals are tests/test_image_input.py's)."""
 
 from __future__ import annotations
 
+import http.server
 import socket
+import threading
 
 import pytest
 
@@ -90,3 +92,28 @@ def test_a_refused_url_is_refused_through_urllib_with_the_reason(monkeypatch):
         url_fetch.download("http://images.example/cat.png", 1000, 5)
     assert isinstance(getattr(e.value, "reason", None), PrivateAddress)
     assert "images.example is at 127.0.0.1" in str(e.value.reason)
+
+
+def test_a_redirect_is_checked_again(monkeypatch):
+    """The first host passes (the check made to let it), its redirect's host does not: the redirect is refused."""
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/cat.png")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    checked: list[str] = []
+    monkeypatch.setattr(url_fetch, "refused", lambda address: checked.append(address) or len(checked) > 1)
+    try:
+        with pytest.raises(OSError) as e:
+            url_fetch.download(f"http://127.0.0.1:{httpd.server_address[1]}/start", 1000, 5)
+    finally:
+        httpd.shutdown()
+    assert isinstance(getattr(e.value, "reason", None), PrivateAddress) and "localhost is at" in str(e.value.reason)
+    assert checked[0] == "127.0.0.1" and len(checked) == 2
