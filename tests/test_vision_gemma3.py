@@ -6,7 +6,8 @@ is tested, never what the model says). mtmd asks for non-causal attention while 
 off for that call alone. Checked against mtmd's own eval path (mtmd_helper_eval_chunks: the same greedy tokens),
 which the same decode with the causal mask left on does not give (so the comparison sees that break); beside text
 requests, whose tokens stay what they are alone; with a prefill block smaller than the image (exact mode), where the
-image must not be cut; a second turn reuses the image's cells. Served, cllm and llama-server (`--mmproj`) on the same
+image must not be cut; a second turn reuses the image's cells, from a stream, host RAM and --cache-dir's files
+(another image's, never). Served, cllm and llama-server (`--mmproj`) on the same
 files count the same prompt tokens and say the same greedy text.
 """
 
@@ -139,6 +140,37 @@ def test_the_next_turn_reuses_the_images_cells(engine):
     turn = [*text, *first, *text[at:]]
     outs = run(engine, [Submit(41, turn, GREEDY, images=[ImageInput(at, data)])])[41]
     assert outs[0].cached_tokens >= len(text) + N_POS + len(first) - 1
+
+
+def test_the_images_cells_are_reused_from_host_ram_and_after_a_restart(gemma3, tmp_path):
+    """Two streams: long text requests push the image conversation out to host RAM, where its next turn finds it;
+    after a restart --cache-dir's files serve the turn after; another image's turn reuses only the text before it."""
+    config = {"parallel": 2, "cache_dir": str(tmp_path / "kv")}
+    data = F.png(F.picture(80, 60, seed=11))
+    eng = engine_on(gemma3, **config)
+    try:
+        # a long instruction first (Gemma 3 puts a system prompt in the first user turn): worth keeping in host RAM
+        before = text_tokens(eng.vision, USER + "You describe pictures carefully and briefly. " * 20)
+        text, at = before + text_tokens(eng.vision, ASK, first=False), len(before)
+        first = tokens(run(eng, [Submit(1, text, GREEDY, images=[ImageInput(at, data)])])[1])
+        others = [text_tokens(eng.vision, f"{USER}{w} " * 20) for w in ("apples", "rivers")]
+        run(eng, [Submit(2 + i, p, GREEDY) for i, p in enumerate(others)])
+        assert eng.scheduler.cache.host.entries  # the image conversation's entry went to host RAM
+        turn = [*text, *first, *text[at:]]
+        outs = run(eng, [Submit(5, turn, GREEDY, images=[ImageInput(at, data)])])[5]
+        assert outs[0].cached_tokens >= len(text) + N_POS + len(first) - 1
+    finally:
+        eng.close()
+    eng = engine_on(gemma3, **config)
+    try:
+        assert eng.scheduler.cache.disk.entries  # found at the start
+        turn2 = [*turn, *tokens(outs), *text[at:]]
+        outs2 = run(eng, [Submit(6, turn2, GREEDY, images=[ImageInput(at, data)])])[6]
+        assert outs2[0].cached_tokens >= len(turn) + N_POS + len(tokens(outs)) - 1
+        other = run(eng, [Submit(7, turn2, GREEDY, images=[ImageInput(at, F.png(F.picture(80, 60, seed=12)))])])[7]
+        assert other[0].cached_tokens == at + 1  # the text before the image and its <start_of_image>
+    finally:
+        eng.close()
 
 
 # ---- served, beside llama-server on the same files ----------------------------------------------------------------
