@@ -1,6 +1,7 @@
 """Images through every chat door on a server without a projector: each malformed image gets a 400 naming what is
 wrong with it (and the field it came in), a good one a 400 naming --mmproj, a URL a 400 unless the operator lets
-the server fetch it (then bounded in size and time); the server keeps serving text throughout.
+the server fetch it (then bounded in size and time, and from public addresses only unless --image-urls-private);
+the server keeps serving text throughout.
 
 The answers with a projector (each door's real client, the counts against llama-server's, the prefix cache) are
 tests/test_vision_doors.py's.

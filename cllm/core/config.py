@@ -251,8 +251,9 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     )] = 600.0
     # Off by default: a request's URL would make the server fetch from wherever it can reach (its own network too).
     image_urls: Annotated[bool, setting(
-        "fetch images that requests give as http(s) URLs (at most 20 MiB, within `--image-url-timeout`); off, "
-        "such a request gets 400 and images come as data URIs or base64", REQUESTS,
+        "fetch images that requests give as http(s) URLs (at most 20 MiB, within `--image-url-timeout`, from public "
+        "addresses unless `--image-urls-private`); off, such a request gets 400 and images come as data URIs or "
+        "base64", REQUESTS,
     )] = False
     # Off by default: with --image-urls alone a client could make the server fetch from its own network (an admin
     # page, a cloud's metadata address); frontend_proc/chat/url_fetch.py checks every address a host resolves to.
