@@ -93,6 +93,23 @@ def test_an_image_decodes_as_mtmds_own_path_and_not_as_a_causal_decode(engine):
     assert tokens(outs) == want
 
 
+def test_two_images_in_a_prompt_each_decode_whole_as_mtmds_own_path(engine):
+    """Each image is its own non-causal decode: the first's rows do not see the second's."""
+    a, b = F.png(F.picture(64, 64, seed=15)), F.png(F.picture(64, 64, seed=16))
+    images = [engine.vision.image(data) for data in (a, b)]
+    try:
+        chunks = engine.vision.tokenize([USER, images[0], "and", images[1], ASK])
+    finally:
+        for image in images:
+            image.close()
+    with chunks:
+        want = reference(engine, chunks, GREEDY.max_tokens)
+    before, middle = text_tokens(engine.vision, USER), text_tokens(engine.vision, "and", first=False)
+    text = before + middle + text_tokens(engine.vision, ASK, first=False)
+    places = [ImageInput(len(before), a), ImageInput(len(before) + len(middle), b)]
+    assert tokens(run(engine, [Submit(3, text, GREEDY, images=places)])[3]) == want
+
+
 def test_beside_text_requests_each_decodes_as_it_does_alone(engine):
     """The causal mask is off only for the image's own llama_decode: text decoded in the steps around it (prompts
     and decodes of other sequences, and of its own) keeps its causal attention."""
