@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 class Batch:
     def __init__(self, n: int):
+        # Whether a sequence's positions may lag its cells (an M-RoPE model's images: Sequence.position); else a
+        # token's position is its index, with no lookup.
+        self.shifted = False
         self.token = np.zeros(n, np.int32)
         self.pos = np.zeros(n, np.int32)
         self.n_seq_id = np.ones(n, np.int32)
@@ -49,6 +52,8 @@ class Batch:
             n = len(chunks)
             self.token[:n] = [c.seq.output[-1] for c in chunks] if tokens is None else tokens
             self.pos[:n] = [c.start for c in chunks]
+            if self.shifted:
+                self.pos[:n] -= [c.seq.shift for c in chunks]
             self.seq_id[:n] = [c.seq.slot for c in chunks]
             self.logits[:n] = 1
             return n, list(range(-n, 0))
@@ -63,6 +68,8 @@ class Batch:
             else:
                 self.token[i : i + n] = seq.prompt[c.start : c.end]
             self.pos[i : i + n] = positions[c.start : c.end]
+            if self.shifted and seq.shift:  # text never straddles an image: one lag for the chunk
+                self.pos[i : i + n] -= c.start - seq.position(c.start)
             self.seq_id[i : i + n] = seq.slot
             every_row = c.every_row
             self.logits[i : i + n] = every_row

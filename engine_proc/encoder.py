@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,9 +24,20 @@ from cllm.core.protocol import ImageInput, Submit
 from engine_proc.sequence import ImageSpan
 from engine_proc.vision import Vision
 
-# What one image becomes: its chunks in order, text tokens or (image id, encoded rows).
-Pieces = list[np.ndarray | tuple[str, np.ndarray]]
+# What one image becomes: its chunks in order, text tokens or an encoded image chunk.
+Pieces = list["np.ndarray | Encoded"]
 TOKEN_LIMIT = 1 << 31  # placeholders lie in [n_vocab, 2**31): int32 ids no tokenizer gives
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An image chunk made ready: its id, its rows (one a KV cell), the positions it takes and their M-RoPE
+    components (Vision.positions; None: one position a row)."""
+
+    image_id: str
+    rows: np.ndarray
+    n_pos: int
+    pos: np.ndarray | None
 
 
 def placeholders(image_id: str, n: int, n_vocab: int) -> np.ndarray:
@@ -51,11 +63,11 @@ def splice(prompt: list[int], images: list[ImageInput], pieces: list[Pieces], n_
         n += image.at - prev
         prev = image.at
         for piece in its:
-            if isinstance(piece, tuple):
-                image_id, rows = piece
-                parts.append(placeholders(image_id, len(rows), n_vocab))
-                spans.append(ImageSpan(n, n + len(rows), rows, non_causal))
-                n += len(rows)
+            if isinstance(piece, Encoded):
+                k = len(piece.rows)
+                parts.append(placeholders(piece.image_id, k, n_vocab))
+                spans.append(ImageSpan(n, n + k, piece.rows, non_causal, piece.n_pos, piece.pos))
+                n += k
             else:
                 parts.append(piece)
                 n += len(piece)
@@ -124,8 +136,12 @@ class Encoder:
             finally:
                 image.close()
             with chunks:
-                out.append([(c.image_id, self.vision.encode(c)) if c.is_image else c.tokens.copy() for c in chunks])
+                out.append([self._encoded(c) if c.is_image else c.tokens.copy() for c in chunks])
         return out
+
+    def _encoded(self, chunk) -> Encoded:
+        assert chunk.image_id is not None
+        return Encoded(chunk.image_id, self.vision.encode(chunk), chunk.n_pos, self.vision.positions(chunk))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -94,6 +94,7 @@ class LLMEngine:
             max_embedding_tokens=self.embedder.max_tokens,
             mmproj=config.mmproj or "",
             image_tokens=self.images.image_tokens if self.images is not None else 0,
+            image_grid=self.images.image_grid if self.images is not None else None,
         )
         self.timer: StepTimer | None = None  # set, it sums the time of each part of every step
         self.steps = 0
@@ -328,8 +329,9 @@ class LLMEngine:
         if chunks[0].image is not None:  # alone in its call (engine_proc/prefill_runs.py)
             c = chunks[0]
             rows: list[int | None] = [-1 if c.samples else None]
-            image = c.image.rows[c.start - c.image.start : c.end - c.image.start]
-            self.runner.decode_rows(image, c.start, c.seq.slot, c.samples, c.image.non_causal)
+            k0, k1 = c.start - c.image.start, c.end - c.image.start
+            pos = c.image.positions(k0, k1, c.seq.position(c.image.start))
+            self.runner.decode_rows(c.image.rows[k0:k1], pos, c.seq.slot, c.samples, c.image.non_causal)
         else:
             rows = self.runner.fill(chunks, plain)
             if timer:

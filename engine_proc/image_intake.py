@@ -27,8 +27,10 @@ class ImageIntake:
         except ProjectorError as e:
             runner.close()
             raise ModelLoadError(str(e)) from None
+        runner.positions_lag(self.vision.mrope)
         try:
-            self.image_tokens = self.vision.image_positions()  # the positions one image takes
+            # the tokens one image takes, or its begin/end text's and the grid the rest follows (Vision.image_sizing)
+            self.image_tokens, self.image_grid = self.vision.image_sizing()
             if why := self.vision.batch_error(runner.n_ubatch):
                 raise ProjectorError(why)
         except ProjectorError as e:
@@ -56,8 +58,8 @@ class ImageIntake:
                 outputs.append(SeqOutput(req.id, finish="error", error=why))
                 continue
             prompt, spans = splice(req.prompt, req.images, pieces, self.runner.n_vocab, self.vision.non_causal)
-            if len(prompt) >= self.runner.seq_ctx:  # the frontend counted image_tokens for each: not expected
-                why = f"the prompt with its images takes {len(prompt)} positions, over the {self.runner.seq_ctx - 1} "
+            if len(prompt) >= self.runner.seq_ctx:  # the frontend counted each image's tokens: not expected
+                why = f"the prompt with its images takes {len(prompt)} tokens, over the {self.runner.seq_ctx - 1} "
                 outputs.append(SeqOutput(req.id, finish="error", error=why + "a sequence may"))
                 continue
             out.append((req, prompt, spans))

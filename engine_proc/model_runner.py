@@ -137,6 +137,10 @@ class ModelRunner:
         self._n, rows = self._b.fill(chunks, self._positions, plain, tokens)
         return rows
 
+    def positions_lag(self, lag: bool) -> None:
+        """Whether a sequence's positions may lag its cells (an M-RoPE projector's images: Sequence.position)."""
+        self._b.shifted = lag
+
     def launch(self) -> None:
         """decode() on the decode thread; nothing may use the context until wait() returns."""
         self._thread.launch()
@@ -151,18 +155,21 @@ class ModelRunner:
         self._b.decode(self.ctx, self._n)
         self._decoded(wall, cpu)
 
-    def decode_rows(self, rows: np.ndarray, pos0: int, slot: int, logits: bool, non_causal: bool = False) -> None:
-        """One llama_decode of an image's embeddings (``rows``, at most a step's budget) at positions pos0.. of
-        stream ``slot``; ``logits``: the last row's, for the sampler (row -1). ``non_causal``: the rows are a whole
-        image whose rows see each other (at most n_ubatch): the causal mask is off for this call alone, which holds
-        no other sequence's tokens (mtmd_helper_decode_image_chunk does the same)."""
+    def decode_rows(
+        self, rows: np.ndarray, pos: int | np.ndarray, slot: int, logits: bool, non_causal: bool = False
+    ) -> None:
+        """One llama_decode of an image's embeddings (``rows``, at most a step's budget) at positions ``pos`` (the
+        first, or M-RoPE's: see EmbdBatch.decode) of stream ``slot``; ``logits``: the last row's, for the sampler
+        (row -1). ``non_causal``: the rows are a whole image whose rows see each other (at most n_ubatch): the causal
+        mask is off for this call alone, which holds no other sequence's tokens (mtmd_helper_decode_image_chunk does
+        the same)."""
         if self._e is None:
             self._e = EmbdBatch(self.token_budget, L.llama_model_n_embd_inp(self.model))
         cpu, wall = time.process_time(), time.perf_counter()
         if non_causal:
             L.llama_set_causal_attn(self.ctx, False)
         try:
-            self._e.decode(self.ctx, rows, pos0, slot, logits)
+            self._e.decode(self.ctx, rows, pos, slot, logits)
         finally:
             if non_causal:
                 L.llama_set_causal_attn(self.ctx, True)

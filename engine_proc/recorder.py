@@ -83,7 +83,7 @@ class Recorder:
         accepted = j + int(j < len(draft) and out.token == draft[j])  # the last row's token may finish on a drafted one
         self.drafter.verified(seq, len(draft), accepted)
         if not out.finish and seq.n_cached < chunk.end:
-            self.runner.trim(seq.slot, seq.n_cached)
+            self.runner.trim(seq.slot, seq.position(seq.n_cached))
 
     def _output(self, seq: Sequence, token: int, row: int) -> SeqOutput:
         """The sampled token (-1: the sequence's grammar allowed none) recorded, and whether it ends the sequence."""

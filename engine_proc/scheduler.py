@@ -87,7 +87,7 @@ MAX_HOLD = 16
 
 
 class KvStreams(Protocol):
-    # dst := the first `keep` cells of src
+    # dst := the cells of src before position `keep` (a Sequence's cell n is at its position(n))
     def copy(self, src: int, dst: int, keep: int, at_once: bool = False) -> None: ...
     def swap(self, a: int, b: int) -> None: ...  # trade the two streams' cells
     def trim(self, slot: int, keep: int) -> None: ...  # drop the cells from position `keep` on
@@ -174,9 +174,9 @@ class Scheduler:
             self.parked -= sum(s.parked for s in running)
             for seq in running:
                 heapq.heappush(self.free_slots, seq.slot)
-                keep = self._reusable(seq)
+                keep = seq.image_edge(self._reusable(seq))  # not half an image
                 if self.cache is not None and keep:
-                    self.kv.trim(seq.slot, keep)
+                    self.kv.trim(seq.slot, seq.position(keep))
                     self.cache.keep(seq.slot, seq.known(keep))
                 else:
                     self.kv.clear(seq.slot)
@@ -202,7 +202,7 @@ class Scheduler:
         if self.parked:
             for seq in self.running:
                 if seq.parked:  # the cell its last decode wrote goes: it decodes at the same position again
-                    self.kv.trim(seq.slot, seq.n_cached)
+                    self.kv.trim(seq.slot, seq.position(seq.n_cached))
         return [Chunk(seq, seq.n_cached, seq.n_cached + 1) for seq in self.running if not seq.prefilling]
 
     def go_on(self, chunks: list[Chunk]) -> list[Chunk] | None:
@@ -218,7 +218,7 @@ class Scheduler:
         for c in chunks:
             seq = c.seq
             if seq.parked:
-                self.kv.trim(seq.slot, seq.n_cached)
+                self.kv.trim(seq.slot, seq.position(seq.n_cached))
                 nxt.append(Chunk(seq, seq.n_cached, seq.n_cached + 1))
             else:
                 nxt.append(Chunk(seq, c.end, c.end + 1))
@@ -379,15 +379,15 @@ class Scheduler:
             if src != slot:
                 self._swap(src, slot)
             del cache.entries[slot]
-            self.kv.trim(slot, reuse)
+            self.kv.trim(slot, seq.position(reuse))
             return reuse, True
         resident = cache.entries.pop(slot, None)
         if resident is not None:  # it has cells the new sequence will not keep
             self._rehome(slot, resident, held, exclude=src)
         if src == slot:
-            self.kv.trim(slot, reuse)
+            self.kv.trim(slot, seq.position(reuse))
         elif src >= 0:
-            self.kv.copy(src, slot, reuse)
+            self.kv.copy(src, slot, seq.position(reuse))
         else:
             self.kv.clear(slot)
         return reuse, False
@@ -459,7 +459,7 @@ class Scheduler:
             if self.cache is not None and hole in self.cache.entries:
                 self._swap(hole, seq.slot)
             else:
-                self.kv.copy(seq.slot, hole, seq.n_cached)
+                self.kv.copy(seq.slot, hole, seq.position(seq.n_cached))
                 self.kv.clear(seq.slot)
             seq.slot = hole
             self._ordered = False

@@ -24,14 +24,30 @@ class Drafting:
 
 @dataclass(slots=True)
 class ImageSpan:
-    """One image's positions in a sequence's prompt, [start, end), and its encoding: row k goes at start + k."""
+    """One image's KV cells in a sequence's prompt, [start, end), and its encoding: row k goes in cell start + k.
+
+    Its positions: one a cell, in order; with M-RoPE (``pos``) ``n_pos`` of them, fewer than its cells: every row
+    has its four components from the image's first position (Vision.positions), and text after the image goes on
+    n_pos positions after that first one."""
 
     start: int
     end: int
-    rows: np.ndarray  # float32, one row of the model's input width per position
+    rows: np.ndarray  # float32, one row of the model's input width per cell
     # Its rows see each other, not only the rows before them (Gemma 3: mtmd_decode_use_non_causal): it is decoded
     # whole, in one llama_decode and one ubatch, with the causal mask off (ModelRunner.decode_rows)
     non_causal: bool = False
+    n_pos: int = 0  # positions it takes (0: one a cell)
+    pos: np.ndarray | None = None  # int32 (4, cells): each row's M-RoPE components, from the image's first position
+
+    @property
+    def shift(self) -> int:
+        """Cells it takes beyond its positions: what the positions after it lag their cells by."""
+        return self.end - self.start - self.n_pos if self.pos is not None else 0
+
+    def positions(self, k0: int, k1: int, first: int) -> int | np.ndarray:
+        """Rows k0..k1's positions, the image's first being ``first``: the first of them (one a row, in order), or
+        their M-RoPE components (EmbdBatch.decode takes either)."""
+        return first + k0 if self.pos is None else self.pos[:, k0:k1] + first
 
 
 @dataclass(eq=False, slots=True)
@@ -54,10 +70,14 @@ class Sequence:
     images: list[ImageSpan] = field(default_factory=list)
     # Its known tokens, prompt then output, in one array whose capacity doubles: known() is a view, not a copy.
     tokens: np.ndarray = field(init=False)
+    # Cells its images take beyond their positions (M-RoPE): the position of a cell after them is its index less
+    # this (see position).
+    shift: int = field(init=False)
 
     def __post_init__(self):
         self.tokens = np.empty(len(self.prompt) + 16, np.int32)
         self.tokens[: len(self.prompt)] = self.prompt
+        self.shift = sum(span.shift for span in self.images)
 
     def append(self, token: int) -> None:
         """Record a sampled token."""
@@ -88,6 +108,22 @@ class Sequence:
         image's edge, so that another image's cells match all of an image's positions or none."""
         span = self.image_over(n - 1, n) if n else None
         return span.start if span is not None and span.end > n else n
+
+    def position(self, n: int) -> int:
+        """The position of its cell ``n``: ``n`` but after an M-RoPE image, whose cells take fewer positions; in
+        an image, the image's first position. Cells are cut by position (llama_memory_seq_rm): cutting at
+        position(n) keeps the first n cells, n at an image's edge."""
+        if not self.shift:
+            return n
+        shift = 0
+        for span in self.images:
+            if span.end <= n:
+                shift += span.shift
+            elif span.start < n:
+                return span.start - shift
+            else:
+                break
+        return n - shift
 
     def known(self, n: int) -> np.ndarray:
         """Its first ``n`` known tokens: the prompt's, then the output's (a view: later tokens never change them)."""

@@ -8,18 +8,26 @@ reuses its encoding and never serves one image's cells for another. (llama-serve
 mtmd_helper_bitmap_init_from_buf, hashes the file's bytes instead.)
 
 A prompt is given as parts, text and images in order; mtmd tokenizes it into chunks: text chunks of token ids
-and one chunk per image, which takes ``n_tokens`` embeddings and ``n_pos`` positions (the same here: M-RoPE
-models, where they differ, are refused for now). Encoding an image chunk runs the projector and gives its
-embeddings, one row of the text model's width per position, which EmbdBatch decodes into a sequence as
-llama_decode decodes tokens: a llama_batch carries tokens or embeddings, never both, so an image is a decode
-of its own. Some projectors' rows see each other (Gemma 3: mtmd_decode_use_non_causal): such an image is decoded
-whole, in one ubatch, with the context's causal mask off for that decode alone (`non_causal`, `batch_error`).
+and one chunk per image, which takes ``n_tokens`` embeddings (KV cells) and ``n_pos`` positions. The two are the
+same but with M-RoPE (Qwen2-VL): there each embedding has four position components (time, row, column, unused),
+all of an image's rows start at its first position, and the image takes max(rows, columns) positions; text
+after it goes on from there (`positions` gives an image's components). Encoding an image chunk runs the
+projector and gives its embeddings, one row of the text model's width per KV cell, which EmbdBatch decodes into a
+sequence as llama_decode decodes tokens: a llama_batch carries tokens or embeddings, never both, so an image is a
+decode of its own. Some projectors' rows see each other (Gemma 3: mtmd_decode_use_non_causal): such an image is
+decoded whole, in one ubatch, with the context's causal mask off for that decode alone (`non_causal`,
+`batch_error`).
+
+A projector that takes images at about their own size (Qwen2-VL's) gives an image of w x h pixels a number of
+tokens that follows its size: `image_sizing` describes its grid for the frontend's count (cllm/core/image_grid.py)
+and checks that count against mtmd's on made images of several sizes.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,8 +36,11 @@ import llama_cpp.mtmd_cpp as M
 import numpy as np
 
 from cllm.core import images
+from cllm.core.gguf_meta import read_metadata
+from cllm.core.image_grid import grid_tokens
 from cllm.core.images import MalformedImage
 from cllm.core.llama_log import capture, silence_mtmd_logs
+from cllm.core.protocol import ImageGrid
 
 # The helper falls back to decoding as video with ffmpeg (a subprocess, on the client's bytes) when stb_image
 # cannot read them: pointing it at a folder with no ffmpeg in it makes that fallback fail at once.
@@ -37,6 +48,9 @@ _NO_FFMPEG = b"/nonexistent/cllm-no-ffmpeg"
 # Made images whose positions are counted at load: a landscape and a portrait of other sizes than the tower's, so
 # that a projector whose count follows the image's size is caught.
 PROBE_SIZES = ((640, 480), (300, 900))
+# Projectors that size each image (tools/mtmd/clip.cpp: an image's tokens follow its size), by their
+# clip.projector_type: the fewest and most tokens an image takes, which clip.cpp sets for them.
+SIZED = {"qwen2vl_merger": (8, 4096), "qwen2.5vl_merger": (8, 4096)}
 
 
 class ProjectorError(RuntimeError):
@@ -88,8 +102,13 @@ class Chunks(Sequence[Chunk]):
 
     @property
     def n_pos(self) -> int:
-        """Positions (KV cells) the whole prompt takes."""
+        """Positions the whole prompt takes (fewer than its KV cells with M-RoPE)."""
         return sum(c.n_pos for c in self._chunks)
+
+    @property
+    def n_tokens(self) -> int:
+        """KV cells the whole prompt takes: what llama-server counts as its prompt tokens."""
+        return sum(c.n_tokens for c in self._chunks)
 
     def close(self) -> None:
         if self._ptr:
@@ -154,15 +173,17 @@ class Vision:
         try:
             if not M.mtmd_support_vision(self.ctx):
                 raise ProjectorError(f"{mmproj_path} has no vision encoder (an audio-only projector?)")
-            if M.mtmd_decode_use_mrope(self.ctx):
-                raise ProjectorError(f"{mmproj_path} needs M-RoPE positions: not supported yet")
+            if M.mtmd_decode_use_mrope(self.ctx) and M.mtmd_decode_use_non_causal(self.ctx, None):
+                raise ProjectorError(f"{mmproj_path} needs M-RoPE positions and non-causal attention: not supported yet")
         except ProjectorError:
             self.close()
             raise
         self.n_embd = L.llama_model_n_embd_inp(model)
         # An image's rows attend to each other (Gemma 3's projector): decoded whole with the causal mask off
         self.non_causal = bool(M.mtmd_decode_use_non_causal(self.ctx, None))
-        self.image_rows = 0  # the most embeddings one image's chunk takes (image_positions measures it)
+        self.image_rows = 0  # the most embeddings one image's chunk takes (image_sizing measures it)
+        self.mrope = bool(M.mtmd_decode_use_mrope(self.ctx))  # four position components an embedding
+        self.path = mmproj_path
         self.max_bytes, self.max_pixels = max_bytes, max_pixels
         self._opt = M.mtmd_helper_init_opt_default()
         self._opt.video_params.ffmpeg_bin_dir = _NO_FFMPEG
@@ -176,30 +197,57 @@ class Vision:
             raise MalformedImage(f"the {info.format.upper()} image could not be decoded (corrupted?)")
         return _identified(bitmap, info.format)
 
-    def image_positions(self) -> int:
-        """Positions (KV cells) one image takes, its projector's begin/end text included, measured on made images
-        of two sizes (and image_rows, its embeddings); ProjectorError if the sizes take different counts (not
-        supported yet)."""
-        counts = set()
-        for width, height in PROBE_SIZES:
-            rgb = (ctypes.c_uint8 * (width * height * 3))()
-            image = _identified(M.mtmd_bitmap_init(width, height, rgb), "rgb")
-            try:
-                with self.tokenize([image], add_special=False) as chunks:
-                    counts.add(chunks.n_pos)
-                    self.image_rows = max([self.image_rows, *(c.n_tokens for c in chunks if c.is_image)])
-            finally:
-                image.close()
-        if len(counts) > 1:
-            raise ProjectorError(
-                f"the projector's images take {' or '.join(map(str, sorted(counts)))} positions depending on their "
-                "size: not supported yet"
-            )
-        return counts.pop()
+    def image_sizing(self) -> tuple[int, ImageGrid | None]:
+        """How many prompt tokens (KV cells) an image takes, its projector's begin/end text included: (that count,
+        None) for a projector that takes every image at one size; (the begin/end text's, its grid) for one that
+        sizes each image (SIZED), the grid's count checked against mtmd's on made images of several sizes.
+        ProjectorError if the count follows the image's size in a way not known here (not supported)."""
+        meta = read_metadata(self.path)
+        kind = meta.get("clip.vision.projector_type", meta.get("clip.projector_type", (0, "")))[1]
+        grid = None
+        if kind in SIZED:
+            align = int(meta["clip.vision.patch_size"][1]) * int(meta.get("clip.vision.spatial_merge_size", (0, 2))[1])
+            fewest, most = SIZED[kind]
+            grid = ImageGrid(align, fewest * align * align, most * align * align)
+        sizes = [*PROBE_SIZES, (1, 1)]
+        if grid is not None:  # a side rounded half up, and an image scaled down into the most pixels
+            side = math.isqrt(grid.max_pixels) + grid.align
+            sizes += [(grid.align * 5 // 2, grid.align * 6), (side, side + grid.align)]
+        counts = {}
+        for width, height in sizes:
+            n = self._probe(width, height)
+            counts[width, height] = n - (grid_tokens(grid, width, height) if grid is not None else 0)
+        if len(set(counts.values())) > 1:
+            said = ", ".join(f"{w}x{h}: {n}" for (w, h), n in counts.items())
+            what = "do not follow the grid counted for it" if grid is not None else "depend on their size"
+            raise ProjectorError(f"the {kind} projector's images take tokens that {what} ({said}): not supported")
+        return counts[PROBE_SIZES[0]], grid
+
+    def _probe(self, width: int, height: int) -> int:
+        """The KV cells a made (black) image of that size takes, mtmd's count."""
+        rgb = (ctypes.c_uint8 * (width * height * 3))()
+        image = _identified(M.mtmd_bitmap_init(width, height, rgb), "rgb")
+        try:
+            with self.tokenize([image], add_special=False) as chunks:
+                self.image_rows = max([self.image_rows, *(c.n_tokens for c in chunks if c.is_image)])
+                return chunks.n_tokens
+        finally:
+            image.close()
+
+    def positions(self, chunk: Chunk) -> np.ndarray | None:
+        """An image chunk's M-RoPE positions from its first one (0): int32 rows (time, row, column, unused), one
+        column per embedding, in the order a llama_batch of embeddings takes them; None without M-RoPE (its
+        embeddings take one position each, in order)."""
+        if not self.mrope:
+            return None
+        out = (M.mtmd_decoder_pos * chunk.n_tokens)()
+        M.mtmd_helper_image_get_decoder_pos(M.mtmd_input_chunk_get_tokens_image(chunk.ptr), 0, out)
+        txyz = np.ctypeslib.as_array(ctypes.cast(out, ctypes.POINTER(ctypes.c_uint32)), (chunk.n_tokens, 4))
+        return np.ascontiguousarray(txyz[:, [0, 2, 1, 3]].T).astype(np.int32)  # t, x, y, z -> t, y, x, z
 
     def batch_error(self, n_ubatch: int) -> str:
         """Why llama.cpp's batches of ``n_ubatch`` cannot take this projector's images ("": they can): the rows of a
-        non-causal image must be one ubatch (llama_decode asserts it). After image_positions."""
+        non-causal image must be one ubatch (llama_decode asserts it). After image_sizing."""
         if not self.non_causal or self.image_rows <= n_ubatch:
             return ""
         return (
@@ -246,7 +294,7 @@ class EmbdBatch:
 
     def __init__(self, n: int, n_embd: int):
         self.embd = np.zeros((n, n_embd), np.float32)
-        self.pos = np.zeros(n, np.int32)
+        self.pos = np.zeros(4 * n, np.int32)  # room for M-RoPE's four components an embedding
         self.n_seq_id = np.ones(n, np.int32)
         self.seq_id = np.zeros(1, np.int32)
         self.logits = np.zeros(n, np.int8)
@@ -262,11 +310,16 @@ class EmbdBatch:
             logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
         )
 
-    def decode(self, ctx, rows: np.ndarray, pos0: int, seq_id: int, logits_last: bool = False) -> None:
-        """llama_decode of ``rows`` (at most the batch's size) at positions pos0.., into sequence ``seq_id``."""
+    def decode(self, ctx, rows: np.ndarray, pos: int | np.ndarray, seq_id: int, logits_last: bool = False) -> None:
+        """llama_decode of ``rows`` (at most the batch's size) into sequence ``seq_id``: at positions pos.. (an
+        int), or at M-RoPE positions (an array: a component a row, a column a row of ``rows``, as
+        Vision.positions gives them, the image's first position added)."""
         n = len(rows)
         self.embd[:n] = rows
-        self.pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
+        if isinstance(pos, np.ndarray):  # llama.cpp reads a component's n positions, then the next component's
+            self.pos[: pos.size] = pos.ravel()
+        else:
+            self.pos[:n] = np.arange(pos, pos + n, dtype=np.int32)
         self.seq_id[0] = seq_id
         self.logits[:n] = 0
         self.logits[n - 1] = logits_last

@@ -42,6 +42,8 @@ class ImageInput(msgspec.Struct, array_like=True, gc=False):
 
     at: int
     data: bytes
+    width: int = 0  # its size as its header gives it (cllm.core.images.check): what sizes it for some projectors
+    height: int = 0
 
 
 class Submit(msgspec.Struct, tag=1, array_like=True, gc=False):
@@ -90,6 +92,14 @@ ToEngine = Submit | Abort | Hello | Embed | SlotAction
 # ---- engine -> frontend ------------------------------------------------------
 
 
+class ImageGrid(msgspec.Struct, frozen=True, gc=False):
+    """How a projector that takes images at about their own size sizes one (cllm/core/image_grid.py counts)."""
+
+    align: int  # pixels on a side of one image token: each side is rounded to a multiple of it
+    min_pixels: int  # the area an image is scaled up or down into
+    max_pixels: int
+
+
 class ModelInfo(msgspec.Struct, gc=False):
     """Also the body of GET /model/info: two fields go by their public names."""
 
@@ -118,7 +128,10 @@ class ModelInfo(msgspec.Struct, gc=False):
     spec_type: str = "none"  # speculative decoding: none, or ngram (prompt lookup)
     draft_max: int = 0  # most tokens a sequence drafts in a step
     mmproj: str = ""  # the projector's file: the engine takes images
-    image_tokens: int = 0  # prompt positions (KV cells) one image takes, its projector's begin/end text included
+    # Prompt tokens (KV cells) one image takes, its projector's begin/end text included; with an image_grid, those
+    # of the begin/end text, the grid's tokens for the image's size added to them (cllm/core/image_grid.py).
+    image_tokens: int = 0
+    image_grid: ImageGrid | None = None  # a projector that sizes each image (Qwen2-VL's): its grid
 
 
 class EngineReady(msgspec.Struct, tag=1, array_like=True, gc=False):

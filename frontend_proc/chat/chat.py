@@ -14,6 +14,7 @@ from __future__ import annotations
 import msgspec
 
 from cllm.core.errors import invalid
+from cllm.core.image_grid import prompt_images
 from cllm.core.images import MAX_REQUEST_BYTES
 from frontend_proc.chat import images
 from frontend_proc.chat.reasoning import HARMONY_TOKENS, is_harmony, splitter_factory
@@ -67,7 +68,7 @@ class ChatPrompt:
         else:
             self.tokens, self.images = st.tokenizer.encode(text), []
         # The positions the prompt takes (what its usage counts): each image its projector's.
-        self.positions = len(self.tokens) + (len(self.images) * st.client.info.image_tokens if found else 0)
+        self.positions = len(self.tokens) + (prompt_images(generation.engine_info(st), self.images) if found else 0)
         self.tool_plan = tool_plan
         harmony = is_harmony(st.chat_template.source)
         self._new_splitter = (
@@ -99,7 +100,7 @@ async def image_bytes(st: ModelState, found: list[images.Image]) -> list[bytes]:
     data = [images.checked(await images.fetch(image, st.config)) for image in found]
     if (total := sum(map(len, data))) > MAX_REQUEST_BYTES:  # what the engine's request ring has room for
         raise invalid(f"the request's images are {total} bytes, over the limit of {MAX_REQUEST_BYTES}", found[0].param)
-    if generation.engine_info(st).image_tokens == 0:
+    if not generation.engine_info(st).mmproj:
         raise invalid(
             "this model takes no images: start the server with --mmproj FILE (the model's multimodal projector)",
             found[0].param,

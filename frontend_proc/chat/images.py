@@ -121,14 +121,16 @@ def split(
     tokenize, text: str, marker: str, found: list[bytes], param: str = "messages"
 ) -> tuple[list[int], list[ImageInput]]:
     """The prompt's tokens and its images: the text between markers tokenized piece by piece (special tokens
-    only at the start), each image placed before the tokens that follow its marker, as mtmd's tokenizer does."""
+    only at the start), each image placed before the tokens that follow its marker, as mtmd's tokenizer does, with
+    its size (checked bytes: what sizes it for a projector that takes images at their own size)."""
     pieces = text.split(marker)
     if len(pieces) - 1 != len(found):
         raise invalid(f"the prompt has {len(pieces) - 1} places marked for images but {len(found)} images", param)
     tokens: list[int] = tokenize(pieces[0], True)
     inputs = []
     for data, piece in zip(found, pieces[1:]):
-        inputs.append(ImageInput(len(tokens), data))
+        info = images.check(data)
+        inputs.append(ImageInput(len(tokens), data, info.width, info.height))
         if piece:
             tokens += tokenize(piece, False)
     return tokens, inputs

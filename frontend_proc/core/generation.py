@@ -17,6 +17,7 @@ import msgspec
 from starlette.requests import Request
 
 from cllm.core.errors import ApiError
+from cllm.core.image_grid import prompt_images
 from cllm.core.protocol import ImageInput, ModelInfo, SamplingParams
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Detokenizer
@@ -49,12 +50,12 @@ async def start(
     """Check limits and submit n sequences per prompt (seed, seed+1, ... when seeded).
 
     limit_param: the door's name for max_tokens, as the client sent it. shown: control tokens written out in the
-    text (a tool-call opener). images: the one prompt's (frontend_proc.chat.images), each taking image_tokens
-    positions.
+    text (a tool-call opener). images: the one prompt's (frontend_proc.chat.images), each taking the prompt tokens
+    its projector gives it (cllm/core/image_grid.py).
     """
     info = engine_info(st)
     assert not images or len(prompts) == 1
-    image_positions = len(images) * info.image_tokens if images else 0
+    image_positions = prompt_images(info, images)
     sampling = st.client.limits.capped(sampling)
     st.client.limits.check(prompts, sampling.max_tokens, n, prompt_param, limit_param, image_positions)
     per_step = stream or bool(stops)  # stop strings are looked for as the text grows

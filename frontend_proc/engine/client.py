@@ -33,6 +33,7 @@ import msgspec
 
 from cllm.core.config import ServeConfig
 from cllm.core.errors import RETRY_AFTER, ApiError
+from cllm.core.image_grid import prompt_images
 from cllm.core.launch import EngineRings
 from cllm.core.protocol import (
     Abort,
@@ -300,9 +301,10 @@ class EngineClient:
     async def submit(
         self, prompt: list[int], sampling: SamplingParams, per_step: bool, images: list[ImageInput] | None = None
     ) -> RequestStream:
-        """images: the prompt's, each taking info.image_tokens positions (counted in the stream's prompt_tokens)."""
+        """images: the prompt's, each taking the tokens its size and the projector give it (counted in the stream's
+        prompt_tokens: cllm/core/image_grid.py)."""
         self._check_room()
-        positions = len(prompt) + (len(images) * self.info.image_tokens if images and self.info else 0)
+        positions = len(prompt) + (prompt_images(self.info, images) if self.info else 0)
         stream = RequestStream(next(self._ids), self, positions, per_step, sampling)
         self._streams[stream.id] = stream
         if self._config.request_timeout:

@@ -87,11 +87,13 @@ def tokenize(text: str, add_special: bool) -> list[int]:
 
 def test_the_prompt_is_split_at_each_marker_and_each_image_placed_before_what_follows():
     m = new_marker()
-    tokens, images = split(tokenize, f"ab{m}c{m}{m}", m, [b"1", b"2", b"3"])
+    wide, tall = image_files.png(image_files.picture(24, 16)), image_files.png(image_files.picture(8, 32))
+    tokens, images = split(tokenize, f"ab{m}c{m}{m}", m, [PNG, wide, tall])
     assert tokens == [1, ord("a"), ord("b"), ord("c")]
-    assert images == [ImageInput(3, b"1"), ImageInput(4, b"2"), ImageInput(4, b"3")]
-    tokens, images = split(tokenize, f"{m}x", m, [b"1"])
-    assert tokens == [1, ord("x")] and images == [ImageInput(1, b"1")]  # BOS first, as mtmd puts it
+    # each with its size from its header: what sizes it for a projector that takes images at their own size
+    assert images == [ImageInput(3, PNG, 16, 16), ImageInput(4, wide, 24, 16), ImageInput(4, tall, 8, 32)]
+    tokens, images = split(tokenize, f"{m}x", m, [PNG])
+    assert tokens == [1, ord("x")] and images == [ImageInput(1, PNG, 16, 16)]  # BOS first, as mtmd puts it
 
 
 def test_a_template_that_drops_an_image_is_a_400():

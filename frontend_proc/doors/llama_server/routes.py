@@ -90,7 +90,7 @@ async def get_props(request: Request) -> Response:
             "model_alias": st.model_id,
             "model_ftype": info.quantization,
             "model_path": info.model_path,
-            "modalities": {"vision": info.image_tokens > 0, "video": False, "audio": False},
+            "modalities": {"vision": bool(info.mmproj), "video": False, "audio": False},
             "media_marker": SHOWN_MARKER,  # where /completion's multimodal_data go in its prompt_string
             "endpoint_slots": True,
             "endpoint_props": False,

@@ -1,0 +1,239 @@
+"""Qwen2-VL-style models (issue 48): M-RoPE positions, and images whose token count follows their size, on a made
+pair (perf/synth_qwen2vl.py: a tiny `qwen2vl` text model and a `qwen2vl_merger` projector, random weights: the
+path is tested, never what the model says about an image).
+
+An image of w x h pixels takes (w/16)*(h/16) KV cells here, rounded as llama.cpp rounds, but only max(w, h)/16
+positions, and text after it goes on from there. The served engine's greedy text equals mtmd's own eval path
+(mtmd_helper_eval_chunks through the bindings) for two image sizes of different counts, its prompt tokens equal
+mtmd's and llama-server's, a second turn reuses the image's cells from the prefix cache and still says what a
+fresh prefill says, and an image too big for a sequence is refused with its count, before it is encoded.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import os
+import random
+from collections.abc import Iterator
+
+import httpx
+import llama_cpp as L
+import llama_cpp.mtmd_cpp as M
+import numpy as np
+import pytest
+
+from cllm.core.image_grid import grid_tokens
+from cllm.core.protocol import ImageGrid
+from engine_proc.vision import Vision
+from perf import image_files, synth_qwen2vl
+from tests.conftest import Server, start_server
+from tests.test_native_routes import llama_server_on
+
+MARKER = "<__media__>"
+QUESTION = "<|im_start|>user\n" + MARKER + "\nWhat is in this picture?<|im_end|>\n<|im_start|>assistant\n"
+N_PREDICT = 12
+# Two sizes that take different counts: 4 x 3 tokens in 4 positions, 3 x 6 tokens (40 / 16 = 2.5 rounds up) in 6.
+WIDE = image_files.png(image_files.picture(64, 48, seed=5))
+TALL = image_files.png(image_files.picture(40, 96, seed=6))
+OTHER_WIDE = image_files.png(image_files.picture(64, 48, seed=7))
+ALIGN = synth_qwen2vl.ALIGN
+GRID = ImageGrid(ALIGN, 8 * ALIGN * ALIGN, 4096 * ALIGN * ALIGN)  # clip.cpp's 8 to 4096 tokens for the family
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[str, str]:
+    """The made text model and projector: their files."""
+    return synth_qwen2vl.write(str(tmp_path_factory.mktemp("qwen2vl")))
+
+
+class Reference:
+    """mtmd's own path in this process: its tokenizer, and mtmd_helper_eval_chunks to prefill a prompt."""
+
+    def __init__(self, model_path: str, mmproj: str):
+        L.llama_backend_init()
+        self.model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.vision = Vision(self.model, mmproj, n_threads=1)
+
+    def count(self, width: int, height: int) -> tuple[int, int]:
+        """(KV cells, positions) of a made image of that size alone, as mtmd tokenizes it."""
+        rgb = (ctypes.c_uint8 * (width * height * 3))()
+        bitmap = M.mtmd_bitmap_init(width, height, rgb)
+        text = M.mtmd_input_text(MARKER.encode(), len(MARKER), False, True)
+        out = M.mtmd_input_chunks_init()
+        try:
+            assert M.mtmd_tokenize(self.vision.ctx, out, ctypes.byref(text), (ctypes.c_void_p * 1)(bitmap), 1) == 0
+            (image,) = [M.mtmd_input_chunks_get(out, i) for i in range(M.mtmd_input_chunks_size(out))][1:2]
+            return M.mtmd_input_chunk_get_n_tokens(image), M.mtmd_input_chunk_get_n_pos(image)
+        finally:
+            M.mtmd_input_chunks_free(out)
+            M.mtmd_bitmap_free(bitmap)
+
+    def greedy(self, prompt: str, png: bytes, n: int) -> tuple[int, str]:
+        """(the prompt's tokens as llama-server counts them, the greedy text of n tokens) through mtmd's eval."""
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_threads, p.n_threads_batch = 2048, 512, 512, 1, 1
+        ctx = L.llama_init_from_model(self.model, p)
+        image = self.vision.image(png)
+        before, after = prompt.split(MARKER)
+        chunks = self.vision.tokenize([before, image, after])
+        one = L.llama_batch_init(1, 0, 1)
+        try:
+            n_past = L.llama_pos(0)
+            assert (
+                M.mtmd_helper_eval_chunks(self.vision.ctx, ctx, chunks._ptr, 0, 0, 512, True, ctypes.byref(n_past)) == 0
+            )
+            pos, out = n_past.value, b""
+            n_vocab = L.llama_vocab_n_tokens(self.vocab)
+            for _ in range(n):
+                t = int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), (n_vocab,)).argmax())
+                if L.llama_vocab_is_eog(self.vocab, t):
+                    break
+                buf = ctypes.create_string_buffer(64)
+                k = L.llama_token_to_piece(self.vocab, t, buf, len(buf), 0, False)
+                out += buf.raw[:k]
+                one.token[0], one.pos[0], one.n_seq_id[0], one.logits[0] = t, pos, 1, True
+                one.seq_id[0][0], one.n_tokens = 0, 1
+                assert L.llama_decode(ctx, one) == 0
+                pos += 1
+            return chunks.n_tokens, out.decode(errors="replace")
+        finally:
+            L.llama_batch_free(one)
+            chunks.close()
+            image.close()
+            L.llama_free(ctx)
+
+    def close(self) -> None:
+        self.vision.close()
+        L.llama_model_free(self.model)
+
+
+@pytest.fixture(scope="module")
+def reference(pair) -> Iterator[Reference]:
+    ref = Reference(*pair)
+    yield ref
+    ref.close()
+
+
+@pytest.fixture(scope="module")
+def served(pair) -> Iterator[Server]:
+    model, mmproj = pair
+    # 2 sequences of 1024 cells; one thread: none spins at a barrier on a busy machine
+    with start_server(
+        "--model", model, "--mmproj", mmproj, "--parallel", "2", "--ctx-size", "2048", "--threads", "1"
+    ) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(served) -> Iterator[httpx.Client]:
+    with served.client() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def theirs(pair, tmp_path_factory) -> Iterator[httpx.Client]:
+    """llama-server on the same pair, its media marker pinned for /completion's prompt."""
+    os.environ["LLAMA_MEDIA_MARKER"] = MARKER  # read by llama-server at start; nothing of cllm reads it
+    try:
+        with llama_server_on(
+            pair[0], tmp_path_factory, "--mmproj", pair[1], "--parallel", "1", "--ctx-size", "2048"
+        ) as c:
+            yield c
+    finally:
+        os.environ.pop("LLAMA_MEDIA_MARKER", None)
+
+
+def completion(http: httpx.Client, prompt: str, png: bytes, n: int = N_PREDICT) -> dict:
+    body = {"prompt": {"prompt_string": prompt, "multimodal_data": [b64(png)]}, "n_predict": n, "temperature": 0}
+    r = http.post("/completion", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# ---- counts -------------------------------------------------------------------------------------------------------
+
+
+def test_the_grid_counts_an_image_as_mtmd_does(reference):
+    """The frontend's count from an image's size (cllm/core/image_grid.py) is mtmd's, rounding and both bounds
+    included, and an image takes max(columns, rows) positions."""
+    rng = random.Random(3)
+    sizes = [(1, 1), (40, 96), (64, 48), (24, 8), (1, 600), (2000, 1500)]
+    sizes += [(rng.randint(1, 300), rng.randint(1, 300)) for _ in range(40)]
+    for width, height in sizes:
+        cells, positions = reference.count(width, height)
+        assert cells == grid_tokens(GRID, width, height), (width, height)
+        if (width, height) == (40, 96):
+            assert (cells, positions) == (3 * 6, 6)
+    assert reference.count(64, 48) == (12, 4)
+
+
+def test_the_engine_reports_the_grid(http, pair):
+    info = http.get("/model/info").json()["data"]
+    assert info["mmproj"] == pair[1]
+    assert info["image_grid"] == {"align": GRID.align, "min_pixels": GRID.min_pixels, "max_pixels": GRID.max_pixels}
+    assert info["image_tokens"] == 2  # <|vision_start|> and <|vision_end|> around every image
+
+
+# ---- the served engine against mtmd and llama-server ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("png", [WIDE, TALL], ids=["64x48", "40x96"])
+def test_greedy_text_and_prompt_tokens_are_mtmds(http, reference, png):
+    counted, text = reference.greedy(QUESTION, png, N_PREDICT)
+    ours = completion(http, QUESTION, png)
+    assert ours["tokens_evaluated"] == counted
+    assert ours["content"] == text and len(text) > N_PREDICT  # greedy: mtmd's text, not an empty one
+
+
+def test_prompt_tokens_and_text_are_llama_servers(http, theirs):
+    for png in (WIDE, TALL):
+        ours, their = completion(http, QUESTION, png), completion(theirs, QUESTION, png)
+        assert (ours["tokens_evaluated"], ours["content"]) == (their["tokens_evaluated"], their["content"])
+        content = [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(png)}},
+            {"type": "text", "text": "What is this?"},
+        ]
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1, "temperature": 0}
+        counts = [s.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"] for s in (http, theirs)]
+        assert counts[0] == counts[1]
+
+
+def test_a_second_turn_reuses_the_image_and_says_what_a_fresh_prefill_says(http, reference):
+    first = completion(http, QUESTION, WIDE, 8)
+    turn = (
+        QUESTION
+        + first["content"]
+        + "<|im_end|>\n<|im_start|>user\nAnd its colours?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    counted, text = reference.greedy(turn, WIDE, N_PREDICT)
+    second = completion(http, turn, WIDE)
+    assert second["tokens_evaluated"] == counted
+    assert second["timings"]["prompt_n"] <= counted - first["tokens_evaluated"] + 2  # the first turn's cells reused
+    assert second["content"] == text  # at the positions a fresh prefill gives them
+    other = completion(http, turn, OTHER_WIDE)  # the same size: the same count, but none of the image's cells
+    assert other["tokens_evaluated"] == counted and other["timings"]["prompt_n"] >= counted - 6
+
+
+def test_an_image_too_big_for_a_sequence_is_refused_with_its_count(http):
+    big = image_files.png(image_files.picture(1000, 1000, seed=9))  # 63 x 63 tokens: over a sequence's 1024 cells
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(big)}},
+                    {"type": "text", "text": "What is this?"},
+                ],
+            }
+        ],
+        "max_tokens": 1,
+    }
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and f"its images take {63 * 63 + 2}" in r.text, r.text
+    assert completion(http, QUESTION, WIDE, 1)["tokens_evaluated"] > 12  # and it goes on serving
