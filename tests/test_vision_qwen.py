@@ -33,6 +33,8 @@ from tests.test_native_routes import llama_server_on
 MARKER = "<__media__>"
 QUESTION = "<|im_start|>user\n" + MARKER + "\nWhat is in this picture?<|im_end|>\n<|im_start|>assistant\n"
 N_PREDICT = 12
+# A second turn's: another reply than the one generated, so that the first turn's cells past its prompt are cut
+REPLY = "A picture.<|im_end|>\n<|im_start|>user\nAnd its colours?<|im_end|>\n<|im_start|>assistant\n"
 # Two sizes that take different counts: 4 x 3 tokens in 4 positions, 3 x 6 tokens (40 / 16 = 2.5 rounds up) in 6.
 WIDE = image_files.png(image_files.picture(64, 48, seed=5))
 TALL = image_files.png(image_files.picture(40, 96, seed=6))
@@ -206,11 +208,7 @@ def test_prompt_tokens_and_text_are_llama_servers(http, theirs):
 
 def test_a_second_turn_reuses_the_image_and_says_what_a_fresh_prefill_says(http, reference):
     first = completion(http, QUESTION, WIDE, 8)
-    turn = (
-        QUESTION
-        + first["content"]
-        + "<|im_end|>\n<|im_start|>user\nAnd its colours?<|im_end|>\n<|im_start|>assistant\n"
-    )
+    turn = QUESTION + REPLY  # not the reply generated: its cached cells must be cut, at their positions
     counted, text = reference.greedy(turn, WIDE, N_PREDICT)
     second = completion(http, turn, WIDE)
     assert second["tokens_evaluated"] == counted
@@ -237,3 +235,20 @@ def test_an_image_too_big_for_a_sequence_is_refused_with_its_count(http):
     r = http.post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and f"its images take {63 * 63 + 2}" in r.text, r.text
     assert completion(http, QUESTION, WIDE, 1)["tokens_evaluated"] > 12  # and it goes on serving
+
+
+def test_a_conversation_goes_on_after_a_restart_from_the_files(pair, reference, tmp_path):
+    """--cache-dir keeps an M-RoPE image's cells with their positions: the next turn after a restart reads the first
+    turn's from the file and says what a fresh prefill says."""
+    model, mmproj = pair
+    args = ("--model", model, "--mmproj", mmproj, "--parallel", "1", "--ctx-size", "1024", "--threads", "1")
+    args += ("--cache-dir", str(tmp_path / "kv"))
+    system = "<|im_start|>system\n" + "You describe pictures carefully and briefly. " * 12 + "<|im_end|>\n"
+    with start_server(*args) as srv, srv.client() as http:
+        first = completion(http, system + QUESTION, TALL, 8)
+    turn = system + QUESTION + REPLY
+    counted, text = reference.greedy(turn, TALL, N_PREDICT)
+    with start_server(*args) as srv, srv.client() as http:
+        second = completion(http, turn, TALL)
+    assert second["timings"]["prompt_n"] <= counted - first["tokens_evaluated"] + 2  # the first turn from the file
+    assert second["content"] == text
