@@ -252,3 +252,29 @@ def test_a_conversation_goes_on_after_a_restart_from_the_files(pair, reference, 
         second = completion(http, turn, TALL)
     assert second["timings"]["prompt_n"] <= counted - first["tokens_evaluated"] + 2  # the first turn from the file
     assert second["content"] == text
+
+
+def test_every_door_counts_an_image_by_its_size(served):
+    """The chat layer's count (what Anthropic's count_tokens and every door's usage give): the taller image takes
+    6 tokens more than the wider one (18 against 12), in Anthropic's count and in OpenAI's usage alike."""
+    import anthropic
+    import openai
+
+    def blocks(png: bytes) -> list:
+        source = {"type": "base64", "media_type": "image/png", "data": b64(png)}
+        return [{"type": "image", "source": source}, {"type": "text", "text": "What is this?"}]
+
+    with anthropic.Anthropic(base_url=served.url, api_key="x", max_retries=0) as claude:
+        counts = [
+            claude.messages.count_tokens(model="m", messages=[{"role": "user", "content": blocks(png)}]).input_tokens
+            for png in (WIDE, TALL)
+        ]
+    assert counts[1] - counts[0] == 18 - 12
+    with openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0) as oai:
+        for png, counted in zip((WIDE, TALL), counts):
+            content = [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(png)}},
+                {"type": "text", "text": "What is this?"},
+            ]
+            r = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=1)
+            assert r.usage.prompt_tokens == counted
