@@ -413,7 +413,11 @@ def same_shape(ours, theirs, where: str, skip: frozenset[str] | set[str] = froze
 
 
 @contextlib.contextmanager
-def llama_server_on(model: str, tmp_path_factory, *args: str) -> Iterator[httpx.Client]:
+def llama_server_on(
+    model: str, tmp_path_factory, *args: str, env: dict[str, str] | None = None
+) -> Iterator[httpx.Client]:
+    """llama-server (perf/cache/bin) on ``model`` with ``args`` (``env``: added to its environment), a client of it;
+    skipped where it is not built, but under CI."""
     if not os.path.exists(LLAMA_SERVER):
         # CI builds it (.ci/run): there a missing one is a failure, so the comparisons cannot silently stop running.
         built = os.path.relpath(LLAMA_SERVER, ROOT)
@@ -437,7 +441,7 @@ def llama_server_on(model: str, tmp_path_factory, *args: str) -> Iterator[httpx.
         "--no-webui",
         *args,
     ]
-    server = launch("llama-server", cmd, port, "/health", logs=str(tmp_path_factory.mktemp("llama-server")))
+    server = launch("llama-server", cmd, port, "/health", env, logs=str(tmp_path_factory.mktemp("llama-server")))
     try:
         # A new connection a request: llama-server closes an idle one after 5 s, which a request on a busy machine
         # could race ("Server disconnected without sending a response", seen once here).

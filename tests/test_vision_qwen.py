@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import ctypes
-import os
 import random
 from collections.abc import Iterator
 
@@ -141,14 +140,9 @@ def http(served) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def theirs(pair, tmp_path_factory) -> Iterator[httpx.Client]:
     """llama-server on the same pair, its media marker pinned for /completion's prompt."""
-    os.environ["LLAMA_MEDIA_MARKER"] = MARKER  # read by llama-server at start; nothing of cllm reads it
-    try:
-        with llama_server_on(
-            pair[0], tmp_path_factory, "--mmproj", pair[1], "--parallel", "1", "--ctx-size", "2048"
-        ) as c:
-            yield c
-    finally:
-        os.environ.pop("LLAMA_MEDIA_MARKER", None)
+    args = ("--mmproj", pair[1], "--parallel", "1", "--ctx-size", "2048")
+    with llama_server_on(pair[0], tmp_path_factory, *args, env={"LLAMA_MEDIA_MARKER": MARKER}) as c:
+        yield c
 
 
 def completion(http: httpx.Client, prompt: str, png: bytes, n: int = N_PREDICT) -> dict:
