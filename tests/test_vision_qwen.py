@@ -124,9 +124,21 @@ def reference(pair) -> Iterator[Reference]:
 @pytest.fixture(scope="module")
 def served(pair) -> Iterator[Server]:
     model, mmproj = pair
-    # 2 sequences of 1024 cells; one thread: none spins at a barrier on a busy machine
+    # 2 sequences of 1024 cells, 128 tokens a step (a large image's rows go over several); one thread: none spins
+    # at a barrier on a busy machine
     with start_server(
-        "--model", model, "--mmproj", mmproj, "--parallel", "2", "--ctx-size", "2048", "--threads", "1"
+        "--model",
+        model,
+        "--mmproj",
+        mmproj,
+        "--parallel",
+        "2",
+        "--ctx-size",
+        "2048",
+        "--threads",
+        "1",
+        "--batch-size",
+        "128",
     ) as srv:
         yield srv
 
@@ -185,6 +197,15 @@ def test_greedy_text_and_prompt_tokens_are_mtmds(http, reference, png):
     ours = completion(http, QUESTION, png)
     assert ours["tokens_evaluated"] == counted
     assert ours["content"] == text and len(text) > N_PREDICT  # greedy: mtmd's text, not an empty one
+
+
+def test_an_image_decoded_over_several_steps_is_mtmds(http, reference):
+    """20 x 15 tokens: 300 rows over three steps of 128, each piece at the image's own M-RoPE positions."""
+    photo = image_files.png(image_files.picture(320, 240, seed=8))
+    counted, text = reference.greedy(QUESTION, photo, N_PREDICT)
+    ours = completion(http, QUESTION, photo)
+    assert ours["tokens_evaluated"] == counted > 300
+    assert ours["content"] == text
 
 
 def test_prompt_tokens_and_text_are_llama_servers(http, theirs):
