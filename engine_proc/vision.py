@@ -174,7 +174,9 @@ class Vision:
             if not M.mtmd_support_vision(self.ctx):
                 raise ProjectorError(f"{mmproj_path} has no vision encoder (an audio-only projector?)")
             if M.mtmd_decode_use_mrope(self.ctx) and M.mtmd_decode_use_non_causal(self.ctx, None):
-                raise ProjectorError(f"{mmproj_path} needs M-RoPE positions and non-causal attention: not supported yet")
+                raise ProjectorError(
+                    f"{mmproj_path} needs M-RoPE positions and non-causal attention: not supported yet"
+                )
         except ProjectorError:
             self.close()
             raise
