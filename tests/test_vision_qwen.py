@@ -293,3 +293,20 @@ def test_every_door_counts_an_image_by_its_size(served):
             ]
             r = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=1)
             assert r.usage.prompt_tokens == counted
+
+
+def test_steady_steps_park_image_sequences_at_their_positions(pair, reference):
+    """--steady-steps on: 8 image requests of different lengths decode together; each one that finishes stays parked
+    in the batch, its last cell dropped at its M-RoPE position and decoded there again, and every request still says
+    what mtmd's eval says."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, mmproj = pair
+    args = ("--model", model, "--mmproj", mmproj, "--parallel", "8", "--ctx-size", "2048", "--threads", "1")
+    images = [WIDE, TALL] * 4
+    lengths = [4, 6, 8, 10, 12, 14, 16, 18]  # a wave needs 8 decoding sequences (Scheduler.wave)
+    with start_server(*args, "--steady-steps", "on") as srv, srv.client() as http:
+        with ThreadPoolExecutor(len(lengths)) as pool:
+            out = list(pool.map(lambda i: completion(http, QUESTION, images[i], lengths[i]), range(len(lengths))))
+    for i, got in enumerate(out):
+        assert got["content"] == reference.greedy(QUESTION, images[i], lengths[i])[1], i
