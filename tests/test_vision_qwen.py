@@ -26,7 +26,8 @@ from cllm.core.image_grid import grid_tokens
 from cllm.core.protocol import ImageGrid
 from engine_proc.vision import Vision
 from perf import image_files, synth_qwen2vl
-from tests.conftest import Server, start_server
+from tests.conftest import Server, start_server, wait_until
+from tests.test_metrics import scrape, value
 from tests.test_native_routes import llama_server_on
 
 MARKER = "<__media__>"
@@ -310,3 +311,23 @@ def test_steady_steps_park_image_sequences_at_their_positions(pair, reference):
             out = list(pool.map(lambda i: completion(http, QUESTION, images[i], lengths[i]), range(len(lengths))))
     for i, got in enumerate(out):
         assert got["content"] == reference.greedy(QUESTION, images[i], lengths[i])[1], i
+
+
+def test_a_conversation_comes_back_from_host_ram(pair, reference):
+    """One stream: a text request in between pushes the image conversation's cells (over the 128 host RAM keeps) out
+    to host RAM, where its next turn finds them (restored, then cut at the first prompt's M-RoPE position) and says
+    what a fresh prefill says."""
+    model, mmproj = pair
+    args = ("--model", model, "--mmproj", mmproj, "--parallel", "1", "--ctx-size", "1024", "--threads", "1")
+    system = "<|im_start|>system\n" + "You describe pictures carefully and briefly. " * 20 + "<|im_end|>\n"
+    turn = system + QUESTION + REPLY
+    counted, text = reference.greedy(turn, WIDE, N_PREDICT)
+    with start_server(*args) as srv, srv.client() as http:
+        first = completion(http, system + QUESTION, WIDE, 8)
+        r = http.post("/completion", json={"prompt": "Apples and rivers. " * 40, "n_predict": 2})
+        assert r.status_code == 200 and r.json()["timings"]["prompt_n"] > 100  # it took the stream
+        second = completion(http, turn, WIDE)
+        restored = lambda: value(scrape(http), "cllm_prefix_cache_restored_total") >= 1  # noqa: E731
+        assert wait_until(restored, 10)  # served from host RAM (the engine's figures come a moment later)
+    assert second["timings"]["prompt_n"] <= counted - first["tokens_evaluated"] + 2  # the first turn's cells
+    assert second["content"] == text
