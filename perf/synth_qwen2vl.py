@@ -1,6 +1,7 @@
 """A made Qwen2-VL pair with random weights: a tiny text model (M-RoPE) and its projector (images of any size).
 
     python -m perf.synth_qwen2vl OUT_DIR [--seed 0]     # writes OUT_DIR/qwen2vl.gguf and OUT_DIR/mmproj-qwen2vl.gguf
+    python -m perf.synth_qwen2vl OUT_DIR --kind qwen2.5vl_merger   # Qwen2.5-VL's projector: mmproj-qwen25vl.gguf
 
 No Qwen2-VL model is reachable from this machine, and a model of this family differs from a LLaVA-style one in
 the two ways the image path must follow: the text model ropes with M-RoPE (`qwen2vl`: four position components a
@@ -110,9 +111,11 @@ def write_text(path: str, text: Text = Text(), seed: int = 0) -> str:
     return path
 
 
-def write_projector(path: str, n_embd_text: int, seed: int = 0) -> str:
-    """The qwen2vl_merger projector to ``path``: the tower (no position embeddings, no patch bias: M-RoPE over the
-    patch grid instead), the merger's norm (v.post_ln) and its MLP over 2 x 2 patches' features."""
+def write_projector(path: str, n_embd_text: int, seed: int = 0, kind: str = "qwen2vl_merger") -> str:
+    """The projector to ``path``: the tower (no position embeddings, no patch bias: M-RoPE over the patch grid
+    instead), the merger's norm (v.post_ln) and its MLP over 2 x 2 patches' features. ``kind`` "qwen2.5vl_merger":
+    Qwen2.5-VL's, the same tensors read with RMS norms and window attention in every other block (windows of 112
+    pixels: 7 x 7 tokens here)."""
     rng = np.random.default_rng(seed + 1)
     w, vec = weights(rng)
     t = tower_tensors(TOWER, rng, pre_ln=False)
@@ -125,12 +128,14 @@ def write_projector(path: str, n_embd_text: int, seed: int = 0) -> str:
     t["v.post_ln.weight"], t["v.post_ln.bias"] = vec(TOWER.n_embd, 1.0), vec(TOWER.n_embd, 0.0)
     t["mm.0.weight"], t["mm.0.bias"] = w(merged, merged), vec(merged)
     t["mm.2.weight"], t["mm.2.bias"] = w(n_embd_text, merged), vec(n_embd_text)
+    windows = {"clip__vision__n_wa_pattern": 2} if kind == "qwen2.5vl_merger" else {}
     return write_gguf(
         path,
-        "qwen2vl_merger",
+        kind,
         TOWER,
         n_embd_text,
         t,
+        **windows,
         clip__use_gelu=True,
         clip__vision__spatial_merge_size=MERGE,
         clip__vision__attention__layer_norm_epsilon=1e-6,
@@ -139,12 +144,13 @@ def write_projector(path: str, n_embd_text: int, seed: int = 0) -> str:
     )
 
 
-def write(out_dir: str, seed: int = 0) -> tuple[str, str]:
-    """Both files into ``out_dir``: (the text model, the projector)."""
+def write(out_dir: str, seed: int = 0, kind: str = "qwen2vl_merger") -> tuple[str, str]:
+    """Both files into ``out_dir``: (the text model, the projector of that kind)."""
     os.makedirs(out_dir, exist_ok=True)
+    name = "mmproj-qwen2vl.gguf" if kind == "qwen2vl_merger" else "mmproj-qwen25vl.gguf"
     return (
         write_text(os.path.join(out_dir, "qwen2vl.gguf"), Text(), seed),
-        write_projector(os.path.join(out_dir, "mmproj-qwen2vl.gguf"), Text().n_embd, seed),
+        write_projector(os.path.join(out_dir, name), Text().n_embd, seed, kind),
     )
 
 
@@ -152,8 +158,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kind", choices=("qwen2vl_merger", "qwen2.5vl_merger"), default="qwen2vl_merger")
     args = ap.parse_args()
-    for path in write(args.out_dir, args.seed):
+    for path in write(args.out_dir, args.seed, args.kind):
         print(f"{path}: {os.path.getsize(path)} bytes")
 
 

@@ -331,3 +331,22 @@ def test_a_conversation_comes_back_from_host_ram(pair, reference):
         assert wait_until(restored, 10)  # served from host RAM (the engine's figures come a moment later)
     assert second["timings"]["prompt_n"] <= counted - first["tokens_evaluated"] + 2  # the first turn's cells
     assert second["content"] == text
+
+
+def test_a_qwen25_projector_is_served_as_mtmd_evaluates_it(pair, tmp_path):
+    """Qwen2.5-VL's projector (qwen2.5vl_merger: the same grid, window attention in the tower) on the same text model:
+    a 320 x 240 image (20 x 15 tokens, windows of 7 x 7) counts and says what mtmd's eval says."""
+    model = pair[0]
+    mmproj = synth_qwen2vl.write_projector(str(tmp_path / "mmproj-qwen25.gguf"), 64, kind="qwen2.5vl_merger")
+    photo = image_files.png(image_files.picture(320, 240, seed=8))
+    ref = Reference(model, mmproj)
+    try:
+        counted, text = ref.greedy(QUESTION, photo, N_PREDICT)
+    finally:
+        ref.close()
+    args = ("--model", model, "--mmproj", mmproj, "--parallel", "1", "--ctx-size", "1024", "--threads", "1")
+    with start_server(*args) as srv, srv.client() as http:
+        assert http.get("/model/info").json()["data"]["image_grid"]["align"] == ALIGN
+        ours = completion(http, QUESTION, photo)
+    assert ours["tokens_evaluated"] == counted == 20 * 15 + 2 + 16  # the image, its begin/end, the text
+    assert ours["content"] == text
