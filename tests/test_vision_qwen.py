@@ -350,3 +350,21 @@ def test_a_qwen25_projector_is_served_as_mtmd_evaluates_it(pair, tmp_path):
         ours = completion(http, QUESTION, photo)
     assert ours["tokens_evaluated"] == counted == 20 * 15 + 2 + 16  # the image, its begin/end, the text
     assert ours["content"] == text
+
+
+def test_exact_mode_reuses_whole_blocks_past_an_image(pair, reference):
+    """--prefix-cache-exact: prompt chunks end at 128-cell blocks, which after an M-RoPE image lie at positions 8
+    fewer than their cells; the second turn reuses the first's whole block, the image in it, and says what a fresh
+    prefill says."""
+    model, mmproj = pair
+    args = ("--model", model, "--mmproj", mmproj, "--parallel", "1", "--ctx-size", "1024", "--threads", "1")
+    question = QUESTION.replace("What is in this picture?", "Describe it, then its colours. " * 25)
+    turn = question + REPLY
+    counted, text = reference.greedy(turn, WIDE, N_PREDICT)
+    with start_server(*args, "--prefix-cache-exact") as srv, srv.client() as http:
+        first = completion(http, question, WIDE, 8)
+        assert 128 < first["tokens_evaluated"] < 256 and first["content"] == reference.greedy(question, WIDE, 8)[1]
+        second = completion(http, turn, WIDE)
+    assert second["tokens_evaluated"] == counted
+    assert second["timings"]["prompt_n"] == counted - 128  # the first block, the image in it, reused
+    assert second["content"] == text
