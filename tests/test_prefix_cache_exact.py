@@ -15,7 +15,8 @@ went down to fewer threads beside a busy program could part from the other
 for that alone, cache or no cache. One thread also meets no barrier: beside a
 busy program two held threads kept ~0.23 of their speed (engine_proc/threads.py)
 and this module took many times as long. The two servers answer each request
-at the same time, each on a CPU of its own.
+at the same time, each on a CPU of its own. A step holds STEP tokens (--batch-size),
+not the default 512, so that a prompt prefilled over two steps is half as long.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from tests.test_metrics import scrape, value, wait_idle
 
 BLOCK = 128  # the scheduler's prefill block: only whole blocks are reused
 SLOTS = 4
+STEP = 256  # a step's token budget: two whole blocks
 EXACT = ("--prefix-cache-exact", "--cache-slots", "0")
 SAME_THREADS = ("--threads", "1", "--fixed-threads")  # like with like: the cache is the only difference between the two
+ARGS = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024), "--batch-size", str(STEP), *SAME_THREADS)
 
 
 def doc(topic: str, facts: int = 24) -> str:
@@ -84,10 +87,9 @@ class Side:
 @pytest.fixture(scope="module")
 def pair():
     """(cache on, cache off): SLOTS sequences of 1024 cells each."""
-    args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024), *SAME_THREADS)
     with (
-        start_server(*args, *EXACT) as on,
-        start_server(*args, "--no-prefix-cache") as off,
+        start_server(*ARGS, *EXACT) as on,
+        start_server(*ARGS, "--no-prefix-cache") as off,
         on.client() as a,
         off.client() as b,
     ):
@@ -118,7 +120,7 @@ def reused(before: dict, after: dict) -> int:
 
 def test_shared_prefix_reuses_whole_blocks(pair):
     on, _ = pair
-    notes = doc("colour")
+    notes = doc("colour", 18)  # ~290 tokens: two whole blocks
     first, second = notes + "\nQuestion: what is item 5?\nAnswer:", notes + "\nQuestion: and item 11?\nAnswer:"
     same(pair, first)
     before = on.cache()
@@ -147,7 +149,8 @@ def test_partial_match_and_a_prefix_of_a_cached_prompt(pair):
 
 def test_multi_turn_chat_reuses_the_conversation_so_far(pair):
     on, _ = pair
-    messages = [{"role": "system", "content": "You answer briefly. " + doc("price", 30)}]
+    system = "You answer briefly. " + doc("price", 20)  # ~320 tokens: two whole blocks
+    messages = [{"role": "system", "content": system}]
     for question in ("What is the price of item 3?", "And of item 4?", "And of item 9?"):
         messages.append({"role": "user", "content": question})
         before = on.cache()
@@ -156,35 +159,34 @@ def test_multi_turn_chat_reuses_the_conversation_so_far(pair):
         assert answer == answer_off
         messages.append({"role": "assistant", "content": answer})
     # The last turn reused the previous turn's prompt: the system prompt's whole blocks at least.
-    assert BLOCK * 3 <= reused(before, on.cache()) < replies[0]["usage"]["prompt_tokens"]
+    assert on.n_tokens(system) // BLOCK * BLOCK <= reused(before, on.cache()) < replies[0]["usage"]["prompt_tokens"]
 
 
 def test_concurrent_requests_sharing_a_prefix_being_prefilled(pair):
     on, _ = pair
-    # ~600 tokens: the first request prefills for two steps, and the one
-    # step's budget (512 tokens) it takes first lets no other in; the others
-    # copy its 4 whole blocks while it is still prefilling, or once it is done.
-    notes = doc("height", 34)
+    # ~290 tokens: the first request prefills for two steps, and the one
+    # step's budget (STEP tokens) it takes first lets no other in; the others
+    # copy its 2 whole blocks while it is still prefilling, or once it is done.
+    notes = doc("height", 18)
     prompts = [notes + f"\nItem {i} doubled is" for i in range(4)]
     before = on.cache()
     got_on, got_off = both(pair, lambda side: at_once(side.first_token, prompts))
     assert got_on == got_off
     after = on.cache()
     assert after["misses"] == before["misses"] + 1 and after["hits"] == before["hits"] + len(prompts) - 1
-    assert reused(before, after) >= (len(prompts) - 1) * 4 * BLOCK
+    assert reused(before, after) >= (len(prompts) - 1) * 2 * BLOCK
 
 
 def test_without_flash_attention_concurrent_texts_are_identical_too():
     """Decode steps then do not depend on what else is in them: batching and the cache change no text."""
-    args = ("--parallel", str(SLOTS), "--ctx-size", str(SLOTS * 1024), "--flash-attn", "off", *SAME_THREADS)
     with (
-        start_server(*args, *EXACT) as a,
-        start_server(*args, "--no-prefix-cache") as b,
+        start_server(*ARGS, "--flash-attn", "off", *EXACT) as a,
+        start_server(*ARGS, "--flash-attn", "off", "--no-prefix-cache") as b,
         a.client() as x,
         b.client() as y,
     ):
         on, off = Side(x), Side(y)
-        notes = doc("width", 32)  # ~570 tokens: the first prefills for two steps
+        notes = doc("width", 18)  # ~290 tokens: the first prefills for two steps
         prompts = [notes + f"\nItem {i} tripled is" for i in range(4)]
         got_on, got_off = both((on, off), lambda side: at_once(lambda p: side.generate(p, 16), prompts))
         alone = [off.generate(p, 16) for p in prompts[:2]]
@@ -197,7 +199,7 @@ def test_eviction_under_memory_pressure(pair):
     on, _ = pair
     topics = [f"subject {i}" for i in range(SLOTS + 2)]
     for topic in topics:  # each leaves an entry (one whole block and more); the oldest leave the streams
-        same(pair, doc(topic, 10), 4)
+        on.generate(doc(topic, 10), 4)  # a miss, as on a server without the cache: the texts compared come next
     before = on.cache()
     assert 0 < before["cells"] <= SLOTS * 1024 and before["host_cells"] > 0
     same(pair, doc(topics[-1], 10) + " More.", 4)  # the most recent is still in its stream
@@ -215,9 +217,9 @@ def test_eviction_under_memory_pressure(pair):
 
 def test_health_and_metrics_report_the_cache(pair):
     on, off = pair
-    on.generate(doc("depth") + " One.")
+    on.generate(doc("depth", 12) + " One.")
     before, scraped = on.cache(), scrape(on.http)
-    on.generate(doc("depth") + " Two.")
+    on.generate(doc("depth", 12) + " Two.")
     after = on.cache()
     assert set(after) == {
         "enabled",
@@ -253,7 +255,7 @@ def test_a_scored_prompt_reuses_nothing_and_leaves_nothing(pair):
     """Echo with logprobs needs every prompt token's logits, and its 64-token chunks are not the fixed
     blocks: it takes no cells from the cache, and a later prompt reuses none of its own."""
     on, _ = pair
-    notes = doc("length", 30)
+    notes = doc("length", 15)  # ~230 tokens: a whole block
     on.generate(notes + " First.")  # cached: a plain prompt would reuse its blocks
     before = on.cache()
     body = {"prompt": notes + " Second.", "max_tokens": 0, "echo": True, "logprobs": 1}
