@@ -2,25 +2,48 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from tests.conftest import ROOT
 
-TIMEOUT = 120
+# A bench that hangs is stopped by what it does, not by the clock: beside a busy program (a load of 20 on this
+# 2-core VM) a bench that takes ~15 CPU seconds ran past a 120 s wall-clock limit. One that spins uses its CPU
+# budget, several times what any bench here takes; one that waits (a deadlock, a server that never answers)
+# gets no CPU for STALL seconds.
+CPU_BUDGET = 120.0
+STALL = 60.0
 
 
-def bench(*args: str, timeout: float = TIMEOUT) -> list | dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "cllm.cli", "bench", *args, "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    """``cmd`` run to its end, or killed (and the test failed) once it spent CPU_BUDGET or stalled."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ps, cpu, progressed = psutil.Process(proc.pid), 0.0, time.monotonic()
+    while True:
+        try:
+            out, err = proc.communicate(timeout=1)  # retried after a timeout without losing output
+            return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        with contextlib.suppress(psutil.NoSuchProcess):  # it ended: communicate() returns next
+            t = ps.cpu_times()
+            if (spent := t.user + t.system + t.children_user + t.children_system) > cpu:
+                cpu, progressed = spent, now
+        if cpu > CPU_BUDGET or now - progressed > STALL:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"{cmd[3:]}: {cpu:.0f} CPU s, none for {now - progressed:.0f} s; killed\n{err}")
+
+
+def bench(*args: str) -> list | dict:
+    out = run([sys.executable, "-m", "cllm.cli", "bench", *args, "--json"])
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -77,7 +100,7 @@ def test_steady_batches_keep_the_graph_and_every_token():
     from cllm.bench.engine_bench import gen_lengths
 
     args = ("engine", "-n", "24", "-c", "12", "-p", "12", "-g", "16", "--arrivals", "staggered")
-    steady, plain = bench(*args, "--steady", "on", timeout=300), bench(*args, "--steady", "off", timeout=300)
+    steady, plain = bench(*args, "--steady", "on"), bench(*args, "--steady", "off")
     assert steady["steady"] and not plain["steady"]
     # Parked sequences give no token: every request its own length, no more.
     assert steady["generated_tokens"] == plain["generated_tokens"] == sum(gen_lengths(24, 16, True))
@@ -126,7 +149,7 @@ def test_bench_http_speaks_ollamas_chat_with_exact_counts(server, stream):
 
 
 def test_bench_http_reports_a_refused_url():
-    out = subprocess.run(
+    out = run(
         [
             sys.executable,
             "-m",
@@ -140,11 +163,7 @@ def test_bench_http_reports_a_refused_url():
             "-c",
             "1",
             "--no-warmup",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
+        ]
     )
     assert out.returncode == 1
     assert "1 errors" in out.stdout
