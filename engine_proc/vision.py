@@ -50,7 +50,7 @@ _NO_FFMPEG = b"/nonexistent/cllm-no-ffmpeg"
 PROBE_SIZES = ((640, 480), (300, 900))
 # Projectors that size each image (tools/mtmd/clip.cpp: an image's tokens follow its size), by their
 # clip.projector_type: the fewest and most tokens an image takes, which clip.cpp sets for them.
-SIZED = {"qwen2vl_merger": (8, 4096), "qwen2.5vl_merger": (8, 4096)}
+SIZED = {"qwen2vl_merger": (8, 4096), "qwen2.5vl_merger": (8, 4096), "qwen3vl_merger": (8, 4096)}
 
 
 class ProjectorError(RuntimeError):

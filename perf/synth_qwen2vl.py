@@ -1,7 +1,8 @@
 """A made Qwen2-VL pair with random weights: a tiny text model (M-RoPE) and its projector (images of any size).
 
     python -m perf.synth_qwen2vl OUT_DIR [--seed 0]     # writes OUT_DIR/qwen2vl.gguf and OUT_DIR/mmproj-qwen2vl.gguf
-    python -m perf.synth_qwen2vl OUT_DIR --kind qwen2.5vl_merger   # Qwen2.5-VL's projector: mmproj-qwen25vl.gguf
+    python -m perf.synth_qwen2vl OUT_DIR --kind qwen2.5vl_merger   # Qwen2.5-VL's projector instead
+    python -m perf.synth_qwen2vl OUT_DIR --kind qwen3vl_merger     # Qwen3-VL's pair: a qwen3vl text model too
 
 No Qwen2-VL model is reachable from this machine, and a model of this family differs from a LLaVA-style one in
 the two ways the image path must follow: the text model ropes with M-RoPE (`qwen2vl`: four position components a
@@ -56,8 +57,9 @@ class Text:
     context: int = 4096
 
 
-def write_text(path: str, text: Text = Text(), seed: int = 0) -> str:
-    """The tiny qwen2vl text model to ``path``: F16 weights, F32 norms and biases."""
+def write_text(path: str, text: Text = Text(), seed: int = 0, arch: str = "qwen2vl") -> str:
+    """The tiny text model to ``path``: F16 weights, F32 norms and biases. ``arch`` "qwen3vl": Qwen3-VL's (interleaved
+    M-RoPE, q and k norms, no attention biases, no deepstack layers)."""
     import gguf  # the test extra's
 
     tok = synth_model.load_tokenizer()
@@ -66,8 +68,8 @@ def write_text(path: str, text: Text = Text(), seed: int = 0) -> str:
     head_dim = text.n_embd // text.n_head
     if sum(text.sections) * 2 != head_dim:
         raise ValueError(f"the rope sections must cover head_dim / 2 = {head_dim // 2} pairs")
-    writer = gguf.GGUFWriter(path, "qwen2vl")
-    writer.add_name("cllm synthetic qwen2vl (random weights, tests the image path)")
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(f"cllm synthetic {arch} (random weights, tests the image path)")
     writer.add_file_type(1)  # mostly F16
     writer.add_context_length(text.context)
     writer.add_embedding_length(text.n_embd)
@@ -97,7 +99,11 @@ def write_text(path: str, text: Text = Text(), seed: int = 0) -> str:
         writer.add_tensor(p + "attn_norm.weight", vec(text.n_embd, 1.0))
         for name, rows in (("attn_q", text.n_embd), ("attn_k", kv), ("attn_v", kv)):
             writer.add_tensor(p + name + ".weight", w(rows, text.n_embd))
-            writer.add_tensor(p + name + ".bias", vec(rows))
+            if arch == "qwen2vl":
+                writer.add_tensor(p + name + ".bias", vec(rows))
+        if arch == "qwen3vl":
+            writer.add_tensor(p + "attn_q_norm.weight", vec(head_dim, 1.0))
+            writer.add_tensor(p + "attn_k_norm.weight", vec(head_dim, 1.0))
         writer.add_tensor(p + "attn_output.weight", w(text.n_embd, text.n_embd))
         writer.add_tensor(p + "ffn_norm.weight", vec(text.n_embd, 1.0))
         writer.add_tensor(p + "ffn_gate.weight", w(text.n_ff, text.n_embd))
@@ -129,6 +135,14 @@ def write_projector(path: str, n_embd_text: int, seed: int = 0, kind: str = "qwe
     t["mm.0.weight"], t["mm.0.bias"] = w(merged, merged), vec(merged)
     t["mm.2.weight"], t["mm.2.bias"] = w(n_embd_text, merged), vec(n_embd_text)
     windows = {"clip__vision__n_wa_pattern": 2} if kind == "qwen2.5vl_merger" else {}
+    if kind == "qwen3vl_merger":  # Qwen3-VL's tower: a patch bias, learned positions (resized to the grid), fused qkv
+        t["v.patch_embd.bias"] = vec(TOWER.n_embd)
+        t["v.position_embd.weight"] = (rng.standard_normal((TOWER.n_patches, TOWER.n_embd)) * 0.02).astype(np.float32)
+        for i in range(TOWER.n_layer):
+            b = f"v.blk.{i}."
+            for part in ("weight", "bias"):
+                qkv = [t.pop(f"{b}attn_{x}.{part}") for x in "qkv"]
+                t[f"{b}attn_qkv.{part}"] = np.concatenate(qkv)
     return write_gguf(
         path,
         kind,
@@ -144,12 +158,20 @@ def write_projector(path: str, n_embd_text: int, seed: int = 0, kind: str = "qwe
     )
 
 
+# projector kind -> (its text model's architecture, the projector's file name)
+KINDS = {
+    "qwen2vl_merger": ("qwen2vl", "mmproj-qwen2vl.gguf"),
+    "qwen2.5vl_merger": ("qwen2vl", "mmproj-qwen25vl.gguf"),
+    "qwen3vl_merger": ("qwen3vl", "mmproj-qwen3vl.gguf"),
+}
+
+
 def write(out_dir: str, seed: int = 0, kind: str = "qwen2vl_merger") -> tuple[str, str]:
     """Both files into ``out_dir``: (the text model, the projector of that kind)."""
     os.makedirs(out_dir, exist_ok=True)
-    name = "mmproj-qwen2vl.gguf" if kind == "qwen2vl_merger" else "mmproj-qwen25vl.gguf"
+    arch, name = KINDS[kind]
     return (
-        write_text(os.path.join(out_dir, "qwen2vl.gguf"), Text(), seed),
+        write_text(os.path.join(out_dir, f"{arch}.gguf"), Text(), seed, arch),
         write_projector(os.path.join(out_dir, name), Text().n_embd, seed, kind),
     )
 
@@ -158,7 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--kind", choices=("qwen2vl_merger", "qwen2.5vl_merger"), default="qwen2vl_merger")
+    ap.add_argument("--kind", choices=sorted(KINDS), default="qwen2vl_merger")
     args = ap.parse_args()
     for path in write(args.out_dir, args.seed, args.kind):
         print(f"{path}: {os.path.getsize(path)} bytes")

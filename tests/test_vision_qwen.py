@@ -333,12 +333,18 @@ def test_a_conversation_comes_back_from_host_ram(pair, reference):
     assert second["content"] == text
 
 
-def test_a_qwen25_projector_is_served_as_mtmd_evaluates_it(pair, tmp_path):
-    """Qwen2.5-VL's projector (qwen2.5vl_merger: the same grid, window attention in the tower) on the same text model:
-    a 320 x 240 image (20 x 15 tokens, windows of 7 x 7) counts and says what mtmd's eval says."""
-    model = pair[0]
-    mmproj = synth_qwen2vl.write_projector(str(tmp_path / "mmproj-qwen25.gguf"), 64, kind="qwen2.5vl_merger")
-    photo = image_files.png(image_files.picture(320, 240, seed=8))
+@pytest.mark.parametrize(
+    "arch, kind, size",
+    [("qwen2vl", "qwen2.5vl_merger", (320, 240)), ("qwen3vl", "qwen3vl_merger", (40, 96))],
+    ids=["qwen2.5-vl", "qwen3-vl"],
+)
+def test_qwen25_and_qwen3_vl_are_served_as_mtmd_evaluates_them(tmp_path, arch, kind, size):
+    """Qwen2.5-VL's projector (window attention in the tower: a 320 x 240 image is 20 x 15 tokens in windows of
+    7 x 7) on the qwen2vl text model, and Qwen3-VL's pair (interleaved M-RoPE, q/k norms; a tower with learned
+    positions and fused qkv): the image counts and the greedy text are mtmd's eval's."""
+    model = synth_qwen2vl.write_text(str(tmp_path / f"{arch}.gguf"), synth_qwen2vl.Text(), arch=arch)
+    mmproj = synth_qwen2vl.write_projector(str(tmp_path / "mmproj.gguf"), 64, kind=kind)
+    photo = image_files.png(image_files.picture(*size, seed=8))
     ref = Reference(model, mmproj)
     try:
         counted, text = ref.greedy(QUESTION, photo, N_PREDICT)
@@ -348,7 +354,7 @@ def test_a_qwen25_projector_is_served_as_mtmd_evaluates_it(pair, tmp_path):
     with start_server(*args) as srv, srv.client() as http:
         assert http.get("/model/info").json()["data"]["image_grid"]["align"] == ALIGN
         ours = completion(http, QUESTION, photo)
-    assert ours["tokens_evaluated"] == counted == 20 * 15 + 2 + 16  # the image, its begin/end, the text
+    assert ours["tokens_evaluated"] == counted == grid_tokens(GRID, *size) + 2 + 16  # the image, begin/end, text
     assert ours["content"] == text
 
 

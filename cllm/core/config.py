@@ -72,8 +72,8 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     )] = None
     mmproj: Annotated[str | None, setting(
         "a vision projector GGUF for the model, as llama-server's `--mmproj`: chats may then hold images; Gemma 3's "
-        "(non-causal) and Qwen2-VL's and Qwen2.5-VL's (M-RoPE, images at their own size) included; one whose images "
-        "take tokens by their size in another way is refused for now (docs/internals.md: Images)",
+        "(non-causal) and Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's (M-RoPE, images at their own size) included; one "
+        "whose images take tokens by their size in another way is refused for now (docs/internals.md: Images)",
         LISTEN, metavar="FILE", per_model=True,
     )] = None
     mmproj_auto: Annotated[bool, setting(
