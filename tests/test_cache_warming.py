@@ -28,7 +28,7 @@ ARGS = ("--parallel", "2", "--ctx-size", "2048", "--prefix-cache-exact", "--n-gp
 def test_a_new_engine_warms_its_files_and_the_next_turns_reuse_them(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     with start_server(*ARGS, "--cache-dir", str(first)) as srv, srv.client() as http:
-        convs = [encode(http, doc(topic, 20)) for topic in ("harbour", "meadow", "orchard")]
+        convs = [encode(http, doc(topic, 10)) for topic in ("harbour", "meadow", "orchard")]  # ~150 tokens: a block
         replies, written = [], []
         for conv in convs:
             before = set(files(first))

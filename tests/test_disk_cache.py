@@ -263,7 +263,7 @@ def test_a_conversation_goes_on_after_restarts(cache_dir, tmp_path):
     args = (*ARGS, "--cache-dir", str(cache_dir))
     hold = tmp_path / "hold"  # while it exists, an engine's writer holds its whole temporary file before the rename
     with start_server(*args, env={HOLD_WRITES: str(hold)}) as srv, srv.client() as http:
-        p1 = encode(http, doc("harbour", 20))
+        p1 = encode(http, doc("harbour", 10))  # ~150 tokens: a block
         complete(http, p1)
         p2 = p1 + encode(http, turn(2))
         t2, cached = complete(http, p2)  # no restart: what the turn gives
@@ -315,7 +315,7 @@ def test_more_files_than_streams_serve_their_prompts_from_disk(tmp_path):
     into the stream its sequence takes, and gives the text it gave before the restart."""
     args = (*ARGS, "--cache-dir", str(tmp_path))
     with start_server(*args) as srv, srv.client() as http:
-        prompts = [encode(http, doc(topic, 20)) for topic in ("harbour", "meadow", "orchard")]
+        prompts = [encode(http, doc(topic, 10)) for topic in ("harbour", "meadow", "orchard")]
         texts = []
         for k, prompt in enumerate(prompts, 1):
             texts.append(complete(http, prompt)[0])
@@ -336,6 +336,6 @@ def test_a_server_with_other_settings_never_uses_the_files(cache_dir):
         ) as srv,
         srv.client() as http,
     ):
-        p = encode(http, doc("harbour", 20))
+        p = encode(http, doc("harbour", 10))
         assert complete(http, p)[1] == 0
         assert disk_figures(http)["disk_hits"] == 0

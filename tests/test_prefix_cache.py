@@ -61,7 +61,7 @@ def complete(side: Side, prompt: list[int], max_tokens: int = 8) -> str:
 
 def test_a_repeated_prompt_prefills_only_its_last_token(pair):
     on, _ = pair
-    prompt = tokens(on, doc("repeat", 20))
+    prompt = tokens(on, doc("repeat", 10))
     complete(on, prompt)
     before = on.cache()
     complete(on, prompt)
@@ -70,7 +70,7 @@ def test_a_repeated_prompt_prefills_only_its_last_token(pair):
 
 def test_a_prompt_that_diverges_mid_block_reuses_up_to_the_divergence(pair):
     on, off = pair
-    prompt = tokens(on, doc("divergence", 25))
+    prompt = tokens(on, doc("divergence", 15))  # ~230 tokens
     complete(on, prompt)
     cut = 200  # not a multiple of anything the engine uses
     other = prompt[:cut] + tokens(on, " Something else entirely, about boats and rivers.")
@@ -113,26 +113,25 @@ def test_a_conversation_reuses_its_previous_turn_reply_included(pair):
         messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
 
 
-def test_conversations_outnumbering_the_running_slots_keep_their_cells():
+def test_conversations_outnumbering_the_running_slots_keep_their_cells(pair):
     """PARALLEL + CACHE_SLOTS conversations, one turn each in turn: every second turn finds its first."""
-    with start_server(*args()) as server, server.client() as http:
-        side = Side(http)
-        n = PARALLEL + CACHE_SLOTS
-        prompts = [tokens(side, doc(f"customer {i}", 12)) for i in range(n)]
-        for prompt in prompts:
-            complete(side, prompt)
-        before = side.cache()
-        for prompt in prompts:
-            complete(side, prompt + tokens(side, " Next question."))
-        after = side.cache()
-        assert after["hits"] - before["hits"] == n
-        assert reused(before, after) >= sum(len(p) for p in prompts)
+    side, _ = pair
+    n = PARALLEL + CACHE_SLOTS
+    prompts = [tokens(side, doc(f"customer {i}", 9)) for i in range(n)]
+    for prompt in prompts:
+        complete(side, prompt)
+    before = side.cache()
+    for prompt in prompts:
+        complete(side, prompt + tokens(side, " Next question."))
+    after = side.cache()
+    assert after["hits"] - before["hits"] == n
+    assert reused(before, after) >= sum(len(p) for p in prompts)
 
 
 def test_eviction_under_pressure_moves_the_least_recent_to_host_ram(pair):
     on, off = pair
     streams = PARALLEL + CACHE_SLOTS
-    prompts = [tokens(on, doc(f"subject {i}", 12)) for i in range(streams + 2)]
+    prompts = [tokens(on, doc(f"subject {i}", 9)) for i in range(streams + 2)]  # ~150 tokens: kept in host RAM
     for prompt in prompts:  # each leaves an entry; the oldest leave the streams
         complete(on, prompt, 4)
     before = on.cache()
@@ -152,7 +151,7 @@ def test_without_host_ram_eviction_drops_the_least_recent():
         side = Side(http)
         # Nothing shared from the first token on: each prompt's entry is used by no later one.
         words = ("Apples", "Rivers", "Clocks", "Ships", "Lamps", "Roads")
-        prompts = [tokens(side, f"{word}: " + doc(word, 12)) for word in words[: PARALLEL + CACHE_SLOTS + 2]]
+        prompts = [tokens(side, f"{word}: " + doc(word, 9)) for word in words[: PARALLEL + CACHE_SLOTS + 2]]
         for prompt in prompts:
             complete(side, prompt, 4)
         before = side.cache()
@@ -170,7 +169,7 @@ def test_usage_reports_the_prompt_tokens_the_cache_served(pair):
     Last in the module: the entries it leaves made the eviction test above keep an entry it expects gone.
     """
     on, off = pair
-    body = {"messages": [{"role": "user", "content": doc("usage", 20)}], "max_tokens": 4}
+    body = {"messages": [{"role": "user", "content": doc("usage", 10)}], "max_tokens": 4}
     before = on.cache()
     cached = on.post("/v1/chat/completions", body)["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == reused(before, on.cache()) < 8  # a new prompt: at most the chat template's opening tokens
