@@ -105,14 +105,22 @@ class Recorder:
         for j in range(min(n, len(seq.prompt) - 1 - chunk.start)):
             seq.prompt_logprobs.append(self.sampler.logprobs(first + j, int(seq.prompt[chunk.start + j + 1]), k))
 
-    def park(self, done: list[Sequence]) -> None:
+    def park(self, done: list[Sequence], unfreed: list[Sequence] | None = None) -> None:
         """Steady steps: the decode's finished sequences stay in its batch until the next wave (Scheduler.park);
-        their samplers go now, as their outputs have."""
+        their samplers go now, as their outputs have, but for chains on the device while a decode runs
+        (``unfreed`` given): freeing one detaches it from the context, so they go once it ends (free_parked)."""
         for seq in done:
-            self.sampler.free(seq.sampler)
-            seq.sampler = PARKED
+            if unfreed is not None and seq.sampler.device:
+                unfreed.append(seq)
+            else:
+                self.free_parked([seq])
             self.scheduler.park(seq)
         done.clear()
+
+    def free_parked(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self.sampler.free(seq.sampler)
+            seq.sampler = PARKED
 
     def release(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

@@ -39,12 +39,13 @@ class StepAhead:
         self.ahead: Ahead | None = None  # collected, its tokens not recorded
         self.inflight: list[Chunk] | None = None  # the batch of the decode on the decode thread
         self.landed: list[SeqOutput] = []  # outputs of a decode that ran ahead, recorded by abort()
+        self.unfreed: list[Sequence] = []  # parked while it ran, their chains on the device freed once it ends
 
     def next_decode(self, embedding: bool) -> list[Chunk] | None:
         """A steady step's next decode batch, when it is known before the step's result goes out: no prompt
         work or embedding waits, and no sequence asks for logprobs (read from the logits the decode ahead
         overwrites)."""
-        if self.sampler.device or embedding:
+        if embedding:
             return None
         running = self.scheduler.running
         if not running or any(s.prefilling or s.params.logprobs is not None for s in running):
@@ -62,6 +63,9 @@ class StepAhead:
         return chunks, [c.seq.output[-1] if c.seq.parked else t for c, t in zip(chunks, ahead.tokens)]
 
     def launch(self, chunks: list[Chunk], tokens: list[int] | None = None) -> None:
+        if self.sampler.device:  # a wave may have moved sequences to other slots: their chains follow them
+            for c in chunks:
+                self.sampler.attach(c.seq.sampler, c.seq.slot)
         self.runner.fill(chunks, True, tokens)
         self.runner.launch()
         self.inflight = chunks
@@ -73,16 +77,19 @@ class StepAhead:
         self.runner.wait()
         if timer:
             timer.lap("llama_decode")
-        self.ahead = Ahead(
-            chunks, self.sampler.sample_rows([c.seq.sampler for c in chunks], list(range(-len(chunks), 0)))
-        )
+        tokens = self.sampler.sample_rows([c.seq.sampler for c in chunks], list(range(-len(chunks), 0)))
+        self.ahead = Ahead(chunks, tokens)
+        if self.unfreed:
+            self.recorder.free_parked(self.unfreed)
+            self.unfreed = []
 
     def land(self, ahead: Ahead, outputs: list[SeqOutput]) -> int:
         """Record the tokens of the decode that ran ahead; its finished sequences are parked. How many finished."""
         done: list[Sequence] = []
         self.recorder.record(ahead.chunks, list(range(-len(ahead.chunks), 0)), ahead.tokens, outputs, done)
         finished = len(done)
-        self.recorder.park(done)
+        # A chain on the device is detached from the context when freed: not while a decode uses the context.
+        self.recorder.park(done, self.unfreed if self.inflight is not None else None)
         return finished
 
     def abort(self, gone: set[int]) -> None:

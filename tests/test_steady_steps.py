@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cllm.core.config import SteadySteps
+from cllm.core.config import DeviceSampling, SteadySteps
 from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value
 
@@ -70,12 +70,13 @@ def test_no_fewer_decode_steps_reuse_their_graph(results):
     assert steady >= plain, (steady, plain)
 
 
-def _engine(steady: SteadySteps):
+def _engine(steady: SteadySteps, device: DeviceSampling = "off"):
     from cllm.core.config import ServeConfig
     from cllm.core.model_file import resolve_model
     from engine_proc.engine import LLMEngine
 
-    return LLMEngine(resolve_model(None), ServeConfig(parallel=12, ctx_size=6144, steady_steps=steady))
+    config = ServeConfig(parallel=12, ctx_size=6144, steady_steps=steady, device_sampling=device)
+    return LLMEngine(resolve_model(None), config)
 
 
 def _submits(tok, first: int) -> list:
@@ -147,3 +148,43 @@ def test_decodes_run_ahead_lose_no_token_abort_or_seed(tok):
             assert cut == len(aborted[300 + i]) - 1 and cut < LENGTHS[i], aborted[300 + i]
         else:
             assert aborted[300 + i] == ahead[100 + i], i
+
+
+def test_decodes_run_ahead_with_the_chains_on_the_device(tok, monkeypatch):
+    """With --device-sampling on the decode runs a step ahead too (StepAhead.next_decode), each sequence's chain
+    attached to its slot and sampling inside the decodes launched ahead: the greedy text of the host's synchronous
+    step, a seeded request its text again, and no chain attached or detached while a decode uses the context."""
+    import llama_cpp as L
+
+    from engine_proc.step_timer import StepTimer
+
+    plain = _engine("off")
+    try:
+        base = _drive(plain, _submits(tok, 100))
+    finally:
+        plain.close()
+    engine = _engine("on", "on")
+    attached = []
+    set_sampler = L.llama_set_sampler
+
+    def checked(ctx, slot, chain):
+        assert engine.lookahead.inflight is None, "a chain attached or detached while a decode ran"
+        attached.append(chain is not None)
+        return set_sampler(ctx, slot, chain)
+
+    monkeypatch.setattr(L, "llama_set_sampler", checked)
+    try:
+        engine.timer = timer = StepTimer()
+        ahead = _drive(engine, _submits(tok, 100))
+        again = _drive(engine, _submits(tok, 200))
+        assert not engine.sampler._attached  # every chain detached once its sequence ended
+    finally:
+        engine.close()
+    assert timer.cpu["overlapped"] > 0  # tokens were recorded while a decode launched ahead ran
+    assert attached.count(True) >= 2 * len(LENGTHS)  # every request's chain went onto the device
+    for i, n in enumerate(LENGTHS):
+        tokens = ahead[100 + i]
+        assert len(tokens) == n and tokens[-1][1] == "length", (i, tokens)
+        assert tokens == again[200 + i], i  # greedy and seeded alike, run again
+        if i % 3 != 1:
+            assert tokens == base[100 + i], i  # greedy: the host's text without steady steps
