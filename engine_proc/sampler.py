@@ -35,7 +35,8 @@ temperature, top-k, top-p, min-p, the seeded draw, and the EOS ban of
 ignore_eos) gets its chain attached to its KV stream's seq_id with
 llama_set_sampler, so that only its token id comes back from the device and
 its logits are not copied to the host at all (llama_sampler_sample then
-returns the token the device drew, and advances the chain's state).
+returns the token the device drew, and advances the chain's state; a
+greedy chain has no state, so its token is read alone).
 Grammars, penalties, a request's own logit bias, logprobs and speculative
 drafts stay on the host, as does every request without the switch: their
 rows are copied and sampled as above. A greedy token is the same either
@@ -69,6 +70,11 @@ TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32
 _logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
     ctypes.cast(L.llama_get_logits_ith, ctypes.c_void_p).value
 )
+# The token a greedy chain chose on the device, the same way: ~1 us a row, where llama_sampler_sample reads the
+# row's token, probabilities, logits and candidates and then accepts the token into the chain (~5 us).
+_sampled_ith = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32)(
+    ctypes.cast(L.llama_get_sampled_token_ith, ctypes.c_void_p).value
+)
 
 
 class GrammarError(ValueError):
@@ -92,6 +98,7 @@ class SeqSampler:
     triggers: list[re.Pattern] | None = None  # a lazy grammar's
     waiting: str | None = None  # a lazy grammar's text while it waits for a trigger; None once it applies
     device: bool = False  # the chain runs inside llama_decode once attached to the sequence's slot
+    argmax: bool = False  # greedy on the device: no sampler of its chain keeps state to accept a token into
     slot: int = -1  # the slot its chain is attached to
     placed: bool = False  # its chain was attached once: llama.cpp takes a chain onto the device only once
 
@@ -174,6 +181,7 @@ class Sampler:
         s.chain = chain
         if greedy:
             add(L.llama_sampler_init_greedy())
+            s.argmax = s.device
             return s
         if params.top_p < 1.0:
             add(L.llama_sampler_init_top_p(params.top_p, 1))
@@ -245,6 +253,8 @@ class Sampler:
             return self._draw_rows([s], [row])[0]
         if s.chain is None:
             return self._argmax(row, s.ban_eog)
+        if s.argmax and s.slot >= 0 and (token := _sampled_ith(self.ctx, row)) >= 0:
+            return token
         if s.grammar is None:
             return L.llama_sampler_sample(s.chain, self.ctx, row)
         logits = self._logits(row)

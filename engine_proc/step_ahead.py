@@ -63,7 +63,7 @@ class StepAhead:
         return chunks, [c.seq.output[-1] if c.seq.parked else t for c, t in zip(chunks, ahead.tokens)]
 
     def launch(self, chunks: list[Chunk], tokens: list[int] | None = None) -> None:
-        if self.sampler.device:  # a wave may have moved sequences to other slots: their chains follow them
+        if self.sampler.device and tokens is None:  # after a wave, which may have moved sequences to other slots
             for c in chunks:
                 self.sampler.attach(c.seq.sampler, c.seq.slot)
         self.runner.fill(chunks, True, tokens)
