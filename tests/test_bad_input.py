@@ -240,3 +240,12 @@ def test_a_limit_too_large_names_the_field_the_client_sent(http, path, body, fie
         assert "max_tokens" not in message, message
     if isinstance(error, dict) and "param" in error:
         assert error["param"] == field
+
+
+def test_a_multimodal_prompt_among_others_is_a_400(http):
+    """One multimodal prompt is the whole prompt; beside others it was iterated as a list (a 500, found by
+    tests/test_fuzz.py)."""
+    prompt = [{"prompt_string": "Hi", "multimodal_data": []}, "Hello"]
+    r = http.post("/completion", json={"prompt": prompt, "n_predict": 1})
+    assert r.status_code == 400, r.text
+    assert "one multimodal prompt" in r.json()["error"]["message"]

@@ -74,6 +74,8 @@ def mixed(st: ModelState, prompt, param: str, add_special: bool = True, parse_sp
     tokenizer = st.tokenizer
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_special, parse_special)
+    if not isinstance(prompt, list):  # a multimodal prompt among others
+        raise invalid("a prompt is a string, token ids, a list mixing both, or one multimodal prompt", param)
     tokens: list[int] = []
     for i, part in enumerate(prompt):
         if isinstance(part, str):
