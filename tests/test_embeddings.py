@@ -82,14 +82,15 @@ def test_bad_input_is_a_400_naming_the_field(http):
 
 
 def test_generation_keeps_streaming_beside_a_big_batch():
-    """64 inputs of ~40 tokens, with 64-token steps: each step holds the generation's token and one
-    input, so the generation streams a token for about every input embedded, not one after all 64."""
+    """16 inputs of ~40 tokens, with 64-token steps: each step holds the generation's token and one
+    input, so the generation streams a token for about every input embedded, not one after all 16.
+    (Such a step took 0.2-0.9 s on the shared 2-core VM: 64 inputs made this test ~49 s.)"""
     with (
         start_server("--parallel", "4", "--ctx-size", "2048", "--batch-size", "64") as srv,
         openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=300, max_retries=0) as oai,
     ):
         texts = [
-            f"Document {i}. The river runs past the old mill, under the bridge and on to the sea." for i in range(64)
+            f"Document {i}. The river runs past the old mill, under the bridge and on to the sea." for i in range(16)
         ]
         done = threading.Event()
         result = []
@@ -115,9 +116,12 @@ def test_generation_keeps_streaming_beside_a_big_batch():
                 worker.start()
             elif i > 3 and not done.is_set():
                 during += 1
+            elif done.is_set():
+                break  # the tokens after the batch prove nothing
+        stream.close()
         worker.join(300)
-        assert done.is_set() and result and result[0].shape[0] == 64
-        assert during >= 32, during
+        assert done.is_set() and result and result[0].shape[0] == 16
+        assert during >= 8, during
 
 
 def embed_all(engine, msg: Embed) -> list:
