@@ -21,7 +21,8 @@ from cllm.core.image_grid import prompt_images
 from cllm.core.protocol import ImageInput, ModelInfo, SamplingParams
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Detokenizer
-from frontend_proc.engine.client import EngineClient, RequestStream, not_ready
+from frontend_proc.engine.client import EngineClient, not_ready
+from frontend_proc.engine.request_stream import RequestStream
 
 # The generations of the HTTP request being served, for frontend_proc.http.observe; set by its middleware.
 watched: ContextVar[list[Generation] | None] = ContextVar("cllm_generations", default=None)

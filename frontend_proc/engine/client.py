@@ -46,144 +46,19 @@ from cllm.core.protocol import (
     ImageInput,
     ModelInfo,
     SamplingParams,
-    SeqOutput,
     SlotAction,
     SlotDone,
     StepOutputs,
     Submit,
-    TokenLogprobs,
 )
 from cllm.core.ring import Ring
 from frontend_proc.engine.limits import Limits
 from frontend_proc.engine.metrics import Metrics
+from frontend_proc.engine.request_stream import EmbeddingJob, RequestStream
 
 
 def not_ready() -> ApiError:
     return ApiError(503, "not ready", "the engine is starting; retry shortly", RETRY_AFTER)
-
-
-class RequestStream:
-    """Tokens of one request as they arrive from the engine."""
-
-    __slots__ = (
-        "id",
-        "owner",
-        "prompt_tokens",
-        "sampling",
-        "tokens",
-        "logprobs",
-        "prompt_logprobs",
-        "cached_tokens",
-        "finish",
-        "refusal",
-        "error",
-        "t_submit",
-        "t_first",
-        "t_done",
-        "timer",
-        "_tail",
-        "_event",
-        "_per_step",
-    )
-
-    def __init__(
-        self, rid: int, owner: EngineClient, prompt_tokens: int, per_step: bool, sampling: SamplingParams | None = None
-    ):
-        self.id = rid
-        self.owner = owner  # the engine client that runs it (of one replica)
-        self.prompt_tokens = prompt_tokens
-        self.sampling = sampling  # as submitted (GET /slots shows it)
-        self.tokens: list[int] = []
-        self.logprobs: list[TokenLogprobs] = []  # one per token, when the request asked for them
-        self.prompt_logprobs: list[TokenLogprobs] = []  # one per prompt token after the first, when asked
-        self.cached_tokens = 0  # of the prompt, served by the engine's prefix cache
-        self.finish: str | None = None
-        self.refusal = ""  # the engine's reason, where it gave up on the request (SeqOutput.error)
-        self.error: ApiError | None = None  # why it ended early: timeout, hang-up, engine death
-        self.t_submit = time.perf_counter()
-        self.t_first: float | None = None
-        self.t_done: float | None = None  # when it finished, or was aborted
-        self.timer: asyncio.TimerHandle | None = None
-        self._tail = 0  # 1 when the engine's last output carried no token (it sampled EOS)
-        self._event = asyncio.Event()
-        self._per_step = per_step
-
-    def time_per_output(self) -> float | None:
-        """Mean time between the engine's outputs after the first token, once done."""
-        outputs = len(self.tokens) + self._tail
-        if self.t_first is None or self.t_done is None or outputs < 2:
-            return None
-        return (self.t_done - self.t_first) / (outputs - 1)
-
-    def _push(self, out: SeqOutput) -> None:
-        token, finish = out.token, out.finish
-        if token is not None:
-            if self.t_first is None:
-                self.t_first = time.perf_counter()
-                self.cached_tokens = out.cached_tokens  # the first output says it
-            self.tokens.append(token)
-            if out.logprobs is not None:
-                self.logprobs.append(out.logprobs)
-        if finish is not None:
-            if self.t_first is None:  # ended at its first output, without a token
-                self.cached_tokens = out.cached_tokens
-            self.finish = finish
-            self.refusal = out.error  # why the engine gave up on it, with finish "error"
-            self.t_done = time.perf_counter()
-            self._tail = token is None
-            self._event.set()
-        elif self._per_step:
-            self._event.set()
-
-    def _fail(self, error: ApiError) -> None:
-        if self.finish is None and self.error is None:
-            self.error = error
-            self._event.set()
-
-    async def updates(self):
-        """Yield lists of new token ids until the request finishes; raise its error if it fails."""
-        sent = 0
-        while True:
-            await self._event.wait()
-            self._event.clear()
-            if len(self.tokens) > sent:
-                new = self.tokens[sent:]
-                sent = len(self.tokens)
-                yield new
-            if self.finish is not None:
-                return
-            if self.error is not None:
-                raise self.error
-
-    async def result(self) -> list[int]:
-        async for _ in self.updates():
-            pass
-        return self.tokens
-
-
-class EmbeddingJob:
-    """The vectors of one embeddings request as they arrive, a step's worth at a time."""
-
-    __slots__ = ("n", "parts", "received", "done")
-
-    def __init__(self, n: int, done: asyncio.Future):
-        self.n = n  # inputs
-        self.parts: list[bytes] = []
-        self.received = 0
-        self.done = done  # set to all the vectors' bytes, or to the error that ended the request
-
-    def _push(self, msg: Embeddings, dim: int) -> bool:
-        if msg.error:
-            if not self.done.done():
-                self.done.set_exception(ApiError(503, "embeddings unavailable", msg.error, RETRY_AFTER))
-            return True
-        self.parts.append(msg.vectors)
-        self.received += len(msg.vectors) // (4 * dim)
-        if self.received < self.n:
-            return False
-        if not self.done.done():
-            self.done.set_result(b"".join(self.parts))
-        return True
 
 
 class EngineClient:
@@ -319,7 +194,7 @@ class EngineClient:
 
     def cancel(self, stream: RequestStream, error: ApiError) -> None:
         """End a request early: its reader gets ``error``, the engine drops it next step."""
-        stream._fail(error)
+        stream.fail(error)
         self.abort(stream)
 
     def abort(self, stream: RequestStream) -> None:
@@ -395,7 +270,7 @@ class EngineClient:
         streams, self._streams = self._streams, {}
         jobs, self._embeddings = self._embeddings, {}
         for stream in streams.values():
-            stream._fail(error)
+            stream.fail(error)
         for job in jobs.values():
             if not job.done.done():
                 job.done.set_exception(error)
@@ -419,12 +294,12 @@ class EngineClient:
                         if stream is not None:
                             if out.prompt_logprobs is not None:
                                 stream.prompt_logprobs = out.prompt_logprobs
-                            stream._push(out)
+                            stream.push(out)
                             if out.finish is not None:
                                 del streams[out.id]
                 elif type(msg) is Embeddings:
                     job = self._embeddings.get(msg.id)
-                    if job is not None and job._push(msg, self.info.embedding_dim):
+                    if job is not None and job.push(msg, self.info.embedding_dim):
                         del self._embeddings[msg.id]
                 elif type(msg) is SlotDone:
                     done = self._slot_actions.get(msg.id)

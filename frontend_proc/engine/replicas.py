@@ -14,8 +14,9 @@ import asyncio
 from cllm.core.errors import ApiError
 from cllm.core.prefix_router import BLOCK, PrefixRouter, block_hashes
 from cllm.core.protocol import EngineStats, ImageInput, ModelInfo, PrefixCacheStats, SamplingParams
-from frontend_proc.engine.client import EngineClient, RequestStream, not_ready
+from frontend_proc.engine.client import EngineClient, not_ready
 from frontend_proc.engine.limits import Limits
+from frontend_proc.engine.request_stream import RequestStream
 
 
 class ReplicaSet:
@@ -100,7 +101,7 @@ class ReplicaSet:
         return await min(serving, key=lambda c: c.in_flight).embed(inputs)
 
     def cancel(self, stream: RequestStream, error: ApiError) -> None:
-        stream._fail(error)
+        stream.fail(error)
         self.abort(stream)
 
     def abort(self, stream: RequestStream) -> None:

@@ -37,7 +37,7 @@ from frontend_proc.doors.llama_server.schemas import (
     TokenizeResult,
     TokenPiece,
 )
-from frontend_proc.engine.client import RequestStream
+from frontend_proc.engine.request_stream import RequestStream
 from frontend_proc.http.app import state
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
