@@ -11,10 +11,11 @@ from typing import Annotated, Any
 
 import msgspec
 
-from cllm.core.config import GROUPS, LISTEN, PROCESS, ConfigError, ServeConfig, load_config
+from cllm.core.config import GROUPS, LISTEN, PROCESS, ServeConfig
+from cllm.core.config_load import load_config
 from cllm.core.model_file import ModelFileError
 from cllm.core.registry import asks_hub, build_registry, is_pool
-from cllm.core.settings import Setting, default_words, meaning, names, plain, setting, settings
+from cllm.core.settings import ConfigError, Setting, default_words, meaning, names, plain, setting, settings
 
 
 class ServeCommand(msgspec.Struct, kw_only=True):

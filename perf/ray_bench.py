@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from cllm.core.config import load_config
+    from cllm.core.config_load import load_config
     from cllm.core.model_file import resolve_model
     from cllm.ray_serve import application
     from cllm.ray_serve.call import HttpCall

@@ -8,7 +8,7 @@ import re
 
 import yaml
 
-from cllm.core.config import load_config
+from cllm.core.config_load import load_config
 from cllm.core.model_file import resolve_model
 from cllm.core.model_meta import kv_cache_bytes
 from frontend_proc.core.tokenizer import Tokenizer

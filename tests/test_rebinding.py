@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from cllm.core.config import ServeConfig, load_config
+from cllm.core.config import ServeConfig
+from cllm.core.config_load import load_config
 from frontend_proc.http.guard import host_name, is_loopback
 from tests.conftest import start_server
 

@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from cllm.core.config import ConfigError, load_config
+from cllm.core.config_load import load_config
+from cllm.core.settings import ConfigError
 from engine_proc.drafter import StepCosts, lookup
 from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value

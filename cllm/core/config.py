@@ -1,4 +1,5 @@
-"""`cllm serve` settings, each declared once: defaults, then a YAML file, the environment, the command line.
+"""`cllm serve` settings, each declared once: defaults, then a YAML file, the environment, the command line
+(cllm/core/config_load.py reads them in that order).
 
 A field's `setting(...)` (cllm/core/settings.py) makes it an option (`--ctx-size`), a key of the YAML file
 (`ctx-size`), an environment variable (`CLLM_CTX_SIZE`) and a row of docs/configuration.md
@@ -8,14 +9,13 @@ A field's `setting(...)` (cllm/core/settings.py) makes it an option (`--ctx-size
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
 
 from cllm.core.images import MAX_REQUEST_BYTES
-from cllm.core.settings import ConfigError, from_environ, setting, settings
+from cllm.core.settings import setting, settings
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
@@ -353,55 +353,3 @@ class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="k
     def kv_cells(self) -> int:
         """KV cells the engine allocates: a sequence's share for every stream and one scratch stream."""
         return self.ctx_size // self.parallel * (self.kv_streams + self.prefix_cache)
-
-
-def load_config(
-    path: str | None, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None
-) -> ServeConfig:
-    """The defaults, a YAML file (keys as on the command line), the CLLM_ variables of ``environ``, then
-    ``overrides`` (the command line's values; None: not given), each over the one before."""
-    values: dict = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                values = msgspec.yaml.decode(f.read()) or {}
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-        except msgspec.DecodeError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-        if not isinstance(values, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of option: value")
-    given = {**from_environ(ServeConfig, environ or {}), **{k: v for k, v in overrides.items() if v is not None}}
-    values.update({k.replace("_", "-"): v for k, v in given.items()})
-    try:
-        config = msgspec.convert(values, ServeConfig)
-    except msgspec.ValidationError as e:
-        raise ConfigError(f"invalid setting: {e}") from None
-    check_engine(config, "")
-    if config.cache_dir is not None:
-        config.cache_dir = os.path.abspath(config.cache_dir)  # the engines find it wherever they run
-    if config.slot_save_path is not None:
-        config.slot_save_path = os.path.abspath(config.slot_save_path)
-    if config.mmproj is not None:
-        if not os.path.isfile(config.mmproj):
-            raise ConfigError(f"--mmproj {config.mmproj}: no such file")
-        config.mmproj = os.path.abspath(config.mmproj)  # the engines find it wherever they run
-    if config.chat_template_file is not None:
-        if not os.path.isfile(config.chat_template_file):
-            raise ConfigError(f"--chat-template-file {config.chat_template_file}: no such file")
-        config.chat_template_file = os.path.abspath(config.chat_template_file)  # the frontend reads it
-    return config
-
-
-def check_engine(config: ServeConfig, where: str) -> None:
-    """Settings llama.cpp would refuse, said before any engine starts (``where``: which model)."""
-    opt = "" if where else "--"
-    if config.ctx_size < config.parallel * 16:
-        raise ConfigError(
-            f"{where}{opt}ctx-size {config.ctx_size} leaves under 16 KV cells for each of {opt}parallel "
-            f"{config.parallel} sequences"
-        )
-    if config.cache_type_v not in ("f16", "f32") and config.flash_attn == "off":
-        raise ConfigError(
-            f"{where}cache-type-v {config.cache_type_v} needs flash attention (llama.cpp quantizes V only with it)"
-        )

@@ -20,8 +20,10 @@ from typing import Protocol
 
 import msgspec
 
-from cllm.core.config import HF_NAME, PER_MODEL, ConfigError, ModelEntry, ServeConfig, check_engine
+from cllm.core.config import HF_NAME, PER_MODEL, ModelEntry, ServeConfig
+from cllm.core.config_load import check_engine
 from cllm.core.model_file import resolve_model
+from cllm.core.settings import ConfigError
 
 
 class ModelSpec(msgspec.Struct, kw_only=True):

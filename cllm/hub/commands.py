@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from cllm.core.config import ConfigError
+from cllm.core.settings import ConfigError
 from cllm.hub.names import HubNameError
 from cllm.hub.pull import Hub, HubError
 from cllm.hub.store import StoreError, listed, remove

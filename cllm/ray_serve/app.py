@@ -26,8 +26,10 @@ import msgspec
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from cllm.core.config import ConfigError, ServeConfig, load_config
+from cllm.core.config import ServeConfig
+from cllm.core.config_load import load_config
 from cllm.core.registry import build_registry
+from cllm.core.settings import ConfigError
 from cllm.ray_serve.ingress import Ingress
 from cllm.ray_serve.replica import EngineReplica
 

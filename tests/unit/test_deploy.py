@@ -93,7 +93,7 @@ def test_the_installer_writes_the_unit_a_private_key_and_a_config(tmp_path):
     assert re.fullmatch(r"CLLM_API_KEY=\S{32,}\n", env.read_text())
     assert env.stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "etc" / "systemd" / "system" / "cllm.service").read_text() == read(UNIT)
-    from cllm.core.config import load_config
+    from cllm.core.config_load import load_config
 
     assert load_config(str(tmp_path / "etc" / "cllm" / "cllm.yaml"), {}).port == 8080
     key = env.read_text()  # a second run keeps the key and the settings

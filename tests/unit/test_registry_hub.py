@@ -7,8 +7,9 @@ cover the real one): it maps names to tiny GGUF-looking files.
 
 import pytest
 
-from cllm.core.config import ConfigError, load_config
+from cllm.core.config_load import load_config
 from cllm.core.registry import build_registry, is_pool
+from cllm.core.settings import ConfigError
 
 
 class Hub:

@@ -10,8 +10,9 @@ import pytest
 
 from cllm import docs_config
 from cllm.cli import parser, serve_overrides
-from cllm.core.config import ConfigError, ServeConfig, load_config
-from cllm.core.settings import Setting, settings
+from cllm.core.config import ServeConfig
+from cllm.core.config_load import load_config
+from cllm.core.settings import ConfigError, Setting, settings
 
 EVERY = [s for s in settings(ServeConfig) if not s.file_only]
 

@@ -1,0 +1,66 @@
+"""Loading `cllm serve`'s settings (cllm/core/config.py declares them): the defaults, a YAML file, the CLLM_
+variables, then the command line, each over the one before; paths made absolute for the processes that read them,
+and the settings llama.cpp would refuse said before any engine starts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from cllm.core.config import ServeConfig
+from cllm.core.settings import ConfigError, from_environ
+
+
+def load_config(
+    path: str | None, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> ServeConfig:
+    """The defaults, a YAML file (keys as on the command line), the CLLM_ variables of ``environ``, then
+    ``overrides`` (the command line's values; None: not given), each over the one before."""
+    values: dict = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                values = msgspec.yaml.decode(f.read()) or {}
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        except msgspec.DecodeError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of option: value")
+    given = {**from_environ(ServeConfig, environ or {}), **{k: v for k, v in overrides.items() if v is not None}}
+    values.update({k.replace("_", "-"): v for k, v in given.items()})
+    try:
+        config = msgspec.convert(values, ServeConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"invalid setting: {e}") from None
+    check_engine(config, "")
+    if config.cache_dir is not None:
+        config.cache_dir = os.path.abspath(config.cache_dir)  # the engines find it wherever they run
+    if config.slot_save_path is not None:
+        config.slot_save_path = os.path.abspath(config.slot_save_path)
+    if config.mmproj is not None:
+        if not os.path.isfile(config.mmproj):
+            raise ConfigError(f"--mmproj {config.mmproj}: no such file")
+        config.mmproj = os.path.abspath(config.mmproj)  # the engines find it wherever they run
+    if config.chat_template_file is not None:
+        if not os.path.isfile(config.chat_template_file):
+            raise ConfigError(f"--chat-template-file {config.chat_template_file}: no such file")
+        config.chat_template_file = os.path.abspath(config.chat_template_file)  # the frontend reads it
+    return config
+
+
+def check_engine(config: ServeConfig, where: str) -> None:
+    """Settings llama.cpp would refuse, said before any engine starts (``where``: which model)."""
+    opt = "" if where else "--"
+    if config.ctx_size < config.parallel * 16:
+        raise ConfigError(
+            f"{where}{opt}ctx-size {config.ctx_size} leaves under 16 KV cells for each of {opt}parallel "
+            f"{config.parallel} sequences"
+        )
+    if config.cache_type_v not in ("f16", "f32") and config.flash_attn == "off":
+        raise ConfigError(
+            f"{where}cache-type-v {config.cache_type_v} needs flash attention (llama.cpp quantizes V only with it)"
+        )
