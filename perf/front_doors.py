@@ -30,7 +30,7 @@ import time
 import httpx
 import psutil
 
-from cllm.bench import http_load
+from cllm.bench import dialects, http_load
 from cllm.core.model_file import resolve_model
 from perf import servers
 
@@ -55,7 +55,7 @@ def measured_cell(
     url: str,
     pid: int,
     route: str,
-    dialect: http_load.Dialect,
+    dialect: dialects.Dialect,
     c: int,
     requests: int,
     prompt_tokens: int,
@@ -110,7 +110,7 @@ def compare_routes(
     for c in concurrencies:
         requests = max(4 * c, min_requests)
         cells: dict[str, list[dict]] = {route: [] for route in ROUTES}
-        dialects = {route: http_load.make_dialect(route, ollama_name(url)) for route in ROUTES}
+        by_route = {route: dialects.make_dialect(route, ollama_name(url)) for route in ROUTES}
         for r in range(rounds):
             order = ROUTES[r % len(ROUTES) :] + ROUTES[: r % len(ROUTES)]  # each route goes first in turn
             for route in order:
@@ -119,7 +119,7 @@ def compare_routes(
                         url,
                         pid,
                         route,
-                        dialects[route],
+                        by_route[route],
                         c,
                         requests,
                         prompt_tokens,
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     settings = servers.Settings(resolve_model(args.model), args.threads, 8, 2048)
     with servers.start("cllm", settings, label="cllm-front-doors") as server:
-        http_load.warm_up(server.url, http_load.make_dialect("chat"), 8)
+        http_load.warm_up(server.url, dialects.make_dialect("chat"), 8)
         routes = compare_routes(
             server.url,
             server.proc.pid,
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         base = by_route["chat"]
         for route, r in by_route.items():
             print(
-                f"| {c} | {http_load.CHAT_PATHS[route]} | {r['tokens_per_second']:.1f} | {r['tps_ratio']:.3f}"
+                f"| {c} | {dialects.CHAT_PATHS[route]} | {r['tokens_per_second']:.1f} | {r['tps_ratio']:.3f}"
                 f" | {r['ttft_p50']:.3f} | {r['ttft_ratio']:.3f}"
                 f" | {r['frontend_ms']:.3f} | {r['frontend_ms'] / base['frontend_ms']:.3f}"
                 f" | {', '.join(map(str, r['load1']))} | {', '.join(map(str, r['others_cores']))} | {r['attempts']} |"

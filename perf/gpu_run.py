@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from cllm.bench import http_load
+from cllm.bench import dialects, http_load
 from perf import servers, synth_model
 from perf.gpu_report import render
 
@@ -155,10 +155,10 @@ def gpu_used() -> int:
     return int(out.strip().splitlines()[0])
 
 
-class Sampled(http_load.Dialect):
+class Sampled(dialects.Dialect):
     """A dialect's request with temperature 0.7 and top-p 0.9 instead of greedy."""
 
-    def __init__(self, inner: http_load.Dialect):
+    def __init__(self, inner: dialects.Dialect):
         super().__init__(inner.path)
         self.inner = inner
 
@@ -231,7 +231,7 @@ def http(args, label: str, model: str, record, budget: Budget, extra: tuple[str,
         label, server_cmd(label, args, model, parallel, parallel * args.seq_ctx, port, extra), port, args.logs
     )
     try:
-        base = http_load.make_dialect("cllm" if label.startswith("cllm") else "llama-server")
+        base = dialects.make_dialect("cllm" if label.startswith("cllm") else "llama-server")
         http_load.warm_up(server.url, base, parallel, REQUEST_TIMEOUT)
         cells = [(c, False) for c in args.greedy] + [(c, True) for c in args.sampled]
         for c, sampled in cells:

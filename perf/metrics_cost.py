@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from cllm.bench import http_load
+from cllm.bench import dialects, http_load
 from cllm.core.model_file import resolve_model
 from perf import servers
 
@@ -52,7 +52,7 @@ class Tally:
     def run(self, url: str, args, pid: int) -> None:
         cell = http_load.run_cell(
             url,
-            http_load.make_dialect("cllm"),
+            dialects.make_dialect("cllm"),
             args.concurrency,
             args.requests,
             26,
@@ -83,7 +83,7 @@ def main() -> None:
     scrapes: list[float] = []
     settings = servers.Settings(model, args.threads, args.concurrency, seq_ctx=256)
     with servers.start("cllm", settings) as server:
-        http_load.warm_up(server.url, http_load.make_dialect("cllm"), args.concurrency)
+        http_load.warm_up(server.url, dialects.make_dialect("cllm"), args.concurrency)
         for i in range(2 * args.rounds):
             if i % 4 in (0, 3):
                 plain.run(server.url, args, server.proc.pid)

@@ -26,7 +26,8 @@ from typing import Any
 
 import httpx
 
-from cllm.bench.http_load import make_dialect, run_cell, warm_up
+from cllm.bench.dialects import make_dialect
+from cllm.bench.http_load import run_cell, warm_up
 from perf import servers
 
 QUESTIONS = (

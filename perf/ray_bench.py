@@ -31,7 +31,8 @@ import time
 import httpx
 import psutil
 
-from cllm.bench.http_load import make_dialect, run_cell, warm_up
+from cllm.bench.dialects import make_dialect
+from cllm.bench.http_load import run_cell, warm_up
 from perf import servers
 from perf.pool_bench import chats
 

@@ -23,7 +23,7 @@ import argparse
 import os
 import statistics
 
-from cllm.bench import http_load
+from cllm.bench import dialects, http_load
 from cllm.bench.prompts import BASE_TOKENS, requests_for
 from perf import servers
 
@@ -33,7 +33,7 @@ def one_run(tree: str, settings: servers.Settings, label: str, args, extra: tupl
     concurrency."""
     cmd, ready = servers.command("cllm", settings, port := servers.free_port())
     with servers.launch("cllm", [*cmd, *extra], port, ready, label=label, cwd=tree) as server:
-        dialect = http_load.make_dialect("cllm")
+        dialect = dialects.make_dialect("cllm")
         http_load.warm_up(server.url, dialect, max(args.concurrency))
         out = {}
         for c in args.concurrency:

@@ -22,7 +22,7 @@ import time
 from importlib import metadata
 from typing import Any
 
-from cllm.bench import http_load
+from cllm.bench import dialects, http_load
 from cllm.bench.prompts import requests_for
 from perf import report, servers
 from perf.models import MODELS, eog_tokens, model_path
@@ -118,7 +118,7 @@ def run_model(name: str, args) -> dict:
     ban = tuple(eog_tokens(path))
     for system in (s for s in servers.SYSTEMS if s in args.systems):
         with servers.start(system, settings, None if system == "cllm" else args.peer_env) as server:
-            dialect = http_load.make_dialect(server.dialect, ban_tokens=ban)
+            dialect = dialects.make_dialect(server.dialect, ban_tokens=ban)
             http_load.warm_up(server.url, dialect, max(args.concurrency))
             for prompt in args.prompt_tokens:
                 for gen in args.gen_tokens:
