@@ -21,7 +21,7 @@ import pytest
 
 from engine_proc.kv_file import file_head
 from tests.conftest import running, start_server
-from tests.test_native_routes import llama_server_on, refused, same_shape
+from tests.llama_server import llama_server_on, refused, same_shape
 from tests.test_prefix_cache_exact import doc
 from tests.unit.test_kv_file import damage, places
 

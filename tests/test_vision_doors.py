@@ -25,8 +25,8 @@ import pytest
 from cllm.core.model_file import resolve_model
 from perf import image_files, synth_mmproj
 from tests.conftest import Server, start_server
+from tests.llama_server import llama_server_on
 from tests.test_metrics import scrape, value
-from tests.test_native_routes import llama_server_on
 
 MARKER = "<__media__>"
 QUESTION = "What is in this picture?"

@@ -26,7 +26,7 @@ from engine_proc.model_runner import ModelLoadError
 from perf import image_files as F
 from perf import synth_gemma3
 from tests.conftest import start_server
-from tests.test_native_routes import llama_server_on
+from tests.llama_server import llama_server_on
 from tests.test_vision_engine import reference, run, tokens
 
 USER = "<start_of_turn>user\n"

@@ -27,8 +27,8 @@ from cllm.core.protocol import ImageGrid
 from engine_proc.vision import Vision
 from perf import image_files, synth_qwen2vl
 from tests.conftest import Server, start_server, wait_until
+from tests.llama_server import llama_server_on
 from tests.test_metrics import scrape, value
-from tests.test_native_routes import llama_server_on
 
 MARKER = "<__media__>"
 QUESTION = "<|im_start|>user\n" + MARKER + "\nWhat is in this picture?<|im_end|>\n<|im_start|>assistant\n"
