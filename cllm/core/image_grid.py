@@ -13,12 +13,12 @@ disagrees with.
 from __future__ import annotations
 
 import math
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from cllm.core.protocol import ImageGrid, ImageInput, ModelInfo
 
-_F = np.float32
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def _round(x: np.float32) -> int:
@@ -29,6 +29,9 @@ def _round(x: np.float32) -> int:
 
 def resized(grid: ImageGrid, width: int, height: int) -> tuple[int, int]:
     """The size llama.cpp resizes a width x height image to before its projector reads it."""
+    import numpy as np  # here: the frontend imports this module at start-up, and numpy only for an image's size
+
+    _F = np.float32
     a = grid.align
     w = max(a, _round(_F(width) / _F(a)) * a)
     h = max(a, _round(_F(height) / _F(a)) * a)

@@ -7,17 +7,22 @@ it names no pooling) and L2-normalised, so a dot product is the cosine similarit
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-import numpy as np
 from starlette.requests import Request
 
 from cllm.core.errors import ApiError
 from frontend_proc.core import generation
 from frontend_proc.core.state import ModelState
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 async def embed(st: ModelState, request: Request, value: str | list) -> tuple[np.ndarray, int]:
     """The vectors of the inputs (one row each) and their tokens in all."""
+    import numpy as np  # here, not at start-up: every frontend imports this module, few ask for embeddings
+
     inputs = _inputs(st, value, generation.engine_info(st).max_embedding_tokens)
     vectors = np.frombuffer(await _engine_vectors(st, request, inputs), np.float32).reshape(len(inputs), -1)
     return vectors, sum(map(len, inputs))

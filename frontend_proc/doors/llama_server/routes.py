@@ -14,7 +14,6 @@ frontend_proc.doors.llama_server.completion.
 from __future__ import annotations
 
 import os
-from importlib.metadata import version
 
 import llama_cpp as L
 from starlette.requests import Request
@@ -98,10 +97,16 @@ async def get_props(request: Request) -> Response:
             "chat_template": template.source,
             "bos_token": template.bos_token,
             "eos_token": template.eos_token,
-            "build_info": f"cllm {version('cllm')} (llama-cpp-python {L.__version__})",
+            "build_info": f"cllm {_version()} (llama-cpp-python {L.__version__})",
             "is_sleeping": False,
         }
     )
+
+
+def _version() -> str:
+    from importlib.metadata import version  # here: its import costs every frontend's start ~0.05 CPU s
+
+    return version("cllm")
 
 
 async def post_props(request: Request) -> Response:
