@@ -102,7 +102,7 @@ class ModelRunner:
         # Streams in device memory are copied on the device, in the next llama_decode's order: a save and
         # restore through host bytes would wait for the device and cross the bus twice.
         self._copy_through_host = mparams.n_gpu_layers == 0
-        self.threads.probe(self._probe_decode)
+        self.threads.probe()
         # llama.cpp's count of ubatches that reused the previous one's compute graph (PR 14482: same token
         # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
         self._n_reused = L.llama_perf_context(self.ctx).n_reused
@@ -180,16 +180,6 @@ class ModelRunner:
         self._moving.clear()
         n_reused = L.llama_perf_context(self.ctx).n_reused  # counted with no_perf too
         self.reused, self._n_reused = n_reused > self._n_reused, n_reused
-
-    def _probe_decode(self) -> tuple[float, float]:
-        """One token decoded into stream 0, which is emptied again: its wall and CPU seconds (Threads.probe)."""
-        b = self._b
-        b.token[0], b.pos[0], b.seq_id[0], b.logits[0] = max(0, L.llama_vocab_bos(self.vocab)), 0, 0, 0
-        cpu, wall = time.process_time(), time.perf_counter()
-        b.decode(self.ctx, 1)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        L.llama_memory_seq_rm(self.memory, 0, -1, -1)
-        return wall, cpu
 
     def synchronize(self) -> None:
         """Wait for the device to finish the last decode (a GPU's llama_decode returns before it does)."""

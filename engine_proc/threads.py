@@ -12,9 +12,12 @@ Threads that got less than SHARED of their CPUs over a WINDOW of decodes
 are more than the CPUs they get: the engine goes down to as many as it got.
 After a wait (doubled while the CPUs stay taken) it tries all of them again
 for a window, and keeps them if they run. A new engine judges its threads
-on a few one-token decodes before it serves (probe): its first request's
-first llama_decode can be long (a restarted server's next turn over a long
-history), and would otherwise run at the shared speed.
+before it serves (probe): its first request's first llama_decode can be long
+(a restarted server's next turn over a long history), and would otherwise
+run at the shared speed. It judges them on as many plain busy threads, not
+on llama.cpp's: beside busy programs one two-thread decode of one token took
+0.1 to 9 s of wall and up to 3 CPU s there, waiting at its barriers, which
+made a server's start-up there slow and dear (perf/results/2026-11-28-startup-probe.md).
 
 The count is not free of consequence: under flash attention llama.cpp's CPU
 decode of one query over 512 or more KV cells splits the cells between the
@@ -34,16 +37,41 @@ they ran out of work would lower it without sharing anything.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 
 WINDOW = 0.25  # seconds of decoding judged at once
-PROBE = 0.1  # seconds of one-token decodes a new engine judges its threads on
+PROBE = 0.05  # seconds a new engine keeps its threads' number of busy threads running to judge them
 SHARED = 0.7  # the threads' CPU share (CPU seconds ÷ wall seconds ÷ threads) below which they share CPUs
 FIRST_WAIT, LONGEST_WAIT = 2.0, 16.0  # seconds on fewer threads before trying all again
 
 log = logging.getLogger("cllm.engine")
+
+
+def busy(n: int, seconds: float) -> tuple[float, float]:
+    """``n`` threads kept busy for ``seconds``: the wall seconds and the process's CPU seconds meanwhile. They hash,
+    which runs outside the GIL as llama.cpp's threads do, and like those threads (which spin at their barriers)
+    they never sleep, so they get what the engine's threads would."""
+    block = bytes(1 << 20)  # ~1 ms of hashing a call: the GIL is held for ~0.1% of the time
+    start = threading.Barrier(n + 1)
+
+    def spin() -> None:
+        start.wait()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            hashlib.sha256(block)
+
+    workers = [threading.Thread(target=spin, daemon=True) for _ in range(n)]
+    for w in workers:
+        w.start()
+    start.wait()
+    wall, cpu = time.perf_counter(), time.process_time()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 class Threads:
@@ -64,18 +92,14 @@ class Threads:
         self._trying = False  # all threads again, for one window
         self._new_window()
 
-    def probe(self, decode: Callable[[], tuple[float, float]]) -> None:
-        """Judge the threads before the engine serves; ``decode`` runs one short llama_decode and gives its
-        wall and CPU seconds. Beside one busy program a 4,000-token conversation's next turn on a restarted
-        engine took 3-4x its time on the engine before, which had gone down to one thread
+    def probe(self, run: Callable[[int, float], tuple[float, float]] = busy) -> None:
+        """Judge the threads before the engine serves, on the CPU that as many busy threads get over PROBE
+        seconds (``run``: busy(), or a stand-in). Beside one busy program a 4,000-token conversation's next turn
+        on a restarted engine took 3-4x its time on the engine before, which had gone down to one thread
         (perf/results/2026-11-27-restart-cache-session9.md)."""
         if not self._follow:
             return
-        decode()  # the first starts llama.cpp's threads and touches its buffers: not what the threads get
-        wall = cpu = 0.0
-        while wall < PROBE:
-            w, c = decode()
-            wall, cpu = wall + w, cpu + c
+        wall, cpu = run(self.most, PROBE)
         self.decoded(wall, cpu, window=0.0)
 
     def decoded(self, wall: float, cpu: float, window: float = WINDOW) -> None:

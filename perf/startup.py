@@ -4,8 +4,9 @@ Each launch starts `cllm serve` (the embedded model unless the arguments name on
 tree on PYTHONPATH, waits for the line that says it serves, then sends one completion of one token. The figures:
 wall seconds to that line ("ready") and to the answer ("served"), and the CPU seconds (user + system) each of the
 three processes (supervisor, frontend, engine) had spent by then. Trees alternate (A B A B ...), so a shared
-machine's load falls on both alike. Usage:
-    .venv/bin/python -m perf.startup --tree main=/work/main --tree new=. [--rounds 4] [-- serve arguments]
+machine's load falls on both alike; --busy N keeps N busy programs (`yes`, in a session of their own) running
+through every launch, as other tests' servers do in `make test`. Usage:
+    .venv/bin/python -m perf.startup --tree main=/work/main --tree new=. [--rounds 4] [--busy 2] [-- serve arguments]
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", action="append", required=True, metavar="NAME=PATH", help="a tree to start, in turn")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--busy", type=int, default=0, help="busy programs beside every launch")
     ap.add_argument("serve_args", nargs="*", help="after --: cllm serve's arguments")
     a = ap.parse_args()
     trees = [t.split("=", 1) for t in a.tree]
@@ -83,7 +85,13 @@ def main() -> None:
     print("|---" * (len(keys) + 2) + "|")
     for r in range(a.rounds):
         for name, path in trees:
-            row = launch(path, a.serve_args)
+            busy = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, start_new_session=True) for _ in range(a.busy)]
+            try:
+                row = launch(path, a.serve_args)
+            finally:
+                for p in busy:
+                    p.kill()
+                    p.wait()
             rows[name].append(row)
             print(f"| {r + 1} | {name} | " + " | ".join(f"{row.get(k, 0.0):.2f}" for k in keys) + " |", flush=True)
     print()

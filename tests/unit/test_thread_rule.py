@@ -3,9 +3,6 @@ tests/test_threads.py)."""
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 from engine_proc import threads
 
 
@@ -103,41 +100,43 @@ def test_fixed_threads_never_change():
     assert applied == [] and rule.n == 2
 
 
-def probing(m: Machine, shares: list[float], seconds: float = 0.03, first: float = 0.3):
-    """A probe's decodes: the first ``shares`` given, then the last one's share on; the first, setting up,
-    takes ``first`` seconds, the others ``seconds``."""
-    done: list[Any] = []
+def probing(m: Machine, share: float):
+    """A stand-in for the probe's busy threads that got ``share`` of their CPUs; what it was asked."""
+    asked: list[tuple[int, float]] = []
 
-    def decode() -> tuple[float, float]:
-        share = shares[min(len(done), len(shares) - 1)]
-        wall = first if not done else seconds
-        done.append(share)
-        m.now += wall
-        return wall, share * wall * 2
+    def run(n: int, seconds: float) -> tuple[float, float]:
+        asked.append((n, seconds))
+        m.now += seconds
+        return seconds, share * seconds * n
 
-    return decode, done
+    return run, asked
 
 
-def test_a_new_engine_judges_its_threads_on_short_decodes_before_it_serves():
+def test_a_new_engine_judges_its_threads_on_busy_threads_before_it_serves():
     m = Machine()
     rule, applied = m.governor()
-    decode, done = probing(m, [1.0, 0.5])  # the first decode, setting up, is not counted
-    rule.probe(decode)
-    assert applied == [1] and len(done) == 1 + math.ceil(threads.PROBE / 0.03)
+    run, asked = probing(m, 0.5)
+    rule.probe(run)
+    assert asked == [(2, threads.PROBE)] and applied == [1]
     m.now += threads.FIRST_WAIT
     m.decode(rule, 1.0)
     assert applied == [1, 2]  # and all of them are tried again later, as after any judgement
 
     quiet = Machine()
     rule, applied = quiet.governor()
-    decode, done = probing(quiet, [0.1, 0.97])  # counted, the slow first decode alone would send it down
-    rule.probe(decode)
-    assert applied == [] and rule.n == 2
+    run, asked = probing(quiet, 0.97)
+    rule.probe(run)
+    assert asked == [(2, threads.PROBE)] and applied == [] and rule.n == 2
 
 
 def test_fixed_threads_are_not_probed():
     m = Machine()
     rule, applied = m.governor(follow=False)
-    decode, done = probing(m, [0.5])
-    rule.probe(decode)
-    assert done == [] and applied == []
+    run, asked = probing(m, 0.5)
+    rule.probe(run)
+    assert asked == [] and applied == []
+
+
+def test_the_probes_busy_threads_run_their_time_on_the_cpu():
+    wall, cpu = threads.busy(2, 0.02)
+    assert wall >= 0.02 and cpu > 0
