@@ -3,7 +3,9 @@
 Each launch starts `cllm serve` (the embedded model unless the arguments name one) from a tree's root with that
 tree on PYTHONPATH, waits for the line that says it serves, then sends one completion of one token. The figures:
 wall seconds to that line ("ready") and to the answer ("served"), and the CPU seconds (user + system) each of the
-three processes (supervisor, frontend, engine) had spent by then. Trees alternate (A B A B ...), so a shared
+three processes (supervisor, frontend, engine) had spent by then; then it stops the server (SIGTERM): the wall
+seconds that took ("stop") and the CPU seconds of the three over their whole life ("life", as a test that starts
+a server, asks it once and stops it spends them). Trees alternate (A B A B ...), so a shared
 machine's load falls on both alike; --busy N keeps N busy programs (`yes`, in a session of their own) running
 through every launch, as other tests' servers do in `make test`. Usage:
     .venv/bin/python -m perf.startup --tree main=/work/main --tree new=. [--rounds 4] [--busy 2] [-- serve arguments]
@@ -25,6 +27,7 @@ import psutil
 from perf.servers import free_port
 
 ROLES = ("supervisor", "frontend", "engine")
+KEYS = ("ready", "served", *ROLES, "cpu", "stop", "life")
 TIMEOUT = 180.0
 
 
@@ -32,6 +35,7 @@ def launch(tree: str, args: list[str]) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
     env.pop("CLLM_API_KEY", None)
     cmd = [sys.executable, "-m", "cllm.cli", "serve", "--port", str(free_port()), *args]
+    before = os.times()  # its children's figures: the supervisor's, which counts those it waited for
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     url: list[str] = []
@@ -61,12 +65,15 @@ def launch(tree: str, args: list[str]) -> dict[str, float]:
             times = p.cpu_times()
             row[role] = row.get(role, 0.0) + times.user + times.system
         row["cpu"] = sum(row.get(role, 0.0) for role in ROLES)
+        t_stop = time.monotonic()
+        proc.terminate()
+        proc.wait(30)
+        row["stop"] = time.monotonic() - t_stop
+        after = os.times()
+        row["life"] = after.children_user - before.children_user + after.children_system - before.children_system
         return row
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
 
@@ -80,7 +87,7 @@ def main() -> None:
     a = ap.parse_args()
     trees = [t.split("=", 1) for t in a.tree]
     rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
-    keys = ("ready", "served", *ROLES, "cpu")
+    keys = KEYS
     print("| round | tree | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 2) + "|")
     for r in range(a.rounds):
