@@ -7,7 +7,7 @@ when run together), and let the prefix cache copy a stream whole. With
 flash attention a one-token query's result still depends on the other
 streams in its ubatch, so decoding together can change greedy output;
 prefill is kept exact by the scheduler. llama.cpp puts only consecutive
-seq_ids in one ubatch, so the scheduler keeps running sequences in slots 0..n-1.
+seq_ids in one ubatch, so the scheduler keeps running sequences in one run of consecutive slots.
 """
 
 from __future__ import annotations

@@ -33,11 +33,11 @@ There are more KV streams (slots) than sequences may run: the ones no
 sequence holds keep finished sequences' cells for the cache.
 
 The decode batch lists the decoding sequences in slot order, and they are
-kept in slots 0..n-1 (n running): llama.cpp decodes a run of consecutive
-seq_ids in one graph, and a gap would split the step in two. New requests
-take the lowest free slot, or the slot of the cache entry they use; a gap
-left below n is closed by moving a decoding sequence from above it down into
-it, once no request waits that could fill it.
+kept in one run of consecutive slots: llama.cpp decodes a run of
+consecutive seq_ids in one graph, and a gap would split the step in two.
+Which slot a new request takes, what its prefix reuses and how a gap left
+by a departure closes (once no request waits that could fill it) are the
+KV streams' books (engine_proc/slots.py).
 
 Steady steps (on with GPU layers): llama.cpp reuses the step before's
 compute graph (and a GPU replays it as a CUDA graph) only when the decode
@@ -49,25 +49,17 @@ change (or a change has waited MAX_HOLD steps, or fewer than HOLD_MIN
 sequences decode while a request waits), the parked leave and the waiting start in their slots,
 right after the step's decode; their prefill and the next decode's new shape
 cost the one rebuild a wave makes.
-
-The scheduler keeps the KV streams' books: it asks ``kv`` (the model runner)
-to copy, trim or clear streams, and llama.cpp carries the copies out at the
-start of the next llama_decode, in the order they were asked for.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
-
-import numpy as np
 
 from engine_proc.disk_cache import DiskCache
-from engine_proc.host_cache import Stored
-from engine_proc.prefix_cache import Entry, Held, PrefixCache
+from engine_proc.prefix_cache import PrefixCache
 from engine_proc.sequence import Chunk, Sequence
+from engine_proc.slots import KvStreams, Slots
 
 # Prefill block of exact mode, in tokens: small blocks let the cache reuse
 # more of a prompt, large ones prefill a cold prompt faster. Outside exact
@@ -84,20 +76,8 @@ MAX_WAIT = 4
 HOLD_MIN = 8
 WAVE_SHARE = 4
 MAX_HOLD = 16
-
-
-class KvStreams(Protocol):
-    # dst := the cells of src before position `keep` (a Sequence's cell n is at its position(n))
-    def copy(self, src: int, dst: int, keep: int, at_once: bool = False) -> None: ...
-    def swap(self, a: int, b: int) -> None: ...  # trade the two streams' cells
-    def trim(self, slot: int, keep: int) -> None: ...  # drop the cells from position `keep` on
-    def clear(self, slot: int) -> None: ...
-    # Host RAM copies, at once rather than at the next decode: only of a stream
-    # no copy or swap asked this step reads or writes (a settled one).
-    def settled(self, slot: int) -> bool: ...
-    def save(self, slot: int) -> np.ndarray: ...
-    def restore(self, slot: int, data: np.ndarray) -> bool: ...
-    def can_move_at_once(self, slots) -> bool: ...  # streams in host memory, all of these settled
+# Steady steps: steps a request waits while fewer than HOLD_MIN decode (one: another arriving may start with it).
+RAMP_WAIT = 2
 
 
 @dataclass(slots=True)
@@ -130,31 +110,23 @@ class Scheduler:
         self.exact = exact or not prefix_cache
         self.kv = kv
         self.cache = PrefixCache(self.block if exact else 1, host_bytes, disk) if prefix_cache else None
+        self.slots = Slots(slots, kv, self.cache, self.exact, self.block)
         self.steps = 0  # schedule() calls
-        self.free_slots = list(range(slots))  # a heap: the lowest slot first
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in slot order after every schedule()
         self._ordered = True  # running is in slot order
-        self._held: Held | None = None  # this schedule()'s, built at its first admission
         # Steady steps (see the module's docstring): finished sequences parked in the decode batch until a wave.
         self.steady = False
         self.parked = 0
+        self.left: list[Sequence] = []  # parked sequences that left, whose chains on the device the engine frees
         self._pending_since: int | None = None  # the step since which a wave has had something to do
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
     def warm(self) -> bool:
-        """Idle before the first step, streams in device memory: a file the disk cache found at the start
-        goes into an empty stream (PrefixCache.warm). Once requests have run, the files left serve lookups
-        from disk; with streams in host memory they always do, as _fetch restores a file straight into the
-        stream its sequence takes, where a warmed stream would trade places with it: a save and a restore
-        of each, through scratch pages a new process has yet to touch, for a turn no faster on 2 CPU cores
-        (perf/results/2026-11-27-restart-cache-session9.md)."""
-        cache = self.cache
-        if self.steps or self.kv.can_move_at_once(self.free_slots):
-            return cache.warm(self.kv, [])
-        return cache.warm(self.kv, [s for s in self.free_slots if s not in cache.entries and self.kv.settled(s)])
+        """The idle engine's: a file the disk cache found at the start into an empty stream (Slots.warm)."""
+        return self.slots.warm(self.steps)
 
     def add(self, seq: Sequence) -> None:
         seq.arrived = self.steps
@@ -173,18 +145,12 @@ class Scheduler:
             self.running = [s for s in self.running if s.id not in ids]
             self.parked -= sum(s.parked for s in running)
             for seq in running:
-                heapq.heappush(self.free_slots, seq.slot)
-                keep = seq.image_edge(self._reusable(seq))  # not half an image
-                if self.cache is not None and keep:
-                    self.kv.trim(seq.slot, seq.position(keep))
-                    self.cache.keep(seq.slot, seq.known(keep))
-                else:
-                    self.kv.clear(seq.slot)
+                self.slots.release(seq)
         return gone + running
 
     def schedule(self) -> Step:
         self.steps += 1
-        self._held = None
+        self.slots.new_step()
         if self.steady and self.parked and not self.waiting and self._wave_due():  # nothing to pair their leaving with
             self._leave()
         decode = self.decode_batch()
@@ -242,26 +208,41 @@ class Scheduler:
         return prefill
 
     def _leave(self) -> None:
-        self.remove({s.id for s in self.running if s.parked})  # their samplers went when they were parked
+        self.left += self.remove({s.id for s in self.running if s.parked})
         self._pending_since = None
         if not self.waiting:  # no request takes their slots: the gaps close (a gap splits the decode in two)
             self._compact()
             self._sort()
 
     def _wave_due(self) -> bool:
-        """Whether the decode batch changes now: when it is small and a request waits (its first token does), or
-        nothing decodes but parked sequences; else once a quarter of the slots would change or a change has waited
-        MAX_HOLD steps. Parked sequences alone, with no request to take their slots, wait for a wave: as a run
-        drains, every departure at once would rebuild the graph at each (staggered c = 32: 80% of decode steps
-        reused it)."""
+        """Whether the decode batch changes now: when nothing decodes but parked sequences, or it is small and a
+        request has waited RAMP_WAIT steps (its first token does); else once a quarter of the slots would change,
+        or a request has waited for a change MAX_HOLD steps.
+
+        Every change costs a rebuild of the graph (a joining request's
+        prefill is a llama_decode of its own), so requests arriving a step
+        apart while few decode start in pairs, and parked sequences with no
+        request to take their slots wait for a quarter of the slots (at most
+        that many rows decode for nothing): as a run drains, every departure
+        at once would rebuild the graph at each (staggered c = 32: 80% of
+        decode steps reused it; 89% with the ramp's requests started one by
+        one and departures let go after MAX_HOLD steps).
+        """
         decoding = len(self.running) - self.parked
         changes = max(self.parked, min(len(self.waiting), self.parallel - decoding))
         if not changes:
             return False
         if self._pending_since is None:
             self._pending_since = self.steps
-        small = decoding < HOLD_MIN and (self.waiting or not decoding)
-        return small or changes * WAVE_SHARE >= self.parallel or self.steps - self._pending_since >= MAX_HOLD
+        if not decoding or changes * WAVE_SHARE >= self.parallel:
+            return True
+        if not self.waiting:
+            return False
+        return (
+            decoding < HOLD_MIN
+            and self.steps - self.waiting[0].arrived >= RAMP_WAIT
+            or self.steps - self._pending_since >= MAX_HOLD
+        )
 
     def _admit_waiting(self, budget: int, prefill: list[Chunk]) -> bool:
         """Start waiting requests, their first chunks into ``prefill``; whether running sequences changed slots."""
@@ -279,10 +260,18 @@ class Scheduler:
         ):
             admitted += 1
             seq = self.waiting.popleft()
-            continued = self._admit(seq) or continued
+            continued = self.slots.admit(seq, self.running) or continued
+            self.running.append(seq)
+            self._ordered = False
             budget = self._prefill(seq, budget, prefill)
         self._compact()
         return self._sort()
+
+    def _compact(self) -> None:
+        """Close the gaps in the running sequences' slots (Slots.compact), unless requests wait: the gaps are
+        theirs to fill (they could not all be admitted this step)."""
+        if not self.waiting and self.slots.compact(self.running):
+            self._ordered = False
 
     def _sort(self) -> bool:
         """Running sequences in slot order again; whether they had moved."""
@@ -316,153 +305,6 @@ class Scheduler:
             if image is not None:  # its own llama_decode, after the step's text (engine_proc/prefill_runs.py): the rest
                 break  # of the prompt waits for the next step, so that its cells come after the image's
         return budget
-
-    def _reusable(self, seq: Sequence) -> int:
-        """How many of the sequence's first tokens have KV cells a later prompt may reuse.
-
-        All that are filled, generated tokens included; in exact mode only
-        the prompt's complete blocks, the cells computed as a prefill computes them.
-        """
-        if self.exact:  # a scored prompt's chunks are not blocks
-            return 0 if seq.scored else min(seq.n_cached, len(seq.prompt)) // self.block * self.block
-        return seq.n_cached
-
-    def _held_now(self) -> Held:
-        """Slot -> the reusable tokens each running sequence's stream holds: built once a step, kept as
-        sequences are admitted (nothing else changes a running one's slot or tokens within schedule())."""
-        if self._held is None:
-            self._held = Held({s.slot: s.known(self._reusable(s)) for s in self.running})
-        return self._held
-
-    def _admit(self, seq: Sequence) -> bool:
-        """Start the sequence; whether it continues a cache entry."""
-        continues = False
-        if self.cache is None:
-            seq.slot = heapq.heappop(self.free_slots)
-        else:
-            seq.n_cached, continues = self._reuse_prefix(seq)
-            seq.reused = seq.n_cached
-            if self._held is not None:
-                self._held.add(seq.slot, seq.known(self._reusable(seq)))
-        self.running.append(seq)
-        self._ordered = False
-        return continues
-
-    def _reuse_prefix(self, seq: Sequence) -> tuple[int, bool]:
-        """Give the new sequence the lowest free slot and the longest cached prefix of its prompt.
-
-        Returns the prefix's length, and whether the sequence took over the entry it continues.
-
-        An entry the prompt extends (a chat's previous turn), or nearly (its
-        cells past the shared prefix are at most an eighth of it), becomes
-        the sequence's: it trades slots with whatever the lowest free slot
-        holds, so no entry is lost. Otherwise the sequence gets a copy of the
-        shared prefix, and an entry that shares only its start with the
-        prompt (a system prompt, say) keeps the rest for its own conversation.
-        An entry in host RAM that serves the prompt better than any stream is
-        first brought back into a free stream (see _fetch).
-        """
-        cache = self.cache
-        held = self._held_now()
-        prompt = seq.prompt[:1] if seq.scored else seq.prompt  # a scored prompt needs every token's logits
-        into = self.free_slots[0]  # the slot the sequence takes: _fetch leaves free_slots as they are
-        src, reuse, stored = cache.lookup(prompt, held, into=into)
-        if stored is not None:
-            src = self._fetch(stored, held, into)
-            if src < 0:  # no stream can take it this step: the best a stream holds, then
-                src, reuse, stored = cache.lookup(prompt, held, host=False, into=into)
-        reuse = seq.image_edge(reuse)
-        cache.count(reuse, stored, src)
-        slot = seq.slot = heapq.heappop(self.free_slots)
-        entry = cache.entries.get(src)
-        if entry is not None and (len(entry.tokens) - reuse) * 8 <= reuse:
-            if src != slot:
-                self._swap(src, slot)
-            del cache.entries[slot]
-            self.kv.trim(slot, seq.position(reuse))
-            return reuse, True
-        resident = cache.entries.pop(slot, None)
-        if resident is not None:  # it has cells the new sequence will not keep
-            self._rehome(slot, resident, held, exclude=src)
-        if src == slot:
-            self.kv.trim(slot, seq.position(reuse))
-        elif src >= 0:
-            self.kv.copy(src, slot, seq.position(reuse))
-        else:
-            self.kv.clear(slot)
-        return reuse, False
-
-    def _swap(self, a: int, b: int) -> None:
-        """Trade two streams' cells, and their cache entries."""
-        self.kv.swap(a, b)
-        ea, eb = self.cache.entries.pop(a, None), self.cache.entries.pop(b, None)
-        if ea is not None:
-            self.cache.entries[b] = ea
-        if eb is not None:
-            self.cache.entries[a] = eb
-
-    def _rehome(self, slot: int, entry: Entry, held: Held, exclude: int, at_once: bool = False) -> None:
-        """Move the entry out of ``slot`` before it is overwritten, or let it go (to host RAM if it has room)."""
-        dst, lost = self.cache.rehome(entry, [s for s in self.free_slots if s != exclude], held)
-        if lost is not None:
-            self._stash(slot if dst < 0 else dst, lost, held)
-        if dst >= 0:
-            self.kv.copy(slot, dst, len(entry.tokens), at_once)
-
-    def _stash(self, slot: int, entry: Entry, held: Held) -> None:
-        """Copy the cells of an entry about to lose its stream to host RAM, if they are worth it."""
-        if self.cache.worth_keeping(entry, held) and self.kv.settled(slot):
-            self.cache.host.put(entry.tokens, self.kv.save(slot))
-
-    def _fetch(self, stored: Stored, held: Held, into: int) -> int:
-        """Bring an entry back from host RAM or a file into a free stream; that stream, -1 if none can take it now.
-
-        Into ``into``, the slot the new sequence takes, when the free streams' cells can move at once (what
-        it holds moves out of the way first): the sequence then uses the cells where they land. Anywhere
-        else, they would then trade places with that slot's, a save and a restore of each (on a quiet
-        16-core CPU a 4,000-token conversation's next turn after a restart went from 0.17-0.21 s to
-        0.16-0.17 s). Else into the settled free slot worth least.
-        """
-        cache = self.cache
-        here = self.kv.can_move_at_once(self.free_slots)
-        dst = into if here else cache.victim([s for s in self.free_slots if self.kv.settled(s)], held)
-        if dst < 0:
-            return -1
-        cache.host.take(stored)  # first: room for what it displaces
-        lost = cache.entries.pop(dst, None)
-        if lost is not None and here:
-            self._rehome(dst, lost, held, exclude=dst, at_once=True)
-        elif lost is not None:
-            self._stash(dst, lost, held)
-        if not self.kv.restore(dst, stored.data):
-            self.kv.clear(dst)
-            return -1
-        cache.keep(dst, stored.tokens)
-        return dst
-
-    def _compact(self) -> None:
-        """Move decoding sequences above slot n-1 down into the free slots below.
-
-        A cache entry in the way trades places with the sequence. While
-        requests wait, the gaps are theirs to fill (they could not all be
-        admitted this step).
-        """
-        n = len(self.running)
-        if self.waiting or not self.free_slots or self.free_slots[0] >= n:
-            return  # no gap below the top slot
-        for seq in sorted(self.running, key=lambda s: s.slot, reverse=True):
-            if seq.slot < n or self.free_slots[0] >= n:
-                break
-            if seq.prefilling:  # not in the decode batch yet: it moves once it decodes
-                continue
-            hole = heapq.heappushpop(self.free_slots, seq.slot)
-            if self.cache is not None and hole in self.cache.entries:
-                self._swap(hole, seq.slot)
-            else:
-                self.kv.copy(seq.slot, hole, seq.position(seq.n_cached))
-                self.kv.clear(seq.slot)
-            seq.slot = hole
-            self._ordered = False
 
     def finish_reason(self, seq: Sequence, token: int, is_eog: bool) -> str | None:
         """Record the sampled token; say why the sequence ends, if it does."""

@@ -26,7 +26,8 @@ import numpy as np
 
 from cllm.core.protocol import SlotAction, SlotDone
 from engine_proc.kv_file import check_cells, file_head, read_tokens, write_file
-from engine_proc.scheduler import KvStreams, Scheduler
+from engine_proc.scheduler import Scheduler
+from engine_proc.slots import KvStreams
 
 
 class SlotFiles:

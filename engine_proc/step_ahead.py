@@ -39,7 +39,6 @@ class StepAhead:
         self.ahead: Ahead | None = None  # collected, its tokens not recorded
         self.inflight: list[Chunk] | None = None  # the batch of the decode on the decode thread
         self.landed: list[SeqOutput] = []  # outputs of a decode that ran ahead, recorded by abort()
-        self.unfreed: list[Sequence] = []  # parked while it ran, their chains on the device freed once it ends
 
     def next_decode(self, embedding: bool) -> list[Chunk] | None:
         """A steady step's next decode batch, when it is known before the step's result goes out: no prompt
@@ -79,17 +78,13 @@ class StepAhead:
             timer.lap("llama_decode")
         tokens = self.sampler.sample_rows([c.seq.sampler for c in chunks], list(range(-len(chunks), 0)))
         self.ahead = Ahead(chunks, tokens)
-        if self.unfreed:
-            self.recorder.free_parked(self.unfreed)
-            self.unfreed = []
 
     def land(self, ahead: Ahead, outputs: list[SeqOutput]) -> int:
         """Record the tokens of the decode that ran ahead; its finished sequences are parked. How many finished."""
         done: list[Sequence] = []
         self.recorder.record(ahead.chunks, list(range(-len(ahead.chunks), 0)), ahead.tokens, outputs, done)
         finished = len(done)
-        # A chain on the device is detached from the context when freed: not while a decode uses the context.
-        self.recorder.park(done, self.unfreed if self.inflight is not None else None)
+        self.recorder.park(done)  # chains on the device stay attached: nothing changes the context while it decodes
         return finished
 
     def abort(self, gone: set[int]) -> None:

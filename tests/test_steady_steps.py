@@ -153,7 +153,8 @@ def test_decodes_run_ahead_lose_no_token_abort_or_seed(tok):
 def test_decodes_run_ahead_with_the_chains_on_the_device(tok, monkeypatch):
     """With --device-sampling on the decode runs a step ahead too (StepAhead.next_decode), each sequence's chain
     attached to its slot and sampling inside the decodes launched ahead: the greedy text of the host's synchronous
-    step, a seeded request its text again, and no chain attached or detached while a decode uses the context."""
+    step, a seeded request its text again, and no chain attached or detached while a decode uses the context, nor
+    a parked sequence's."""
     import llama_cpp as L
 
     from engine_proc.step_timer import StepTimer
@@ -169,6 +170,10 @@ def test_decodes_run_ahead_with_the_chains_on_the_device(tok, monkeypatch):
 
     def checked(ctx, slot, chain):
         assert engine.lookahead.inflight is None, "a chain attached or detached while a decode ran"
+        # A detached chain changes the context's samplers, and the next decode's graph is built anew: a parked
+        # sequence keeps its chain until it leaves in a wave (Recorder.park).
+        parked = [s.id for s in engine.scheduler.running if s.parked and s.slot == slot]
+        assert chain is not None or not parked, f"the chain of parked sequence {parked} detached"
         attached.append(chain is not None)
         return set_sampler(ctx, slot, chain)
 

@@ -26,7 +26,8 @@ from engine_proc.disk_cache import HOLD_WRITES, SUFFIX, DiskCache, fingerprint
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Sequence
 from tests.conftest import wait_until
-from tests.unit.test_scheduler import TokenFiles, run
+from tests.unit.test_scheduler import run
+from tests.unit.test_slots import TokenFiles
 
 IDENT = {"model": "a", "kv": "f16"}
 MIB = 1 << 20
