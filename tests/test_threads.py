@@ -24,9 +24,12 @@ def _engine(**settings) -> LLMEngine:
     return LLMEngine(resolve_model(None), ServeConfig(parallel=2, ctx_size=4096, prefix_cache=False, **settings))
 
 
-def _greedy(engine: LLMEngine, prompts: list[list[int]], first_id: int) -> list[list]:
-    """Each prompt's 48 greedy tokens with their top-2 logprobs, decoded together."""
+def _greedy(engine: LLMEngine, prompts: list[list[int]], first_id: int, decode_on: int = 0) -> list[list]:
+    """Each prompt's 48 greedy tokens with their top-2 logprobs, decoded together; ``decode_on``: the prompts
+    prefilled on one thread, then decoded on that many."""
     got: dict[int, list] = {first_id + i: [] for i in range(len(prompts))}
+    if decode_on:
+        engine.runner.set_threads(1)
     for i, prompt in enumerate(prompts):
         engine.add(
             Submit(first_id + i, prompt, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logprobs=2))
@@ -35,6 +38,8 @@ def _greedy(engine: LLMEngine, prompts: list[list[int]], first_id: int) -> list[
         for out in (o for result in engine.step() for o in result.outputs):
             if out.token is not None:
                 got[out.id].append((out.token, out.logprobs))
+        if decode_on and all(got.values()):
+            engine.runner.set_threads(decode_on)
     return [got[first_id + i] for i in range(len(prompts))]
 
 
@@ -55,16 +60,19 @@ def test_the_thread_count_changes_no_output(tok):
 
 @needs_cpus
 def test_without_flash_attention_the_thread_count_changes_no_output_past_512_cells(tok):
-    """Flash attention splits a decode over 512+ cells between the threads; the plain attention does not."""
+    """Flash attention splits a decode over 512+ cells between the threads; the plain attention does not.
+
+    The decodes are what is compared: both runs prefill on one thread (a prefill's thread count is the test
+    above's), as two held threads beside a busy program took several times as long over the prompt.
+    """
     engine = _engine(fixed_threads=True, flash_attn="off")
     try:
         prompt = tok.encode(
             "Notes on price. " + " ".join(f"Fact {i}: the price of item {i} is {i * 7 % 13}." for i in range(33))
         )
         assert len(prompt) > 512  # just past them (518 tokens): every decode reads 512+ cells, no prefill to spare
-        all_threads = _greedy(engine, [prompt], 1)
-        engine.runner.set_threads(1)
-        one = _greedy(engine, [prompt], 10)
+        all_threads = _greedy(engine, [prompt], 1, decode_on=engine.runner.threads.most)
+        one = _greedy(engine, [prompt], 10, decode_on=1)
     finally:
         engine.close()
     assert one == all_threads
