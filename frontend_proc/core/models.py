@@ -21,7 +21,6 @@ import time
 from typing import Any, cast
 
 import msgspec
-import psutil
 
 from cllm.core.errors import RETRY_AFTER, ApiError
 from cllm.core.launch import ModelSlot
@@ -225,6 +224,8 @@ class ModelPool:
         config = model.spec.config
         kv = kv_cache_bytes(model.state.tokenizer.model, config.kv_cells, config.cache_type_k, config.cache_type_v)
         need = model_bytes(model.spec.path) + kv * len(model.clients)
+        import psutil  # here: only a registry's loads need it, and its import costs every start ~0.02 CPU s
+
         available = psutil.virtual_memory().available
         if need > available:
             raise ApiError(

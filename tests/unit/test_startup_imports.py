@@ -17,7 +17,10 @@ from tests.conftest import ROOT
 # module -> (what it must have imported, so the check means something; what it must not have)
 PROCESSES = {
     # llama-cpp-python's high-level layer (numpy, jinja2, its chat formats), numpy, importlib.metadata
-    "frontend_proc.main": (["llama_cpp.llama_cpp", "jinja2"], ["llama_cpp.llama", "numpy", "importlib.metadata"]),
+    "frontend_proc.main": (
+        ["llama_cpp.llama_cpp", "jinja2"],
+        ["llama_cpp.llama", "numpy", "importlib.metadata", "psutil"],
+    ),
     "engine_proc.main": (["llama_cpp.llama_cpp", "numpy"], ["llama_cpp.llama", "jinja2", "importlib.metadata"]),
     "cllm.supervisor": (["msgspec"], ["llama_cpp", "numpy", "importlib.metadata"]),
     "cllm.cli": (["msgspec"], ["llama_cpp", "numpy", "importlib.metadata"]),
@@ -56,3 +59,15 @@ assert "llama_cpp.llama" not in sys.modules  # the version is read, not run
 assert llama_cpp.Llama.__name__ == "Llama" and llama_cpp.LlamaGrammar  # the rest of the __init__, on first use
 """
     assert "llama_cpp.llama" in imported(code)
+
+
+def test_the_frontends_uvicorn_loads_no_websocket_library():
+    code = """
+from starlette.applications import Starlette
+from cllm.core.config import ServeConfig
+from frontend_proc.main import uvicorn_config
+uvicorn_config(Starlette(), ServeConfig()).load()
+"""
+    loaded = imported(code)
+    assert "uvicorn.protocols.http.httptools_impl" in loaded  # load() ran
+    assert not [m for m in loaded if m.startswith(("websockets", "wsproto", "uvicorn.protocols.websockets"))]
