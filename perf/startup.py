@@ -7,8 +7,10 @@ three processes (supervisor, frontend, engine) had spent by then; then it stops 
 seconds that took ("stop") and the CPU seconds of the three over their whole life ("life", as a test that starts
 a server, asks it once and stops it spends them). Trees alternate (A B A B ...), so a shared
 machine's load falls on both alike; --busy N keeps N busy programs (`yes`, in a session of their own) running
-through every launch, as other tests' servers do in `make test`. Usage:
-    .venv/bin/python -m perf.startup --tree main=/work/main --tree new=. [--rounds 4] [--busy 2] [-- serve arguments]
+through every launch, as other tests' servers do in `make test`; --together N starts N servers of a tree at once
+(as make test's workers do; "life" is then the N servers' CPU over their lives divided by N). Usage:
+    .venv/bin/python -m perf.startup --tree main=/work/main --tree new=. [--rounds 4] [--busy 2] [--together 4]
+        [-- serve arguments]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
@@ -78,11 +81,25 @@ def launch(tree: str, args: list[str]) -> dict[str, float]:
             proc.wait()
 
 
+def together(tree: str, args: list[str], n: int) -> list[dict[str, float]]:
+    if n == 1:
+        return [launch(tree, args)]
+    before = os.times()
+    with ThreadPoolExecutor(n) as pool:
+        rows = list(pool.map(lambda _: launch(tree, args), range(n)))
+    after = os.times()
+    life = after.children_user - before.children_user + after.children_system - before.children_system
+    for row in rows:
+        row["life"] = life / n  # each launch's own figure counted the others' that ended meanwhile
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", action="append", required=True, metavar="NAME=PATH", help="a tree to start, in turn")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--busy", type=int, default=0, help="busy programs beside every launch")
+    ap.add_argument("--together", type=int, default=1, help="servers of a tree started at once")
     ap.add_argument("serve_args", nargs="*", help="after --: cllm serve's arguments")
     a = ap.parse_args()
     trees = [t.split("=", 1) for t in a.tree]
@@ -94,13 +111,14 @@ def main() -> None:
         for name, path in trees:
             busy = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, start_new_session=True) for _ in range(a.busy)]
             try:
-                row = launch(path, a.serve_args)
+                got = together(path, a.serve_args, a.together)
             finally:
                 for p in busy:
                     p.kill()
                     p.wait()
-            rows[name].append(row)
-            print(f"| {r + 1} | {name} | " + " | ".join(f"{row.get(k, 0.0):.2f}" for k in keys) + " |", flush=True)
+            for row in got:
+                rows[name].append(row)
+                print(f"| {r + 1} | {name} | " + " | ".join(f"{row.get(k, 0.0):.2f}" for k in keys) + " |", flush=True)
     print()
     print("| tree | " + " | ".join(f"{k} median (min-max)" for k in keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
