@@ -99,11 +99,11 @@ def test_bench_engine_staggers_arrivals_and_counts_reused_graphs():
 def test_steady_batches_keep_the_graph_and_every_token():
     from cllm.bench.engine_bench import gen_lengths
 
-    args = ("engine", "-n", "24", "-c", "12", "-p", "12", "-g", "16", "--arrivals", "staggered")
+    args = ("engine", "-n", "12", "-c", "6", "-p", "12", "-g", "16", "--arrivals", "staggered")
     steady, plain = bench(*args, "--steady", "on"), bench(*args, "--steady", "off")
     assert steady["steady"] and not plain["steady"]
     # Parked sequences give no token: every request its own length, no more.
-    assert steady["generated_tokens"] == plain["generated_tokens"] == sum(gen_lengths(24, 16, True))
+    assert steady["generated_tokens"] == plain["generated_tokens"] == sum(gen_lengths(12, 16, True))
     share = lambda r: r["reused_steps"] / r["decode_steps"]  # noqa: E731
     assert share(steady) > share(plain) + 0.15, (share(steady), share(plain))
     # Steady decodes run a step ahead: recording the tokens before (retire) is done while the next one runs.
