@@ -44,8 +44,9 @@ NOT_EXTRA   := -m "not ray and not docker"
 # The unit layer loads no plugin of the fuzzing tools (hypothesis, schemathesis): their imports took longer than its tests.
 UNIT_LAYER  := $(PY) -m pytest -q -p no:schemathesis -p no:hypothesispytest -p no:anyio tests/unit $(NOT_EXTRA)
 # The model layer's files in worker processes (pytest-xdist), one file a worker so that a module's server stays
-# one: most of its tests wait on a server pinned to one or two threads, so two workers keep two cores busy.
-MODEL_LAYER := $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile tests --ignore=tests/unit --ignore=tests/browser $(NOT_EXTRA)
+# one: most of its tests wait on a server pinned to one or two threads, so two workers keep two cores busy. Files
+# go out in tests/conftest.py's order (the longest first), so both workers finish together.
+MODEL_LAYER := $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder tests --ignore=tests/unit --ignore=tests/browser $(NOT_EXTRA)
 
 test: install
 	$(UNIT_LAYER)

@@ -38,7 +38,39 @@ UNIT = os.path.join(ROOT, "tests", "unit")
 MODEL_FIXTURES = {"engine", "tok", "server", "http", "oai", "keyed"}
 
 
+# The model layer's longest files, longest first (a fresh clone's `--durations` under load, 2026-11-28). With
+# `--dist loadfile --no-loadscope-reorder` xdist hands files out in collection order; its default order (most tests
+# first) left these few-test, long files to the end, one worker running them while the other sat idle.
+LONGEST_FIRST = (
+    "test_steady_steps.py",
+    "test_speculative.py",
+    "test_threads.py",
+    "test_prefix_cache_exact.py",
+    "test_prefix_cache.py",
+    "test_damaged_cache_files.py",
+    "test_disk_cache.py",
+    "test_bench.py",
+    "test_cache_warming.py",
+    "test_hub_serve.py",
+    "test_pool.py",
+    "test_embeddings.py",
+)
+
+
+def _file_rank(items) -> dict[str, tuple[int, int]]:
+    """The longest files first, then the rest by their number of tests, most first (xdist's own default)."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.path.name] = counts.get(item.path.name, 0) + 1
+    return {
+        name: (LONGEST_FIRST.index(name), 0) if name in LONGEST_FIRST else (len(LONGEST_FIRST), -n)
+        for name, n in counts.items()
+    }
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = _file_rank(items)
+    items.sort(key=lambda item: rank[item.path.name])  # stable: a file's own tests keep their order
     for item in items:
         if not str(item.path).startswith(UNIT + os.sep):
             continue
