@@ -186,7 +186,7 @@ class LLMEngine:
                     outputs.append(error)
         refused = len(outputs) > refused
         step = self.scheduler.schedule()
-        self._free_left()
+        self.recorder.free_left()
         # Drafts only in steps without prompt work: those are compute-bound already.
         drafting = self.drafter is not None and bool(step.decode) and not step.prefill
         if drafting:
@@ -202,7 +202,7 @@ class LLMEngine:
                 parked += len(done)
                 self.recorder.park(done)
             step.prefill += self.scheduler.wave()
-            self._free_left()
+            self.recorder.free_left()
             if timer:
                 timer.lap("schedule")
         first, later = prefill_runs(step.prefill, self.scheduler.exact)
@@ -298,13 +298,6 @@ class LLMEngine:
         if timer:
             timer.start()
         self._collect(t0)
-
-    def _free_left(self) -> None:
-        """The chains of parked sequences that left, while no decode runs: freeing one on the device detaches it
-        from the context (Recorder.park)."""
-        if self.scheduler.left:
-            self.recorder.free_parked(self.scheduler.left)
-            self.scheduler.left = []
 
     def _settle(self) -> None:
         """A decode launched by a step that was left before its end (the process stopping) ends before the

@@ -28,7 +28,7 @@ found into its empty streams (warm).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from msgspec.structs import replace
@@ -86,21 +86,19 @@ class Held:
     def __init__(self, tokens: dict[int, np.ndarray]):
         self._slots: list[int] = list(tokens)
         self._arrays: list[np.ndarray] = list(tokens.values())
-        self._lengths = [len(a) for a in self._arrays]
         self._heads = heads_of(self._arrays)
-        self._longest = max(self._lengths, default=0)
+        self._longest = max(map(len, self._arrays), default=0)
 
     def add(self, slot: int, tokens: np.ndarray) -> None:
         """A sequence admitted into ``slot`` (a free one: no running sequence's)."""
         self._slots.append(slot)
         self._arrays.append(tokens)
-        self._lengths.append(len(tokens))
         self._heads = np.concatenate((self._heads, heads_of([tokens])))
         self._longest = max(self._longest, len(tokens))
 
-    def prefixes(self, prompt: np.ndarray) -> tuple[list[int], list[int], np.ndarray]:
-        """The slots and token counts of the running sequences, and the prefix each shares with ``prompt``."""
-        return self._slots, self._lengths, prefix_lengths(prompt, self._heads, self._arrays)
+    def prefixes(self, prompt: np.ndarray) -> list[tuple[int, np.ndarray, int]]:
+        """(slot, tokens, shared prefix) of every running sequence."""
+        return list(zip(self._slots, self._arrays, prefix_lengths(prompt, self._heads, self._arrays).tolist()))
 
     def holds(self, prefix: np.ndarray) -> bool:
         """Whether a running sequence's tokens begin with all of ``prefix``."""
@@ -115,10 +113,6 @@ class Entry:
     last_used: int
     persisted: bool = False  # handed to the disk cache, or passed over
     warmed: bool = False  # brought from a file while the engine was idle, and not reused since
-    head: np.ndarray = field(init=False)  # its first PROBE tokens as a row of heads_of, made once
-
-    def __post_init__(self):
-        self.head = heads_of([self.tokens])[0]
 
 
 class PrefixCache:
@@ -220,22 +214,18 @@ class PrefixCache:
         first new token.
         """
         longest = len(prompt) - 1
-        # Every entry and running sequence ranked at once (a wave admits up to --parallel requests, each
-        # looking through as many of both): by (tokens shared, is an entry, is into, fewer tokens), the
-        # first of equals.
-        entries = list(self.entries.values())
-        running_slots, running_lengths, running_shared = running.prefixes(prompt)
-        slots = np.array([*self.entries, *running_slots], np.intp)
-        lengths = np.array([*(len(e.tokens) for e in entries), *running_lengths], np.intp)
-        shared = running_shared
-        if entries:
-            heads = np.stack([e.head for e in entries])
-            shared = np.concatenate((prefix_lengths(prompt, heads, [e.tokens for e in entries]), shared))
-        n = np.minimum(shared, longest) // self.unit * self.unit
-        order = np.arange(len(n))
-        ranked = np.lexsort((-order, -lengths, slots == into, order < len(entries), n))
-        best = ranked[-1] if len(ranked) else -1
-        src, reuse = (int(slots[best]), int(n[best])) if best >= 0 and n[best] > 0 else (-1, 0)
+        entries = list(self.entries.items())
+        arrays = [e.tokens for _, e in entries]
+        shared = prefix_lengths(prompt, heads_of(arrays), arrays).tolist() if entries else []
+        candidates = [(slot, e.tokens, True, n) for (slot, e), n in zip(entries, shared)]
+        candidates += [(slot, tokens, False, n) for slot, tokens, n in running.prefixes(prompt)]
+        src, best = -1, (0,)
+        for slot, tokens, is_entry, shared_n in candidates:
+            n = min(shared_n, longest) // self.unit * self.unit
+            rank = (n, is_entry, slot == into, -len(tokens))
+            if n and rank > best:
+                src, best = slot, rank
+        reuse = best[0]
         while host and self.host is not None:
             stored, n = self.host.lookup(prompt, longest, self.unit)
             if n < reuse + RESTORE_GAIN:

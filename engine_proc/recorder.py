@@ -117,6 +117,11 @@ class Recorder:
             self.scheduler.park(seq)
         done.clear()
 
+    def free_left(self) -> None:
+        """The chains of parked sequences that left (Scheduler.left); only while no decode runs (see park)."""
+        self.free_parked(self.scheduler.left)
+        self.scheduler.left = []
+
     def free_parked(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
             self.sampler.free(seq.sampler)
