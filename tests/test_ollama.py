@@ -13,6 +13,10 @@ from tests.test_pool import write_config
 
 NAME = "SmolLM2-135M-Instruct.Q4_1:latest"
 FEW = {"num_predict": 8, "temperature": 0}
+# Its greedy reply runs far past FEW's 8 tokens. The capital of France's is "The capital of France is Paris." on
+# some servers, 7 tokens and the end: its first token is a near tie ("L" -1.92 against "The" -2.01 in logprob) that
+# the state a shared server is in can flip.
+LONG = "Describe the city of Paris in detail."
 WEATHER = {
     "type": "function",
     "function": {
@@ -49,7 +53,7 @@ def test_tags_show_and_ps_describe_the_model_alike(client):
 
 
 def test_chat_whole(client):
-    r = client.chat(NAME, messages=ask("What is the capital of France?"), stream=False, options=FEW)
+    r = client.chat(NAME, messages=ask(LONG), stream=False, options=FEW)
     assert r.done and r.done_reason == "length" and r.message.role == "assistant" and r.message.content
     assert r.eval_count == 8 and r.prompt_eval_count > 10
     assert r.total_duration >= r.eval_duration > 0 and r.prompt_eval_duration > 0 and r.load_duration >= 0
@@ -82,7 +86,7 @@ def test_ignore_eos_runs_to_num_predict(client):
 
 
 def test_generate_templated_raw_and_stop(client):
-    r = client.generate(NAME, "What is the capital of France?", options=FEW)
+    r = client.generate(NAME, LONG, options=FEW)
     assert r.done and r.response and r.eval_count == 8
     raw = client.generate(NAME, "The capital of France is", raw=True, options={**FEW, "stop": ["."]})
     assert "Paris" in raw.response and "." not in raw.response and raw.done_reason == "stop"
