@@ -119,8 +119,9 @@ class Recorder:
 
     def free_left(self) -> None:
         """The chains of parked sequences that left (Scheduler.left); only while no decode runs (see park)."""
-        self.free_parked(self.scheduler.left)
-        self.scheduler.left = []
+        if self.scheduler.left:
+            self.free_parked(self.scheduler.left)
+            self.scheduler.left = []
 
     def free_parked(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

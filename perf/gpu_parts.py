@@ -19,6 +19,7 @@ import psutil
 
 from cllm.bench import dialects, http_load
 from perf import servers
+from perf.memory import MIB, gpu_bytes
 
 DRY = os.environ.get("GPU_RUN_DRY") == "1"
 PROMPT = 26
@@ -108,16 +109,10 @@ def memory(pid: int, baseline: int) -> dict:
             pass
     vram = None
     if shutil.which("nvidia-smi"):
+        used = gpu_bytes()
         try:
-            out = subprocess.run(
-                ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-            ).stdout
-            used = {int(a): int(b) for a, b in (line.split(",") for line in out.strip().splitlines() if "," in line)}
             # A VM or container may list no processes: then the device's use less what it used before any server.
-            vram = sum(used.get(p, 0) for p in pids) if any(p in used for p in pids) else gpu_used() - baseline
+            vram = sum(used.get(p, 0) for p in pids) // MIB if any(p in used for p in pids) else gpu_used() - baseline
         except (subprocess.SubprocessError, ValueError):
             pass
     return {"rss_mib": round(rss / 2**20), "vram_mib": vram}

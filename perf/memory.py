@@ -82,7 +82,7 @@ def _peak(p: psutil.Process) -> int:
     return 0
 
 
-def _gpu_bytes() -> dict[int, int]:
+def gpu_bytes() -> dict[int, int]:
     """pid -> GPU memory in use, where nvidia-smi answers; empty otherwise."""
     if shutil.which("nvidia-smi") is None:
         return {}
@@ -105,7 +105,7 @@ def _gpu_bytes() -> dict[int, int]:
 
 def measure(pid: int) -> list[dict]:
     """A row of figures (bytes) for the process and each of its descendants."""
-    gpu = _gpu_bytes()
+    gpu = gpu_bytes()
     rows = []
     root = psutil.Process(pid)
     for p in [root, *root.children(recursive=True)]:
