@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import importlib.util
 import itertools
 import logging
@@ -23,31 +24,20 @@ from cllm.core.launch import Launch, from_argv
 from cllm.core.log import setup_logging
 from cllm.core.protocol import EngineExited
 from cllm.core.registry import is_pool
-from frontend_proc.core.models import ModelPool
+from frontend_proc.core.pool import ModelPool
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Tokenizer
-from frontend_proc.doors.anthropic import messages as anthropic
-from frontend_proc.doors.cllm import routes as cllm
-from frontend_proc.doors.cllm import status as cllm_status
-from frontend_proc.doors.embeddings import routes as embeddings
-from frontend_proc.doors.llama_server import completion as llama_server_completion
-from frontend_proc.doors.llama_server import models as llama_server_models
-from frontend_proc.doors.llama_server import routes as llama_server
-from frontend_proc.doors.ollama import chat as ollama_chat
-from frontend_proc.doors.ollama import embed as ollama_embed
-from frontend_proc.doors.ollama import loading as ollama_loading
-from frontend_proc.doors.ollama import models as ollama_models
-from frontend_proc.doors.openai import chat as openai_chat
-from frontend_proc.doors.openai import completions as openai
-from frontend_proc.doors.openai import models as openai_models
-from frontend_proc.doors.responses import responses
-from frontend_proc.doors.responses.store import ResponseStore
 from frontend_proc.engine.client import EngineClient
 from frontend_proc.engine.metrics import Metrics
-from frontend_proc.http.app import build_app
+from frontend_proc.http.app import Door, build_app
 from frontend_proc.http.server import ServerState
 
 log = logging.getLogger("cllm.frontend")
+
+# The doors (frontend_proc.doors.<name>), in the order their routes match and GET / lists them. A door is its package,
+# which exports a Door, and its name here: nothing else in the process names it.
+DOORS = ("cllm", "openai", "embeddings", "llama_server", "anthropic", "responses", "ollama")
+_doors: list[Door] = [importlib.import_module(f"frontend_proc.doors.{name}").door for name in DOORS]
 
 
 class _Server(uvicorn.Server):
@@ -94,23 +84,6 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         config=config,
         metrics=metrics,
         pool=pool,
-        operations=[
-            *cllm_status.operations,
-            *cllm.operations,
-            *openai_models.operations,
-            *openai.operations,
-            *openai_chat.operations,
-            *embeddings.operations,
-            *llama_server.operations,
-            *llama_server_completion.operations,
-            *llama_server_models.operations,
-            *anthropic.operations,
-            *responses.operations,
-            *ollama_models.operations,
-            *ollama_chat.operations,
-            *ollama_embed.operations,
-            *ollama_loading.operations,
-        ],
         api_key=os.environ.pop("CLLM_API_KEY", None),
         generation=launch.generation,
     )
@@ -129,8 +102,7 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         loop.remove_reader(launch.lifeline)
         pool.stop()
 
-    app = build_app(srv, default_state, lifespan)
-    app.state.responses = ResponseStore(metrics.registry)  # the Responses API's, every model's (responses.store)
+    app = build_app(srv, default_state, _doors, lifespan)
     return app, pool
 
 

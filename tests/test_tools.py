@@ -22,11 +22,11 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from cllm.core.model_file import embedded_model_path
-from frontend_proc.chat.chat import render, tool_plan
 from frontend_proc.chat.tools import GENERIC, HARMONY, HERMES, trigger_pattern
+from frontend_proc.chat.turn import render, tool_plan
 from frontend_proc.core.template import ChatTemplate
 from frontend_proc.core.tokenizer import Tokenizer
-from frontend_proc.doors.openai.chat import chat_request
+from frontend_proc.doors.openai.chat_completions import chat_request
 from frontend_proc.doors.openai.schemas import ChatCompletionRequest
 from tests.conftest import start_server, wait_idle
 

@@ -2,7 +2,7 @@
 
 A door turns its wire format's image (an OpenAI data URI, Anthropic's or Ollama's base64, a URL) into an `Image`
 with one of the helpers here and puts it in a message's content list beside the text; it decodes nothing itself.
-The chat layer (frontend_proc.chat.chat) fetches what is a URL (only when the operator allows it), checks every
+The chat layer (frontend_proc.chat.turn) fetches what is a URL (only when the operator allows it), checks every
 image with cllm.core.images.check, renders the template with a marker where each one goes, and splits the prompt
 there. Malformed data gets a 400 naming the field it came in.
 """

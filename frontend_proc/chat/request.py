@@ -2,7 +2,7 @@
 
 A door (OpenAI chat completions, Anthropic Messages, OpenAI Responses, and
 the next one) reads its wire format into a ChatRequest and hands it to
-frontend_proc.chat.chat; nothing below the doors knows any door's schemas. The
+frontend_proc.chat.turn; nothing below the doors knows any door's schemas. The
 messages are those chat templates know: role, content (a string, or a list of strings and
 frontend_proc.chat.images.Image parts), and for calls `tool_calls` on an assistant message and
 `tool_call_id` on a tool message.

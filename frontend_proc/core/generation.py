@@ -1,6 +1,6 @@
 """The one generation path behind every API: limits, submit, stop strings, n choices, hang-ups.
 
-Every door starts here (the chat doors through frontend_proc.chat.chat) and differs
+Every door starts here (the chat doors through frontend_proc.chat.turn) and differs
 only in how it formats what comes back. A request becomes one engine sequence per choice
 (n per prompt); each choice's tokens are detokenized as they arrive and, when
 the request has stop strings, cut at the first one (the engine is told to stop

@@ -1,6 +1,6 @@
 """Structured output, whatever the door: the grammar a JSON output or a client's own GBNF grammar asks for.
 
-The chat layer adds the tools' grammar on top (frontend_proc.chat.chat.constraint); the other doors use
+The chat layer adds the tools' grammar on top (frontend_proc.chat.turn.constraint); the other doors use
 ``grammar_for`` as it is.
 """
 

@@ -8,6 +8,9 @@ deadline, a client that hangs up).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -22,6 +25,15 @@ from frontend_proc.http.guard import OPEN_PATHS, Guard
 from frontend_proc.http.observe import ObserveMiddleware
 from frontend_proc.http.openapi import Operation, document
 from frontend_proc.http.server import ServerState
+
+
+@dataclass(frozen=True)
+class Door:
+    """What a door package (frontend_proc.doors.<api>) exports as `door`: its routes, each with what the OpenAPI
+    document says of it, and what it keeps on the app beside them (the Responses API's store)."""
+
+    operations: list[Operation]
+    keep: Callable[[Starlette], None] | None = None  # run once on the built app
 
 
 def ok(data) -> Response:
@@ -64,9 +76,9 @@ async def _openapi(request: Request) -> Response:
     return Response(srv.openapi, media_type="application/json")
 
 
-def build_app(srv: ServerState, default: ModelState, lifespan) -> Starlette:
+def build_app(srv: ServerState, default: ModelState, doors: list[Door], lifespan) -> Starlette:
     srv.operations = [
-        *srv.operations,
+        *(op for door in doors for op in door.operations),
         Operation("GET", "/openapi.json", _openapi, "this API as an OpenAPI 3.1 document", response=dict),
     ]
     app = Starlette(
@@ -80,4 +92,7 @@ def build_app(srv: ServerState, default: ModelState, lifespan) -> Starlette:
         exception_handlers={ApiError: _on_api_error, HTTPException: _on_http_error},  # type: ignore[dict-item]
     )
     app.state.server, app.state.default = srv, default
+    for door in doors:
+        if door.keep is not None:
+            door.keep(app)
     return app

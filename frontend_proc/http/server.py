@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from cllm.core.config import ServeConfig
-from frontend_proc.core.models import ModelPool
+from frontend_proc.core.pool import ModelPool
 from frontend_proc.engine.metrics import Metrics
 from frontend_proc.http.openapi import Operation
 
@@ -20,8 +20,8 @@ class ServerState:
     config: ServeConfig
     metrics: Metrics
     pool: ModelPool  # every model; the default's state is the one routes that name none read
-    operations: list[Operation]  # every route, and what the OpenAPI document says of it
     api_key: str | None = None
     generation: int = 0  # times the frontend was restarted
     started_at: float = field(default_factory=time.monotonic)
+    operations: list[Operation] = field(default_factory=list)  # every route and what the OpenAPI document says of it
     openapi: bytes = b""  # the document, built on first request

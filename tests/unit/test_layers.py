@@ -2,7 +2,7 @@
 inside functions included), no circle among the project's modules, nothing in the shared bottom reaching
 up or into a web framework, neither process package reaching into the other, the frontend's layers each
 importing only those below it (and a door no other door), no door file too long to read in one sitting,
-and no unit test loading the model.
+the frontend built from one table of doors that names no door's module, and no unit test loading the model.
 
 Each rule is a function of the import graph, tried on a made-up graph too, so that an empty answer on the
 real one means something."""
@@ -265,3 +265,69 @@ def test_no_door_file_is_over_its_length():
             if n > DOOR_LINES:
                 long[module] = n
     assert long == {}
+
+
+def doors_in(folder: str) -> set[str]:
+    """The door packages: the folders under frontend_proc/doors/ with an __init__.py."""
+    return {d for d in os.listdir(folder) if os.path.isfile(os.path.join(folder, d, "__init__.py"))}
+
+
+def against_the_door_table(main_source: str, doors: set[str]) -> list[str]:
+    """What frontend_proc/main.py does against its table of doors: an import that names a door or a door's module
+    (the table names them, as strings), or a table that is not every door exactly once."""
+    tree = ast.parse(main_source)
+    wrong = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        wrong += [f"imports {n}" for n in names if under(n, (DOORS,))]
+    tables = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DOORS" for t in node.targets)
+    ]
+    if len(tables) != 1:
+        return [*wrong, "no one DOORS table"]
+    table = list(ast.literal_eval(tables[0]))
+    wrong += [f"{name} twice in DOORS" for name in sorted(set(table)) if table.count(name) > 1]
+    wrong += [f"{name} in DOORS is no door" for name in sorted(set(table) - doors)]
+    wrong += [f"door {name} not in DOORS" for name in sorted(doors - set(table))]
+    return wrong
+
+
+def test_the_door_table_rule_finds_what_it_should():
+    source = """
+from frontend_proc.doors.a import routes
+from frontend_proc.doors import b
+import frontend_proc.doors.c.writer
+from frontend_proc.http.app import Door
+DOORS = ("a", "b", "a", "x")
+"""
+    assert against_the_door_table(source, {"a", "b", "c"}) == [
+        "imports frontend_proc.doors.a.routes",
+        "imports frontend_proc.doors.b",
+        "imports frontend_proc.doors.c.writer",
+        "a twice in DOORS",
+        "x in DOORS is no door",
+        "door c not in DOORS",
+    ]
+    assert against_the_door_table('DOORS = ("a", "b")', {"a", "b"}) == []
+    assert against_the_door_table("import os", set()) == ["no one DOORS table"]
+
+
+def test_the_frontend_is_built_from_one_table_of_doors():
+    """An added door is its own package and a name in frontend_proc/main.py's DOORS: main.py imports no door's
+    module, and each door exports its routes as `door` from its package."""
+    folder = os.path.join(ROOT, "frontend_proc", "doors")
+    with open(os.path.join(ROOT, "frontend_proc", "main.py")) as f:
+        assert against_the_door_table(f.read(), doors_in(folder)) == []
+    exporting = set()
+    for name in doors_in(folder):
+        with open(os.path.join(folder, name, "__init__.py")) as f:
+            body = ast.parse(f.read()).body
+        if any(isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == ["door"] for n in body):
+            exporting.add(name)
+    assert exporting == doors_in(folder)

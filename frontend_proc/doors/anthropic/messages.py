@@ -1,7 +1,7 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
 
 Claude Code and the `anthropic` SDK speak it. A door: the request is read
-into a ChatRequest for the chat layer (frontend_proc.chat.chat), and the reply's
+into a ChatRequest for the chat layer (frontend_proc.chat.turn), and the reply's
 parts (frontend_proc.chat.reply) are written as content blocks (thinking, text,
 tool_use), whole or as Anthropic's stream of events (frontend_proc.http.lifecycle).
 Errors take Anthropic's shape (errors.py).
@@ -15,14 +15,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import invalid
-from frontend_proc.chat import chat
+from frontend_proc.chat import turn
 from frontend_proc.chat.images import Image, from_base64, from_url
 from frontend_proc.chat.reply import CALL, CONTENT
 from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call
 from frontend_proc.chat.tools import Tool
 from frontend_proc.core.output import JsonOutput
 from frontend_proc.core.sampling import REST
-from frontend_proc.doors.anthropic.reply import Stream, arguments, content_block, message_object, stop_reason
 from frontend_proc.doors.anthropic.schemas import (
     CountTokensRequest,
     DocumentBlock,
@@ -36,6 +35,7 @@ from frontend_proc.doors.anthropic.schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from frontend_proc.doors.anthropic.writer import Stream, arguments, content_block, message_object, stop_reason
 from frontend_proc.http import lifecycle
 from frontend_proc.http.app import model_state
 from frontend_proc.http.body import decode_body
@@ -132,8 +132,8 @@ async def messages(request: Request) -> Response:
     st = await model_state(request, body.model)
     req = chat_request(body, body.max_tokens)
     req.stops, req.stream = body.stop_sequences or (), body.stream
-    prompt = await chat.prompt(st, req)
-    gen = await chat.start(st, req, prompt)
+    prompt = await turn.prompt(st, req)
+    gen = await turn.start(st, req, prompt)
     if body.stream:
         return lifecycle.stream(gen, Stream(gen, prompt.reply(), st.model_id))
     (text,) = await lifecycle.whole(request, gen)
@@ -153,7 +153,7 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     body = await decode_body(request, CountTokensRequest)
-    prompt = await chat.prompt(await model_state(request, body.model), chat_request(body))
+    prompt = await turn.prompt(await model_state(request, body.model), chat_request(body))
     return json_response({"input_tokens": prompt.positions})
 
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError
 from cllm.core.protocol import ModelInfo
 from frontend_proc.core import generation
-from frontend_proc.core.generation import Choice, Generation
+from frontend_proc.core.generation import Generation
 from frontend_proc.doors.cllm.schemas import (
     EncodeRequest,
     EncodeResult,
@@ -19,15 +16,11 @@ from frontend_proc.doors.cllm.schemas import (
     Ok,
     StreamEvent,
 )
+from frontend_proc.doors.cllm.writer import Stream, result
 from frontend_proc.http import lifecycle
 from frontend_proc.http.app import model_state, ok, state
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation
-from frontend_proc.http.sse import sse
-
-
-def _request_id(choice: Choice) -> str:
-    return f"cllm-{choice.stream.id}"
 
 
 async def _start(request: Request, body: GenerateRequest, stream: bool) -> Generation:
@@ -41,20 +34,7 @@ async def generate(request: Request) -> Response:
         return await _stream(request, body)
     gen = await _start(request, body, stream=False)
     [text] = await lifecycle.whole(request, gen)
-    choice = gen.choices[0]
-    elapsed = time.perf_counter() - choice.stream.t_submit
-    return ok(
-        GenerateResult(
-            id=_request_id(choice),
-            text=text,
-            response_time=round(elapsed, 6),
-            tokens_per_second=round(choice.n_tokens / elapsed, 3) if elapsed > 0 else 0.0,
-            generated_tokens=choice.n_tokens,
-            prompt_tokens=gen.prompt_tokens,
-            max_tokens=body.max_tokens,
-            finish_reason=choice.finish,
-        )
-    )
+    return ok(result(gen, text, body.max_tokens))
 
 
 async def generate_stream(request: Request) -> Response:
@@ -63,25 +43,7 @@ async def generate_stream(request: Request) -> Response:
 
 async def _stream(request: Request, body: GenerateRequest) -> Response:
     gen = await _start(request, body, stream=True)
-    return lifecycle.stream(gen, _Stream(gen.choices[0]))
-
-
-class _Stream(lifecycle.Stream):
-    """A StreamEvent per piece, then one that says it is done (or what went wrong)."""
-
-    def __init__(self, choice: Choice):
-        self.choice, self.rid = choice, _request_id(choice)
-
-    def piece(self, choice: Choice, text: str | None) -> bytes:
-        return sse(StreamEvent(self.rid, text, False)) if text is not None else b""
-
-    def end(self) -> bytes:
-        return sse(
-            StreamEvent(self.rid, "", True, generated_tokens=self.choice.n_tokens, finish_reason=self.choice.finish)
-        )
-
-    def error(self, e: ApiError) -> bytes:
-        return sse(StreamEvent(self.rid, "", True, error=e.error, message=e.message))
+    return lifecycle.stream(gen, Stream(gen.choices[0]))
 
 
 async def encode(request: Request) -> Response:

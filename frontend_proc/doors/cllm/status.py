@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from cllm.core.errors import ApiError
 from cllm.core.protocol import PrefixCacheStats
-from frontend_proc.core.models import ModelPool
+from frontend_proc.core.pool import ModelPool
 from frontend_proc.doors.cllm import chat_page
 from frontend_proc.doors.cllm.schemas import (
     Components,

@@ -22,16 +22,16 @@ from starlette.responses import Response
 
 from cllm.core.errors import ApiError, invalid
 from cllm.core.protocol import ImageInput, SamplingParams
-from frontend_proc.chat import chat
+from frontend_proc.chat import turn
 from frontend_proc.chat.images import SHOWN_MARKER, from_base64, split
 from frontend_proc.core import generation
 from frontend_proc.core.output import GrammarOutput, JsonOutput, grammar_for
 from frontend_proc.core.sampling import REST
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import fim_tokens
-from frontend_proc.doors.llama_server.answer import Answer, Stream, nothing, settings
 from frontend_proc.doors.llama_server.infill import infill_prompt, missing_fim
 from frontend_proc.doors.llama_server.schemas import CompletionBody, CompletionFields, InfillBody, MultimodalPrompt
+from frontend_proc.doors.llama_server.writer import Answer, Stream, nothing, settings
 from frontend_proc.http import lifecycle
 from frontend_proc.http.app import state
 from frontend_proc.http.body import decode_body
@@ -55,7 +55,7 @@ async def prompts_of(st: ModelState, prompt) -> tuple[list[list[int]], list[Imag
         found = [from_base64(data, f"{param}[{i}]") for i, data in enumerate(prompt.multimodal_data)]
         if not found:
             return [st.tokenizer.encode(prompt.prompt_string)], []
-        data = await chat.image_bytes(st, found)
+        data = await turn.image_bytes(st, found)
         tokens, inputs = split(st.tokenizer.encode, prompt.prompt_string, SHOWN_MARKER, data, "prompt.prompt_string")
         return [tokens], inputs
     return plain_prompts(st, prompt), []

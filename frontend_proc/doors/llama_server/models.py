@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError
-from frontend_proc.core.models import Model, ModelPool, card
+from frontend_proc.core.pool import Model, ModelPool, card
 from frontend_proc.http.app import server
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response

@@ -1,5 +1,5 @@
 """llama-server's own small routes, in its shapes: /tokenize, /detokenize, /props, /slots (/apply-template reads
-OpenAI's chat body: frontend_proc.doors.openai.chat).
+OpenAI's chat body: frontend_proc.doors.openai.chat_completions).
 
 POST /slots/{id}?action=save|restore|erase (with --slot-save-path) acts on
 the engine's KV stream behind that slot: see engine_proc/slot_files.py.

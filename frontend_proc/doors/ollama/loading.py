@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError, invalid
-from frontend_proc.core.models import Model
+from frontend_proc.core.pool import Model
 from frontend_proc.core.state import ModelState
 from frontend_proc.doors.ollama.models import now
 from frontend_proc.doors.ollama.schemas import seconds

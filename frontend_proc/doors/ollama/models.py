@@ -25,7 +25,7 @@ from starlette.responses import Response
 from cllm.core.errors import ApiError
 from cllm.core.llama_log import silence_llama_logs
 from cllm.core.model_file import model_bytes
-from frontend_proc.core.models import Model
+from frontend_proc.core.pool import Model
 from frontend_proc.core.sampling import Sampling
 from frontend_proc.core.tokenizer import fim_tokens
 from frontend_proc.doors.ollama.schemas import ShowBody

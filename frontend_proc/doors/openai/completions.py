@@ -1,8 +1,8 @@
 """OpenAI's completions: POST /v1/completions.
 
 Completions go straight down frontend_proc.core.generation, as /generate does
-(chat completions are frontend_proc.doors.openai.chat); both answer through
-frontend_proc.doors.openai.shared.
+(chat completions are frontend_proc.doors.openai.chat_completions); both answer through
+frontend_proc.doors.openai.writer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from frontend_proc.core.output import grammar_for
 from frontend_proc.core.sampling import check_logit_bias
 from frontend_proc.core.state import ModelState
 from frontend_proc.doors.openai.schemas import CompletionRequest
-from frontend_proc.doors.openai.shared import output, respond_openai, response_head
+from frontend_proc.doors.openai.writer import output, respond_openai, response_head
 from frontend_proc.http.app import model_state
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.openapi import GENERATE_ERRORS, Operation

@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from cllm.core.errors import ApiError
 from frontend_proc.core import generation
-from frontend_proc.core.models import card
+from frontend_proc.core.pool import card
 from frontend_proc.http.app import server, state
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import Operation

@@ -1,7 +1,7 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
 
 Codex CLI and the OpenAI Agents SDK speak it. A door, like /v1/messages: input
-items are read into a ChatRequest for the chat layer (frontend_proc.chat.chat), and
+items are read into a ChatRequest for the chat layer (frontend_proc.chat.turn), and
 the reply's parts (frontend_proc.chat.reply) are written as output items
 (reasoning, message, function_call), whole or as the API's numbered stream of
 events (frontend_proc.http.lifecycle). A stored response (store, the default) lets
@@ -17,13 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError, invalid
-from frontend_proc.chat import chat
+from frontend_proc.chat import turn
 from frontend_proc.chat.images import Image, from_url
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, join
 from frontend_proc.chat.request import ChatRequest, Fields, not_text, template_call, tool
 from frontend_proc.core.output import JsonOutput
 from frontend_proc.core.sampling import REST
-from frontend_proc.doors.responses.output import finish, output_item, response_object
 from frontend_proc.doors.responses.schemas import (
     FormatJsonObject,
     FormatJsonSchema,
@@ -37,7 +36,7 @@ from frontend_proc.doors.responses.schemas import (
     item,
 )
 from frontend_proc.doors.responses.store import Stored, store
-from frontend_proc.doors.responses.stream import Stream
+from frontend_proc.doors.responses.writer import Stream, finish, output_item, response_object
 from frontend_proc.http import lifecycle
 from frontend_proc.http.app import model_state
 from frontend_proc.http.body import decode_body
@@ -134,8 +133,8 @@ async def create(request: Request) -> Response:
     if not conversation:
         raise invalid("input is empty", "input")
     req = chat_request(body, conversation)
-    prompt = await chat.prompt(st, req)
-    gen = await chat.start(st, req, prompt)
+    prompt = await turn.prompt(st, req)
+    gen = await turn.start(st, req, prompt)
     response = response_object(f"resp_{secrets.token_hex(12)}", body, st.model_id)
     if body.stream:
         return lifecycle.stream(gen, Stream(st, stored, gen, prompt.reply(), response, conversation))

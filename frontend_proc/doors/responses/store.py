@@ -76,5 +76,5 @@ class ResponseStore:
 
 
 def store(request: Request) -> ResponseStore:
-    """The process's store (every model's; frontend_proc.main puts it on the app)."""
+    """The process's store (every model's; the door keeps it on the app)."""
     return request.app.state.responses

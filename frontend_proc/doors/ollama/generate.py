@@ -1,7 +1,7 @@
 """Ollama's POST /api/chat and /api/generate (its other routes: embed, loading, models).
 
 Open WebUI's Ollama connection, the `ollama` clients and LangChain's ChatOllama speak it. The body is read into a
-ChatRequest for the chat layer (frontend_proc.chat.chat), and the reply's parts (frontend_proc.chat.reply) are
+ChatRequest for the chat layer (frontend_proc.chat.turn), and the reply's parts (frontend_proc.chat.reply) are
 written as Ollama's message (content, thinking, tool_calls with object arguments), whole or as its stream of JSON
 lines, the last one done with the timings in nanoseconds. Errors take Ollama's shape, {"error": "..."}.
 """
@@ -18,19 +18,19 @@ from starlette.responses import Response
 
 from cllm.core.errors import invalid
 from cllm.core.protocol import SamplingParams
-from frontend_proc.chat import chat
+from frontend_proc.chat import turn
 from frontend_proc.chat.images import from_base64
 from frontend_proc.chat.reply import CONTENT, REASONING, join
 from frontend_proc.chat.request import ChatRequest, Fields, template_call, tool
 from frontend_proc.core import generation
-from frontend_proc.core.models import Model
 from frontend_proc.core.output import JsonOutput
+from frontend_proc.core.pool import Model
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import fim_tokens
 from frontend_proc.doors.ollama.loading import keep_alive, load_only, loaded_state, unloads
 from frontend_proc.doors.ollama.models import find
-from frontend_proc.doors.ollama.reply import NDJSON, Stream, Writer, done, tool_calls
 from frontend_proc.doors.ollama.schemas import NO_OPTIONS, ChatBody, GenerateBody, Message, Options
+from frontend_proc.doors.ollama.writer import NDJSON, Stream, Writer, done, tool_calls
 from frontend_proc.http import lifecycle
 from frontend_proc.http.app import server
 from frontend_proc.http.body import decode_body
@@ -108,7 +108,7 @@ def _request(body: ChatBody | GenerateBody, messages: list[dict], st: ModelState
     )
 
 
-async def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest) -> chat.ChatPrompt:
+async def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest) -> turn.ChatPrompt:
     """The prompt of /api/generate: the chat template around it, or (raw, suffix) its text as it is."""
     if body.template:
         raise invalid(
@@ -117,7 +117,7 @@ async def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest)
             "template",
         )
     if body.suffix is None and not body.raw:
-        return await chat.prompt(st, req)
+        return await turn.prompt(st, req)
     if body.images:
         raise invalid("images need the chat template: a raw or suffix prompt has no place marked for them", "images")
     if body.system:
@@ -132,7 +132,7 @@ async def _generate_prompt(body: GenerateBody, st: ModelState, req: ChatRequest)
             )
         pre, suf, mid = (L.llama_vocab_get_text(vocab, t).decode() for t in fim)  # encoded back as the control tokens
         text = f"{pre}{body.prompt}{suf}{body.suffix}{mid}"
-    return chat.ChatPrompt(st, text, chat.tool_plan(req, st.chat_template, st.tokenizer.vocab))
+    return turn.ChatPrompt(st, text, turn.tool_plan(req, st.chat_template, st.tokenizer.vocab))
 
 
 async def _respond(
@@ -140,13 +140,13 @@ async def _respond(
     body,
     st: ModelState,
     req: ChatRequest,
-    prompt: chat.ChatPrompt,
+    prompt: turn.ChatPrompt,
     model: Model,
     keep,
     t0: int,
     load_ns: int,
 ):
-    gen = await chat.start(st, req, prompt)
+    gen = await turn.start(st, req, prompt)
     writer, reply = Writer(body.model, isinstance(body, ChatBody)), prompt.reply()
     after = BackgroundTask(server(request).pool.unload, model, "keep-alive") if unloads(request, model, keep) else None
     if body.stream:
@@ -175,7 +175,7 @@ async def chat_route(request: Request) -> Response:
     st, load_ns = await loaded_state(request, model, keep)
     tools = [tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()]
     req = _request(body, _messages(body.messages), st, tools)
-    return await _respond(request, body, st, req, await chat.prompt(st, req), model, keep, t0, load_ns)
+    return await _respond(request, body, st, req, await turn.prompt(st, req), model, keep, t0, load_ns)
 
 
 async def generate(request: Request) -> Response:

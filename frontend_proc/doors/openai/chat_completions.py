@@ -1,9 +1,9 @@
 """OpenAI's chat completions: POST /v1/chat/completions.
 
 A door: the body is read into a ChatRequest for the chat layer
-(frontend_proc.chat.chat), and each choice's reply parts (frontend_proc.chat.reply) are
+(frontend_proc.chat.turn), and each choice's reply parts (frontend_proc.chat.reply) are
 written as OpenAI's message, or as its deltas in the chunks that
-frontend_proc.doors.openai.shared streams.
+frontend_proc.doors.openai.writer streams.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import invalid
-from frontend_proc.chat import chat
+from frontend_proc.chat import turn
 from frontend_proc.chat.reply import CALL, CONTENT, REASONING, Reply, join
 from frontend_proc.chat.request import ChatRequest, Fields, tool
 from frontend_proc.core.generation import Choice
 from frontend_proc.core.sampling import REST
 from frontend_proc.core.state import ModelState
 from frontend_proc.doors.openai.schemas import ChatCompletionRequest, MessageError
-from frontend_proc.doors.openai.shared import output, respond_openai, response_head
+from frontend_proc.doors.openai.writer import output, respond_openai, response_head
 from frontend_proc.http.app import model_state, state
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
@@ -114,8 +114,8 @@ async def chat_completions(request: Request) -> Response:
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     req = chat_request(body)
-    prompt = await chat.prompt(st, req)
-    gen = await chat.start(st, req, prompt)
+    prompt = await turn.prompt(st, req)
+    gen = await turn.start(st, req, prompt)
     head = response_head(gen, "chatcmpl", "chat.completion.chunk" if body.stream else "chat.completion", st)
     replies = [prompt.reply() for _ in gen.choices]
 
@@ -167,8 +167,8 @@ async def apply_template(request: Request) -> Response:
     body = await decode_body(request, ChatCompletionRequest)
     st = state(request)
     req = chat_request(body)
-    plan = chat.tool_plan(req, st.chat_template, st.tokenizer.vocab)
-    return json_response(TemplateResult(chat.render(st.chat_template, req, plan)))
+    plan = turn.tool_plan(req, st.chat_template, st.tokenizer.vocab)
+    return json_response(TemplateResult(turn.render(st.chat_template, req, plan)))
 
 
 operations = [

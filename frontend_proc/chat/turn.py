@@ -1,4 +1,4 @@
-"""The chat layer below every chat door: a ChatRequest to prompt tokens, a grammar and a Generation.
+"""A chat turn below every chat door: a ChatRequest made prompt tokens, a grammar and a Generation.
 
 A door reads its body into a frontend_proc.chat.request.ChatRequest; here its
 tools are planned (frontend_proc.chat.tools), its messages rendered with the
