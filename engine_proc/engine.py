@@ -1,13 +1,13 @@
 """The engine: one step = schedule (and draft), run (llama_decode, sample), postprocess (record, retire).
 
 ``step()`` yields StepResults: the first tokens of streamed prompts as soon
-as their llama_decode call ends (engine_proc/prefill_runs.py), then the step's own
+as their llama_decode call ends (engine_proc/run/prefill_runs.py), then the step's own
 result, with its embeddings and whether the frontend must wake for it.
 
-The parts live beside it: the tokens recorded (engine_proc/recorder.py),
-requests with images made ready (engine_proc/image_intake.py), and with
+The parts live beside it: the tokens recorded (engine_proc/step/recorder.py),
+requests with images made ready (engine_proc/vision/image_intake.py), and with
 steady steps the decode run one step ahead, its tokens recorded, and
-written to the ring, while llama.cpp computes (engine_proc/step_ahead.py,
+written to the ring, while llama.cpp computes (engine_proc/step/ahead.py,
 run by _step_ahead).
 """
 
@@ -16,26 +16,30 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from msgspec.structs import replace
 
 from cllm.core.config import ServeConfig
-from cllm.core.protocol import Embed, Embeddings, EngineStats, ModelInfo, SeqOutput, Submit
-from engine_proc.disk_cache import fingerprint, identity, open_disk_cache
-from engine_proc.drafter import Drafter
-from engine_proc.embedder import Embedder
-from engine_proc.image_intake import NO_PROJECTOR, ImageIntake
-from engine_proc.model_runner import ModelRunner
-from engine_proc.prefill_runs import prefill_runs
-from engine_proc.recorder import Recorder
-from engine_proc.sampler import GrammarError, Sampler
+from cllm.core.protocol import Embed, Embeddings, EngineStats, ModelInfo, SeqOutput, SlotDone, Submit
+from engine_proc.kv.disk_cache import fingerprint, identity, open_disk_cache
+from engine_proc.kv.slot_files import SlotFiles
+from engine_proc.run.embedder import Embedder
+from engine_proc.run.model_runner import ModelRunner
+from engine_proc.run.prefill_runs import prefill_runs
+from engine_proc.sampling.sampler import GrammarError, Sampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, ImageSpan, Sequence
-from engine_proc.slot_files import SlotFiles
-from engine_proc.step_ahead import Ahead, StepAhead
-from engine_proc.step_timer import StepTimer
+from engine_proc.step.ahead import Ahead, StepAhead
+from engine_proc.step.drafter import Drafter
+from engine_proc.step.recorder import Recorder
+from engine_proc.step.timer import StepTimer
 
+if TYPE_CHECKING:
+    from engine_proc.vision.image_intake import ImageIntake
+
+NO_PROJECTOR = "this model takes no images: start it with --mmproj (a vision projector)"
 # While sequences decode, embeddings get at most this fraction (1/n) of a step's budget.
 EMBED_SHARE = 4
 
@@ -51,7 +55,11 @@ class StepResult:
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig):
         self.runner = ModelRunner(model_path, config)
-        self.images = ImageIntake(self.runner, config) if config.mmproj else None
+        self.images: ImageIntake | None = None
+        if config.mmproj:  # engine_proc/vision/ is imported only here: a text model's engine loads none of it
+            from engine_proc.vision.image_intake import ImageIntake
+
+            self.images = ImageIntake(self.runner, config)
         self.vision = self.images.vision if self.images is not None else None  # the projector, for tests and tools
         # Sampling on the device: with --device-sampling on, or auto and GPU layers; never beside drafts, whose rows
         # are verified one by one.
@@ -76,7 +84,7 @@ class LLMEngine:
         # llama-server's slot actions, their files keyed as the disk cache's (with or without --cache-dir)
         r = self.runner
         ident = identity(model_path, config, r.seq_ctx, r.token_budget, r.info.gpu_layers, r.n_streams)
-        self.slots = SlotFiles(self.scheduler, self.runner, fingerprint(ident))
+        self.slots = SlotFiles(config.parallel, self.scheduler.cache, self.runner, fingerprint(ident))
         self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
         # Steady decode batches where a reused graph pays: on a GPU (CUDA graphs), and never beside drafts,
         # whose verification changes the batch's shape every step. On the CPU a parked row costs what a
@@ -328,7 +336,7 @@ class LLMEngine:
             for c in chunks:
                 if c.samples:
                     self.sampler.attach(c.seq.sampler, c.seq.slot)
-        if chunks[0].image is not None:  # alone in its call (engine_proc/prefill_runs.py)
+        if chunks[0].image is not None:  # alone in its call (engine_proc/run/prefill_runs.py)
             c = chunks[0]
             rows: list[int | None] = [-1 if c.samples else None]
             k0, k1 = c.start - c.image.start, c.end - c.image.start
@@ -356,6 +364,10 @@ class LLMEngine:
         self.recorder.record(chunks, rows, tokens, outputs, done)
         if timer:
             timer.lap("retire")
+
+    def slot_actions(self) -> list[SlotDone]:
+        """The pending slot actions whose streams no sequence runs in, done (SlotFiles.run)."""
+        return self.slots.run({s.slot for s in self.scheduler.running})
 
     def persist_wait(self) -> float | None:
         """Seconds the idle engine may wait before persist has work (None: as long as it likes)."""

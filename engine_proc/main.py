@@ -26,7 +26,7 @@ from cllm.core.protocol import (
 )
 from cllm.core.ring import Ring
 from engine_proc.engine import LLMEngine
-from engine_proc.model_runner import ModelLoadError
+from engine_proc.run.model_runner import ModelLoadError
 
 STATS_INTERVAL = 1.0  # seconds between EngineStats (and lifeline checks) while busy
 MIB = 1 << 20
@@ -130,7 +130,7 @@ def main() -> int:
                     send(engine.stats())
                     stats_due = time.monotonic() + STATS_INTERVAL
             if engine.slots.pending:  # slot actions, between steps: those whose streams no sequence runs in
-                for done in engine.slots.run():
+                for done in engine.slot_actions():
                     send(done)
                     reported = False  # the cache's figures changed
     except _Stop:

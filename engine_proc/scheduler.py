@@ -10,7 +10,7 @@ A step starts at most one request that continues a cache entry (its
 prompt extends the entry's tokens: a chat's next turn, an agent's next
 call), and besides it any that has waited MAX_WAIT steps. The engine
 already sends a step's first tokens call by call (see
-engine_proc/prefill_runs.py), but conversations whose turns arrive together and
+engine_proc/run/prefill_runs.py), but conversations whose turns arrive together and
 start together also decode in lockstep, and their next turns collide again:
 each then waits for the whole burst's prefill. Started a step apart, they
 drift apart. Requests start in arrival order, so the others (a shared
@@ -37,7 +37,7 @@ kept in one run of consecutive slots: llama.cpp decodes a run of
 consecutive seq_ids in one graph, and a gap would split the step in two.
 Which slot a new request takes, what its prefix reuses and how a gap left
 by a departure closes (once no request waits that could fill it) are the
-KV streams' books (engine_proc/slots.py).
+KV streams' books (engine_proc/kv/slots.py).
 
 Steady steps (on with GPU layers): llama.cpp reuses the step before's
 compute graph (and a GPU replays it as a CUDA graph) only when the decode
@@ -56,10 +56,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from engine_proc.disk_cache import DiskCache
-from engine_proc.prefix_cache import PrefixCache
+from engine_proc.kv.disk_cache import DiskCache
+from engine_proc.kv.prefix_cache import PrefixCache
+from engine_proc.kv.slots import KvStreams, Slots
 from engine_proc.sequence import Chunk, Sequence
-from engine_proc.slots import KvStreams, Slots
 
 # Prefill block of exact mode, in tokens: small blocks let the cache reuse
 # more of a prompt, large ones prefill a cold prompt faster. Outside exact
@@ -172,7 +172,7 @@ class Scheduler:
         return [Chunk(seq, seq.n_cached, seq.n_cached + 1) for seq in self.running if not seq.prefilling]
 
     def go_on(self, chunks: list[Chunk]) -> list[Chunk] | None:
-        """Steady steps one ahead (engine_proc/step_ahead.py): the next decode batch from ``chunks``, the decode whose
+        """Steady steps one ahead (engine_proc/step/ahead.py): the next decode batch from ``chunks``, the decode whose
         tokens are not recorded yet: the same sequences, each a position on, the parked where they are. None when
         the batch must change first: a wave is due, or a sequence would pass its context."""
         if len(chunks) != len(self.running) or self._wave_due():
@@ -302,7 +302,9 @@ class Scheduler:
             chunks.append(Chunk(seq, start, stop, image=image))
             budget -= stop - start
             start = stop
-            if image is not None:  # its own llama_decode, after the step's text (engine_proc/prefill_runs.py): the rest
+            if (
+                image is not None
+            ):  # its own llama_decode, after the step's text (engine_proc/run/prefill_runs.py): the rest
                 break  # of the prompt waits for the next step, so that its cells come after the image's
         return budget
 

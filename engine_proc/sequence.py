@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cllm.core.protocol import SamplingParams, TokenLogprobs
-from engine_proc.sampler import SeqSampler
+from engine_proc.sampling.sampler import SeqSampler
 
 FIRST_DRAFT = 2  # tokens a sequence drafts before it has shown how much it copies
 
@@ -65,7 +65,7 @@ class Sequence:
     per_step: bool = True  # the frontend reads each step's token as it comes (Submit.per_step)
     arrived: int = 0  # the scheduler's step count when it was queued
     parked: bool = False  # finished, kept in a steady decode batch until the next wave (Scheduler.park)
-    # Its images, in prompt order: their positions hold placeholder ids (engine_proc/encoder.py), never decoded
+    # Its images, in prompt order: their positions hold placeholder ids (engine_proc/vision/encoder.py), never decoded
     # as tokens.
     images: list[ImageSpan] = field(default_factory=list)
     # Its known tokens, prompt then output, in one array whose capacity doubles: known() is a view, not a copy.

@@ -3,7 +3,7 @@
     python -m perf.batch_fill_cost [--rev main] [--rounds 6] [--fills 20000]
 
 Batch.fill runs once a step: a decode batch of 16 sequences (one token each, the plain path) and a prefill of 4
-chunks of 32 tokens. The revision's engine_proc/batch.py (git show) and this tree's fill the same chunks of
+chunks of 32 tokens. The revision's engine_proc/run/batch.py (git show) and this tree's fill the same chunks of
 text-only sequences in alternating rounds; each round's figure is the CPU time of one fill (process_time over
 --fills fills). Prints a markdown table of medians and spreads.
 """
@@ -21,17 +21,17 @@ import time
 import numpy as np
 
 from cllm.core.protocol import SamplingParams
-from engine_proc.batch import Batch
+from engine_proc.run.batch import Batch
 from engine_proc.sequence import Chunk, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def batch_at(rev: str, folder: str) -> type:
-    """The Batch class of engine_proc/batch.py at ``rev``."""
+    """The Batch class of engine_proc/run/batch.py at ``rev``."""
     path = os.path.join(folder, "batch_at_rev.py")
     with open(path, "w") as f:
-        f.write(subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:engine_proc/batch.py"], text=True))
+        f.write(subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:engine_proc/run/batch.py"], text=True))
     spec = importlib.util.spec_from_file_location("batch_at_rev", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

@@ -2,7 +2,7 @@
 
 A cllm server (the embedded model unless --model, --threads 1 so both sides decode on one thread) answers
 POST /v1/embeddings for one input; this process decodes the same tokens in an embeddings context of its own, made
-as engine_proc/embedder.py makes it (mean pooling, flash attention off, one sequence). Rounds alternate the two;
+as engine_proc/run/embedder.py makes it (mean pooling, flash attention off, one sequence). Rounds alternate the two;
 the medians and spreads say what the server adds to llama.cpp's cost. Usage:
     .venv/bin/python -m perf.embed_overhead [--rounds 8] [--words 30]
 """
@@ -18,7 +18,7 @@ import llama_cpp as L
 
 from cllm.core.llama_log import silence_llama_logs
 from cllm.core.model_file import resolve_model
-from engine_proc.batch import Batch
+from engine_proc.run.batch import Batch
 from perf import servers
 
 

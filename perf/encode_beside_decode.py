@@ -20,7 +20,7 @@ import time
 import llama_cpp as L
 
 from cllm.core.model_file import resolve_model
-from engine_proc.vision import Vision
+from engine_proc.vision.projector import Vision
 from perf import image_files, synth_mmproj
 
 

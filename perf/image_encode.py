@@ -18,7 +18,8 @@ import time
 import llama_cpp as L
 
 from cllm.core.model_file import resolve_model
-from engine_proc.vision import EmbdBatch, Vision
+from engine_proc.run.batch import EmbdBatch
+from engine_proc.vision.projector import Vision
 from perf import image_files, synth_mmproj
 
 

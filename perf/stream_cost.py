@@ -62,8 +62,8 @@ def streams(client: httpx.Client, prompts: list[str]) -> list:
 def decode_ms(model: str, threads: int, peer: httpx.Client, rounds: int, context: str) -> tuple[float, float]:
     """Median ms a token in llama_decode at c=1 after the prompt `context` + a round number: llama-server's own
     timings, and cllm's engine in this process."""
-    from engine_proc import batch
     from engine_proc.engine import LLMEngine
+    from engine_proc.run import batch
 
     spent = [0.0]
     decode = batch.Batch.decode

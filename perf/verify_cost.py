@@ -22,7 +22,7 @@ import numpy as np
 from cllm.core.config import ServeConfig
 from cllm.core.model_file import resolve_model
 from cllm.core.protocol import SamplingParams
-from engine_proc.model_runner import ModelRunner
+from engine_proc.run.model_runner import ModelRunner
 from engine_proc.sequence import Chunk, Sequence
 
 

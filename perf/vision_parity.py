@@ -1,9 +1,9 @@
-"""llama-server and engine_proc.vision on the same made projector and the same image: prompt tokens and greedy text.
+"""llama-server and engine_proc/vision/ on the same made projector and the same image: prompt tokens and greedy text.
 
 llama-server (perf/cache/bin, `make bench-deps`) is started with the embedded model and `--mmproj` a projector from
 perf/synth_mmproj.py. The same prompt with an image goes to its /completion (`multimodal_data`), and the same
 chat, with and without the image, to its /v1/chat/completions (an `image_url` data URI); its prompt-token counts
-are set beside what engine_proc.vision counts for the prompt, and its greedy text beside the text of a greedy
+are set beside what engine_proc.vision.projector counts for the prompt, and its greedy text beside the text of a greedy
 decode through Vision + EmbdBatch. The projector's weights are random: the text is noise, only equality counts.
 Usage:
     .venv/bin/python -m perf.vision_parity [--tokens 16] [--threads 1]
@@ -22,7 +22,8 @@ import llama_cpp as L
 import numpy as np
 
 from cllm.core.model_file import resolve_model
-from engine_proc.vision import Chunks, EmbdBatch, Vision
+from engine_proc.run.batch import EmbdBatch
+from engine_proc.vision.projector import Chunks, Vision
 from perf import image_files, servers, synth_mmproj
 
 MARKER = "<__media__>"  # mtmd_default_marker()
@@ -166,7 +167,7 @@ def main() -> None:
         n_image = synth_mmproj.Tower().n_patches
         vision.close()
         L.llama_model_free(model)
-    print("| | llama-server | engine_proc.vision |\n|---|---|---|")
+    print("| | llama-server | engine_proc.vision.projector |\n|---|---|---|")
     print(f"| /completion prompt tokens | {completion['tokens_evaluated']} | {n_ours} |")
     print(
         f"| chat prompt tokens with the image - without | {with_image['prompt_tokens'] - text_only['prompt_tokens']} "

@@ -28,7 +28,7 @@ import pytest
 
 from cllm.core.config import ServeConfig
 from cllm.core.model_file import resolve_model
-from engine_proc.disk_cache import HOLD_WRITES, SUFFIX, TMP, DiskCache, fingerprint, identity
+from engine_proc.kv.disk_cache import HOLD_WRITES, SUFFIX, TMP, DiskCache, fingerprint, identity
 from tests.conftest import child, health, start_server, wait_until
 from tests.test_prefix_cache_exact import doc
 

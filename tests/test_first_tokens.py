@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cllm.core.protocol import SamplingParams, SeqOutput, Submit
-from engine_proc.prefill_runs import FIRST_TOKEN_GROUP
+from engine_proc.run.prefill_runs import FIRST_TOKEN_GROUP
 
 TOPICS = {
     1: "Lighthouses",

@@ -13,7 +13,7 @@ under flash attention a decode over 512 or more KV cells splits them between
 the threads, so the count changes the logits' last bits, and a server that
 went down to fewer threads beside a busy program could part from the other
 for that alone, cache or no cache. One thread also meets no barrier: beside a
-busy program two held threads kept ~0.23 of their speed (engine_proc/threads.py)
+busy program two held threads kept ~0.23 of their speed (engine_proc/run/threads.py)
 and this module took many times as long. The two servers answer each request
 at the same time, each on a CPU of its own. A step holds STEP tokens (--batch-size),
 not the default 512, so that a prompt prefilled over two steps is half as long.

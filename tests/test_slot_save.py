@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
-from engine_proc.kv_file import file_head
+from engine_proc.kv.kv_file import file_head
 from tests.conftest import running, start_server
 from tests.llama_server import llama_server_on, refused, same_shape
 from tests.test_prefix_cache_exact import doc

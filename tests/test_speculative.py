@@ -19,12 +19,12 @@ import pytest
 
 from cllm.core.config_load import load_config
 from cllm.core.settings import ConfigError
-from engine_proc.drafter import StepCosts, lookup
+from engine_proc.step.drafter import StepCosts, lookup
 from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value
 
 EXACT = ("--parallel", "4", "--ctx-size", "8192", "--flash-attn", "off", "--cache-type-k", "f32")
-# engine_proc/batch.py as it was: fixed text, fixed figures
+# engine_proc/run/batch.py as it was: fixed text, fixed figures
 CODE = pathlib.Path(__file__).resolve().parent.joinpath("copy_task.txt").read_text()
 # The file first, the task after it: the prompts share the file's cells, so each server prefills it once.
 COPY = f"Here is a file:\n\n{CODE}\n\nCopy it exactly as it is."

@@ -119,7 +119,7 @@ def test_decodes_run_ahead_lose_no_token_abort_or_seed(tok):
     """Steady steps launch their decode a step ahead (LLMEngine._step_ahead): every request still gets its tokens,
     greedy text as without steady steps, a seeded request its text again, and an aborted one nothing after its
     abort, while the others go on."""
-    from engine_proc.step_timer import StepTimer
+    from engine_proc.step.timer import StepTimer
 
     plain = _engine("off")
     try:
@@ -157,7 +157,7 @@ def test_decodes_run_ahead_with_the_chains_on_the_device(tok, monkeypatch):
     a parked sequence's."""
     import llama_cpp as L
 
-    from engine_proc.step_timer import StepTimer
+    from engine_proc.step.timer import StepTimer
 
     plain = _engine("off")
     try:

@@ -1,4 +1,4 @@
-"""engine_proc.vision on the real llama.cpp: the embedded SmolLM2 with a made projector (perf/synth_mmproj.py).
+"""engine_proc/vision/projector.py on llama.cpp: the embedded SmolLM2 with a made projector (perf/synth_mmproj.py).
 
 The projector's weights are random, so these tests check the path (loading, chunk and position counts, image
 ids, refusing bad bytes, encoding, decoding to a next token), not what the model says about an image.
@@ -16,7 +16,7 @@ import pytest
 
 from cllm.core.images import ImageTooLarge, MalformedImage, UnsupportedImage
 from cllm.core.model_file import resolve_model
-from engine_proc.vision import ProjectorError, Vision
+from engine_proc.vision.projector import ProjectorError, Vision
 from perf import image_files as F
 from perf import synth_mmproj
 from perf.vision_parity import prefill

@@ -23,7 +23,7 @@ from cllm.core.launch import REQUEST_RING_BYTES, request_ring_bytes
 from cllm.core.model_file import resolve_model
 from cllm.core.protocol import ImageInput, SamplingParams, SeqOutput, Submit
 from engine_proc.engine import LLMEngine
-from engine_proc.model_runner import ModelLoadError
+from engine_proc.run.model_runner import ModelLoadError
 from perf import image_files as F
 from perf import synth_mmproj
 from perf.vision_parity import prefill

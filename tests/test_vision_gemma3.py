@@ -22,7 +22,7 @@ import pytest
 from cllm.core.config import ServeConfig
 from cllm.core.protocol import ImageInput, SamplingParams, Submit
 from engine_proc.engine import LLMEngine
-from engine_proc.model_runner import ModelLoadError
+from engine_proc.run.model_runner import ModelLoadError
 from perf import image_files as F
 from perf import synth_gemma3
 from tests.conftest import start_server

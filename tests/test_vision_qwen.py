@@ -24,7 +24,7 @@ import pytest
 
 from cllm.core.image_grid import grid_tokens
 from cllm.core.protocol import ImageGrid
-from engine_proc.vision import Vision
+from engine_proc.vision.projector import Vision
 from perf import image_files, synth_qwen2vl
 from tests.conftest import Server, start_server, wait_until
 from tests.llama_server import llama_server_on

@@ -51,7 +51,7 @@ from cllm.core.launch import OUTPUT_RING_BYTES
 from cllm.core.model_file import ModelFileError, resolve_model
 from cllm.core.protocol import SamplingParams, StepOutputs, Submit, ToEngine
 from cllm.core.ring import Ring
-from engine_proc.step_timer import StepTimer
+from engine_proc.step.timer import StepTimer
 
 DEFAULTS = ServeConfig()
 PARTS = [

@@ -24,9 +24,11 @@ ReasoningFormat = Literal["auto", "none"]
 MAX_DRAFT = 256  # tokens one sequence may draft in a step
 MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the prefix cache's scratch
 CacheType = Literal["f32", "f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
-DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/sampler.py)
+DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/sampling/sampler.py)
 SteadySteps = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/scheduler.py)
-SpecType = Literal["none", "ngram"]  # llama-server's --spec-type names; ngram: prompt lookup (engine_proc/drafter.py)
+SpecType = Literal[
+    "none", "ngram"
+]  # llama-server's --spec-type names; ngram: prompt lookup (engine_proc/step/drafter.py)
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 NonNegative = Annotated[int, Meta(ge=0)]
 HF_NAME = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(:[A-Za-z0-9_]+)?$"  # org/repo[:QUANT]; cllm/hub/names.py checks the rest

@@ -6,7 +6,7 @@ image, its aspect kept, into [min_pixels, max_pixels] (tools/mtmd/mtmd-image.cpp
 Each ``align`` x ``align`` square becomes one token, so a 640 x 480 image takes more than a 64 x 48 one. The
 frontend counts a prompt before the engine sees it (usage, the context check, Anthropic's count_tokens), so the
 arithmetic is llama.cpp's, done in float32 as there; the engine checks it on made images of several sizes
-against mtmd's own count when it loads the projector (engine_proc/vision.py), and serves no projector it
+against mtmd's own count when it loads the projector (engine_proc/vision/projector.py), and serves no projector it
 disagrees with.
 """
 

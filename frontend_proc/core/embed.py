@@ -1,6 +1,6 @@
 """The vectors of inputs, from the served model's engine: the one path behind every embeddings route.
 
-The vectors come from the engine's step loop (see engine_proc/embedder.py): pooled as the GGUF says (mean when
+The vectors come from the engine's step loop (see engine_proc/run/embedder.py): pooled as the GGUF says (mean when
 it names no pooling) and L2-normalised, so a dot product is the cosine similarity.
 """
 

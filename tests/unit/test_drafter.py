@@ -1,12 +1,12 @@
-"""engine_proc/drafter.py's prompt lookup, on made sequences (no model: tests/test_speculative.py runs it on one)."""
+"""engine_proc/step/drafter.py: prompt lookup on made sequences (no model: tests/test_speculative.py runs it on one)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from cllm.core.protocol import SamplingParams
-from engine_proc.drafter import Drafter
 from engine_proc.sequence import Chunk, ImageSpan, Sequence
+from engine_proc.step.drafter import Drafter
 
 
 def test_a_sequence_with_an_image_never_drafts_its_placeholders():

@@ -1,4 +1,4 @@
-"""engine_proc/draws.py: the common chain drawn over a logits matrix, against the chain's exact distribution."""
+"""engine_proc/sampling/draws.py: the common chain drawn over a logits matrix, against its exact distribution."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from engine_proc.draws import Draw, draw_rows, uniforms
+from engine_proc.sampling.draws import Draw, draw_rows, uniforms
 
 VOCAB = 16384
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from cllm.core.protocol import SamplingParams
-from engine_proc import kv_file
-from engine_proc.disk_cache import HOLD_WRITES, SUFFIX, DiskCache, fingerprint
+from engine_proc.kv import kv_file
+from engine_proc.kv.disk_cache import HOLD_WRITES, SUFFIX, DiskCache, fingerprint
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Sequence
 from tests.conftest import wait_until

@@ -34,8 +34,8 @@ DOOR_LINES = 250  # a door is read in one sitting
 MODEL_LOADERS = {
     "llama_cpp": None,
     "engine_proc.engine": None,
-    "engine_proc.model_runner": None,
-    "engine_proc.embedder": None,
+    "engine_proc.run.model_runner": None,
+    "engine_proc.run.embedder": None,
     "cllm.core.model_file": {"resolve_model"},
     "frontend_proc.core.tokenizer": None,
     "tests.conftest": {"start_server"},

@@ -1,4 +1,4 @@
-"""The KV streams' books (engine_proc/slots.py) and the prefix cache's searches, against the fake streams of
+"""The KV streams' books (engine_proc/kv/slots.py) and the prefix cache's searches, against the fake streams of
 tests/unit/test_scheduler.py: each stream's tokens, copies carried out at the next decode, host RAM restores at
 once. After every step each running sequence's stream must hold exactly its known tokens so far, each cache
 entry's stream exactly its entry's tokens, and each copy in host RAM its entry's tokens. No model is involved;
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from cllm.core.protocol import SamplingParams
-from engine_proc import host_cache
-from engine_proc.disk_cache import DiskCache
-from engine_proc.host_cache import HEAD, MIN_CELLS, HostCache
+from engine_proc.kv import host_cache
+from engine_proc.kv.disk_cache import DiskCache
+from engine_proc.kv.host_cache import HEAD, MIN_CELLS, HostCache
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Sequence, common_prefix, starts_with
 from tests.unit.test_scheduler import FakeStreams, recorded, run
@@ -335,7 +335,7 @@ def test_common_prefix_and_starts_with():
 
 def test_prefix_lengths_and_held_match_the_plain_comparisons():
     """The vector forms the cache searches with give what common_prefix and starts_with give, one array at a time."""
-    from engine_proc.prefix_cache import PROBE, Held, heads_of, prefix_lengths
+    from engine_proc.kv.prefix_cache import PROBE, Held, heads_of, prefix_lengths
 
     rng = np.random.default_rng(0)
     base = rng.integers(0, 50, 3 * PROBE).astype(np.int32)
@@ -368,7 +368,7 @@ def test_a_lookup_ranks_every_stream_as_one_by_one_comparisons_do(unit):
     """The cache's lookup picks, of the entries and the running sequences' streams, the longest reusable prefix,
     then an entry over a running sequence, then the slot the prompt's sequence takes, then the fewest tokens, then
     the first of equals (entries in their order, then the running): many ties, as prompts of a few tokens give."""
-    from engine_proc.prefix_cache import Held, PrefixCache
+    from engine_proc.kv.prefix_cache import Held, PrefixCache
 
     rng = random.Random(3)
     for _ in range(300):

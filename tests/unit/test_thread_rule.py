@@ -1,9 +1,9 @@
-"""The engine's thread count: the rule (engine_proc/threads.py) on given timings, no model (the real engine:
+"""The engine's thread count: the rule (engine_proc/run/threads.py) on given timings, no model (the real engine:
 tests/test_threads.py)."""
 
 from __future__ import annotations
 
-from engine_proc import threads
+from engine_proc.run import threads
 
 
 class Machine:

@@ -1,7 +1,7 @@
 """POST /v1/embeddings (OpenAI's) and /embeddings (llama-server's): the same answer.
 
 The vectors come from the served model, in the engine's step loop (see
-engine_proc/embedder.py): pooled as the GGUF says (mean when it names no
+engine_proc/run/embedder.py): pooled as the GGUF says (mean when it names no
 pooling) and L2-normalised, so a dot product is the cosine similarity.
 """
 

@@ -2,7 +2,7 @@
 OpenAI's chat body: frontend_proc.doors.openai.chat_completions).
 
 POST /slots/{id}?action=save|restore|erase (with --slot-save-path) acts on
-the engine's KV stream behind that slot: see engine_proc/slot_files.py.
+the engine's KV stream behind that slot: see engine_proc/kv/slot_files.py.
 
 Bodies are llama-server's own (not wrapped in cLLM's `success`/`data`), and
 so are its errors ({"error": {"code", "message", "type"}}), so its clients

@@ -14,7 +14,7 @@ from frontend_proc.http.sse import sse
 
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED, what llama-server reports for seed -1
 SAMPLERS = ["top_k", "penalties", "top_p", "min_p", "temperature"]  # cLLM's chain, in llama-server's names
-PENALTY_LAST_N = 64  # the engine's (engine_proc.sampler): tokens the penalties look back over
+PENALTY_LAST_N = 64  # the engine's (engine_proc.sampling.sampler): tokens the penalties look back over
 
 
 def settings(params: SamplingParams, body: CompletionFields | None = None, capped: bool = False) -> dict:

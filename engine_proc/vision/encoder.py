@@ -22,7 +22,7 @@ import numpy as np
 
 from cllm.core.protocol import ImageInput, Submit
 from engine_proc.sequence import ImageSpan
-from engine_proc.vision import Vision
+from engine_proc.vision.projector import Vision
 
 # What one image becomes: its chunks in order, text tokens or an encoded image chunk.
 Pieces = list["np.ndarray | Encoded"]

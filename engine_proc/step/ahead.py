@@ -2,7 +2,7 @@
 
 With steady steps a decode's batch is known before the tokens of the decode
 before it are recorded (Scheduler.go_on: the same sequences, each a position
-on), so it is launched on the decode thread (engine_proc/decode_thread.py),
+on), so it is launched on the decode thread (engine_proc/run/decode_thread.py),
 and while llama.cpp computes the engine records the tokens before and writes
 its result to the ring. What this holds between steps: the decode in flight,
 and the one collected (waited for and sampled) whose tokens are not recorded
@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cllm.core.protocol import SeqOutput
-from engine_proc.model_runner import ModelRunner
-from engine_proc.recorder import Recorder
-from engine_proc.sampler import Sampler
+from engine_proc.run.model_runner import ModelRunner
+from engine_proc.sampling.sampler import Sampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, Sequence
-from engine_proc.step_timer import StepTimer
+from engine_proc.step.recorder import Recorder
+from engine_proc.step.timer import StepTimer
 
 
 @dataclass(slots=True)

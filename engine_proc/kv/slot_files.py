@@ -25,22 +25,22 @@ import time
 import numpy as np
 
 from cllm.core.protocol import SlotAction, SlotDone
-from engine_proc.kv_file import check_cells, file_head, read_tokens, write_file
-from engine_proc.scheduler import Scheduler
-from engine_proc.slots import KvStreams
+from engine_proc.kv.kv_file import check_cells, file_head, read_tokens, write_file
+from engine_proc.kv.prefix_cache import PrefixCache
+from engine_proc.kv.slots import KvStreams
 
 
 class SlotFiles:
-    def __init__(self, scheduler: Scheduler, kv: KvStreams, fingerprint: str):
-        self.scheduler, self.kv, self.fingerprint = scheduler, kv, fingerprint
+    def __init__(self, parallel: int, cache: PrefixCache | None, kv: KvStreams, fingerprint: str):
+        self.parallel, self.cache, self.kv, self.fingerprint = parallel, cache, kv, fingerprint
         self.pending: list[SlotAction] = []  # in arrival order
 
-    def run(self) -> list[SlotDone]:
-        """The pending actions whose streams are free, done; the others wait for the next call."""
-        busy = {s.slot for s in self.scheduler.running}
+    def run(self, busy: set[int]) -> list[SlotDone]:
+        """The pending actions whose streams are free (not in ``busy``, the running sequences'), done; the others
+        wait for the next call."""
         done, waiting = [], []
         for msg in self.pending:
-            valid = 0 <= msg.slot < self.scheduler.parallel
+            valid = 0 <= msg.slot < self.parallel
             if valid and (msg.slot in busy or not self.kv.settled(msg.slot)):
                 waiting.append(msg)
             else:
@@ -49,7 +49,7 @@ class SlotFiles:
         return done
 
     def _act(self, msg: SlotAction) -> SlotDone:
-        cache = self.scheduler.cache
+        cache = self.cache
         if cache is None:
             return SlotDone(
                 msg.id, status=501, error="slot actions need the prefix cache: this model's engine runs without it"

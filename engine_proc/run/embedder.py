@@ -22,8 +22,8 @@ import numpy as np
 
 from cllm.core.model_meta import meta
 from cllm.core.protocol import Embed, Embeddings
-from engine_proc.batch import Batch
-from engine_proc.model_runner import ModelRunner
+from engine_proc.run.batch import Batch
+from engine_proc.run.model_runner import ModelRunner
 
 MAX_SEQS = 64  # most inputs in one decode
 POOLINGS = (L.LLAMA_POOLING_TYPE_MEAN, L.LLAMA_POOLING_TYPE_CLS, L.LLAMA_POOLING_TYPE_LAST)

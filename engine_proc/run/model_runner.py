@@ -24,11 +24,10 @@ from cllm.core.llama_log import silence_llama_logs
 from cllm.core.model_meta import gpu_layers, kv_cache_bytes
 from cllm.core.model_meta import meta as _meta
 from cllm.core.protocol import ModelInfo
-from engine_proc.batch import Batch
-from engine_proc.decode_thread import DecodeThread
+from engine_proc.run.batch import Batch, EmbdBatch
+from engine_proc.run.decode_thread import DecodeThread
+from engine_proc.run.threads import Threads
 from engine_proc.sequence import Chunk
-from engine_proc.threads import Threads
-from engine_proc.vision import EmbdBatch
 
 FLASH_ATTN = {
     "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,

@@ -34,8 +34,8 @@ import numpy as np
 from msgspec.structs import replace
 
 from cllm.core.protocol import PrefixCacheStats
-from engine_proc.disk_cache import DiskCache
-from engine_proc.host_cache import HostCache, Stored
+from engine_proc.kv.disk_cache import DiskCache
+from engine_proc.kv.host_cache import HostCache, Stored
 from engine_proc.sequence import common_prefix, starts_with
 
 # Tokens a host RAM entry must serve beyond what the streams do to be brought

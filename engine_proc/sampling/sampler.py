@@ -23,7 +23,7 @@ and a run's greedy rows take one numpy call over its logits matrix
 The common chain (top-k, temperature, top-p, min-p, a seed, and the EOS
 ban of ignore_eos; no grammar, penalty or logit bias) needs no llama.cpp
 chain either: a run's rows of it are drawn together over the logits matrix
-(engine_proc/draws.py), rather than one llama_sampler_sample a row.
+(engine_proc/sampling/draws.py), rather than one llama_sampler_sample a row.
 
 Logprobs are computed with numpy from the logits row, and only for the
 sequences that ask.
@@ -56,7 +56,7 @@ import llama_cpp as L
 import numpy as np
 
 from cllm.core.protocol import SamplingParams, TokenLogprobs
-from engine_proc.draws import MAX_TOP_K, Draw, draw_rows
+from engine_proc.sampling.draws import MAX_TOP_K, Draw, draw_rows
 
 PENALTY_LAST_N = 64  # tokens the penalties look back over, prompt included, as llama-server
 # Smaller temperatures are greedy, as in vLLM: they differ from it only on exact ties, and

@@ -2,7 +2,7 @@
 
 Filling it is a few vectorised slice writes per chunk, and a decode batch of
 one token per sequence is written column by column: no per-token ctypes
-calls, no numpy call per sequence.
+calls, no numpy call per sequence. EmbdBatch is the same for rows of embeddings (an encoded image's).
 """
 
 from __future__ import annotations
@@ -91,3 +91,43 @@ class Batch:
         rc = L.llama_decode(ctx, self.batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}")
+
+
+class EmbdBatch:
+    """A llama_batch of embeddings (an encoded image's rows) for one sequence, backed by numpy arrays."""
+
+    def __init__(self, n: int, n_embd: int):
+        self.embd = np.zeros((n, n_embd), np.float32)
+        self.pos = np.zeros(4 * n, np.int32)  # room for M-RoPE's four components an embedding
+        self.n_seq_id = np.ones(n, np.int32)
+        self.seq_id = np.zeros(1, np.int32)
+        self.logits = np.zeros(n, np.int8)
+        row = ctypes.cast(self.seq_id.ctypes.data, ctypes.POINTER(L.llama_seq_id))
+        self._seq_id_rows = (ctypes.POINTER(L.llama_seq_id) * n)(*([row] * n))
+        self.batch = L.llama_batch(
+            n_tokens=0,
+            token=None,  # embeddings instead
+            embd=self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            pos=self.pos.ctypes.data_as(ctypes.POINTER(L.llama_pos)),
+            n_seq_id=self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+            seq_id=self._seq_id_rows,
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
+
+    def decode(self, ctx, rows: np.ndarray, pos: int | np.ndarray, seq_id: int, logits_last: bool = False) -> None:
+        """llama_decode of ``rows`` (at most the batch's size) into sequence ``seq_id``: at positions pos.. (an
+        int), or at M-RoPE positions (an array: a component a row, a column a row of ``rows``, as
+        Vision.positions gives them, the image's first position added)."""
+        n = len(rows)
+        self.embd[:n] = rows
+        if isinstance(pos, np.ndarray):  # llama.cpp reads a component's n positions, then the next component's
+            self.pos[: pos.size] = pos.ravel()
+        else:
+            self.pos[:n] = np.arange(pos, pos + n, dtype=np.int32)
+        self.seq_id[0] = seq_id
+        self.logits[:n] = 0
+        self.logits[n - 1] = logits_last
+        self.batch.n_tokens = n
+        rc = L.llama_decode(ctx, self.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode of image embeddings failed with code {rc}")

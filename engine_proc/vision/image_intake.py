@@ -1,6 +1,6 @@
 """Requests with images, from their Submit to the scheduler's queue: the projector beside the model, the checks
 that refuse a request at once, the encoder's thread that makes the images ready, and their pieces spliced into the
-prompt as placeholder ids and image spans (engine_proc/encoder.py)."""
+prompt as placeholder ids and image spans (engine_proc/vision/encoder.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import numpy as np
 from cllm.core.config import ServeConfig
 from cllm.core.images import ImageError
 from cllm.core.protocol import SeqOutput, Submit
-from engine_proc.encoder import Encoder, splice
-from engine_proc.model_runner import ModelLoadError, ModelRunner
+from engine_proc.run.model_runner import ModelLoadError, ModelRunner
 from engine_proc.sequence import ImageSpan
-from engine_proc.vision import ProjectorError, Vision
-
-NO_PROJECTOR = "this model takes no images: start it with --mmproj (a vision projector)"
+from engine_proc.vision.encoder import Encoder, splice
+from engine_proc.vision.projector import ProjectorError, Vision
 
 
 class ImageIntake:

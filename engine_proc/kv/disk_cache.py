@@ -50,7 +50,7 @@ import msgspec
 import numpy as np
 
 from cllm.core.config import ServeConfig
-from engine_proc.kv_file import (
+from engine_proc.kv.kv_file import (
     TMP,
     check_cells,
     check_tokens,

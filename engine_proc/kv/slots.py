@@ -20,8 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
-from engine_proc.host_cache import Stored
-from engine_proc.prefix_cache import Entry, Held, PrefixCache
+from engine_proc.kv.host_cache import Stored
+from engine_proc.kv.prefix_cache import Entry, Held, PrefixCache
 from engine_proc.sequence import Sequence
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine_proc.disk_cache import DiskCache, OnDisk
+from engine_proc.kv.disk_cache import DiskCache, OnDisk
 from engine_proc.sequence import common_prefix, starts_with
 
 # Entries are filed under their first HEAD tokens, so that a lookup compares a

@@ -12,11 +12,11 @@ and one chunk per image, which takes ``n_tokens`` embeddings (KV cells) and ``n_
 same but with M-RoPE (Qwen2-VL): there each embedding has four position components (time, row, column, unused),
 all of an image's rows start at its first position, and the image takes max(rows, columns) positions; text
 after it goes on from there (`positions` gives an image's components). Encoding an image chunk runs the
-projector and gives its embeddings, one row of the text model's width per KV cell, which EmbdBatch decodes into a
-sequence as llama_decode decodes tokens: a llama_batch carries tokens or embeddings, never both, so an image is a
-decode of its own. Some projectors' rows see each other (Gemma 3: mtmd_decode_use_non_causal): such an image is
-decoded whole, in one ubatch, with the context's causal mask off for that decode alone (`non_causal`,
-`batch_error`).
+projector and gives its embeddings, one row of the text model's width per KV cell, which EmbdBatch
+(engine_proc/run/batch.py) decodes into a sequence as llama_decode decodes tokens: a llama_batch carries tokens or
+embeddings, never both, so an image is a decode of its own. Some projectors' rows see each other (Gemma 3:
+mtmd_decode_use_non_causal): such an image is decoded whole, in one ubatch, with the context's causal mask off for
+that decode alone (`non_causal`, `batch_error`).
 
 A projector that takes images at about their own size (Qwen2-VL's) gives an image of w x h pixels a number of
 tokens that follows its size: `image_sizing` describes its grid for the frontend's count (cllm/core/image_grid.py)
@@ -289,43 +289,3 @@ class Vision:
         if self.ctx:
             M.mtmd_free(self.ctx)
             self.ctx = None
-
-
-class EmbdBatch:
-    """A llama_batch of embeddings (an encoded image's rows) for one sequence, backed by numpy arrays."""
-
-    def __init__(self, n: int, n_embd: int):
-        self.embd = np.zeros((n, n_embd), np.float32)
-        self.pos = np.zeros(4 * n, np.int32)  # room for M-RoPE's four components an embedding
-        self.n_seq_id = np.ones(n, np.int32)
-        self.seq_id = np.zeros(1, np.int32)
-        self.logits = np.zeros(n, np.int8)
-        row = ctypes.cast(self.seq_id.ctypes.data, ctypes.POINTER(L.llama_seq_id))
-        self._seq_id_rows = (ctypes.POINTER(L.llama_seq_id) * n)(*([row] * n))
-        self.batch = L.llama_batch(
-            n_tokens=0,
-            token=None,  # embeddings instead
-            embd=self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-            pos=self.pos.ctypes.data_as(ctypes.POINTER(L.llama_pos)),
-            n_seq_id=self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-            seq_id=self._seq_id_rows,
-            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
-        )
-
-    def decode(self, ctx, rows: np.ndarray, pos: int | np.ndarray, seq_id: int, logits_last: bool = False) -> None:
-        """llama_decode of ``rows`` (at most the batch's size) into sequence ``seq_id``: at positions pos.. (an
-        int), or at M-RoPE positions (an array: a component a row, a column a row of ``rows``, as
-        Vision.positions gives them, the image's first position added)."""
-        n = len(rows)
-        self.embd[:n] = rows
-        if isinstance(pos, np.ndarray):  # llama.cpp reads a component's n positions, then the next component's
-            self.pos[: pos.size] = pos.ravel()
-        else:
-            self.pos[:n] = np.arange(pos, pos + n, dtype=np.int32)
-        self.seq_id[0] = seq_id
-        self.logits[:n] = 0
-        self.logits[n - 1] = logits_last
-        self.batch.n_tokens = n
-        rc = L.llama_decode(ctx, self.batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode of image embeddings failed with code {rc}")

@@ -9,11 +9,11 @@ and the finished handed back for the scheduler to retire or park.
 from __future__ import annotations
 
 from cllm.core.protocol import SeqOutput
-from engine_proc.drafter import Drafter
-from engine_proc.model_runner import ModelRunner
-from engine_proc.sampler import Sampler, SeqSampler
+from engine_proc.run.model_runner import ModelRunner
+from engine_proc.sampling.sampler import Sampler, SeqSampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, Sequence
+from engine_proc.step.drafter import Drafter
 
 PARKED = SeqSampler(None)  # a parked sequence's: the argmax of its row, not used
 
