@@ -40,9 +40,25 @@ async def decode_body(request: Request, type_: type[T], near_misses: bool = Fals
     except msgspec.ValidationError as e:
         raise ApiError(400, "invalid request", str(e), param=_param(str(e))) from None
     except msgspec.DecodeError as e:
+        # msgspec >= 0.23 refuses bad UTF-8 as a JSON error of its own; the answer names UTF-8 whichever version
+        # runs (the check costs nothing on a body that decoded).
+        if not _is_utf8(body):
+            raise _not_utf8() from None
         raise ApiError(400, "invalid JSON", str(e)) from None
     except UnicodeDecodeError:
-        raise ApiError(400, "invalid UTF-8", "the body is not valid UTF-8 text") from None
+        raise _not_utf8() from None
+
+
+def _is_utf8(body: bytes) -> bool:
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _not_utf8() -> ApiError:
+    return ApiError(400, "invalid UTF-8", "the body is not valid UTF-8 text")
 
 
 def _decode(body: bytes, type_: type[T], near_misses: bool) -> T:
