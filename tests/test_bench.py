@@ -122,6 +122,10 @@ def test_bench_http_measures_the_server_and_its_processes(server):
     [r] = bench("http", "--url", server.url, "-c", "2", "-n", "3", "-g", "5", "--stream", "--pid", str(server.proc.pid))
     assert (r["errors"], r["short"], r["generated_tokens"]) == (0, 0, 15)
     assert r["ttft"]["p50"] is not None and r["ttft"]["p50"] <= r["latency"]["p50"]
+    # what harnesses report of a stream: the gaps between its events with text, the time per token after the
+    # first, and how many tokens an event carries (one each: two streams are never held back in the engine)
+    assert 0 < r["itl"]["p50"] <= r["itl"]["p99"] < r["latency"]["p50"] and 0 < r["tpot"]["p50"]
+    assert 1 <= r["tokens_per_event"] <= 1.25
     assert {"engine", "frontend"} <= r["cpu_seconds"].keys()
 
 

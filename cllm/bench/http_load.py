@@ -9,9 +9,13 @@ peers identical work (cllm/bench/dialects.py; the chat routes' too):
                                       bias on --ban-tokens for servers that
                                       ignore ignore_eos (llama-cpp-python)
   llama-server  POST /completion      n_predict, ignore_eos, cache_prompt off
-Reports output tokens/s, end-to-end latency and (streaming) time to first
-token as p50/p90/p99, errors, and with --pid the CPU seconds each process of
-the server's tree spent per generated token.
+Reports output tokens/s, end-to-end latency and, streaming, the terms
+benchmark harnesses use (llama-benchy, `vllm bench serve`, AIPerf): TTFT to
+the first event with text, ITL as the gaps between events with text, TPOT as
+a request's time after its first token over its tokens after the first, all
+as p50/p90/p99, and the tokens an event with text carries on average; errors,
+and with --pid the CPU seconds each process of the server's tree spent per
+generated token.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
@@ -78,7 +82,15 @@ class Outcome:
     tokens: int = 0
     latency: float = 0.0
     ttft: float | None = None
+    events: int = 0  # streamed events with text
+    gaps: list[float] = field(default_factory=list)  # between those events
     error: str | None = None
+
+    def tpot(self) -> float | None:
+        """Time per output token after the first: what a stream's reader sees of the decode."""
+        if self.ttft is None or self.tokens < 2:
+            return None
+        return (self.latency - self.ttft) / (self.tokens - 1)
 
 
 async def _one(session, url: str, dialect: Dialect, prompt: str, gen_tokens: int, stream: bool) -> Outcome:
@@ -93,7 +105,7 @@ async def _one(session, url: str, dialect: Dialect, prompt: str, gen_tokens: int
                 out.tokens = dialect.tokens(decode(await resp.read()))
             else:
                 counted = None
-                events = 0
+                last = 0.0
                 async for line in resp.content:
                     payload = dialect.payload(line)
                     if payload is None:
@@ -102,12 +114,16 @@ async def _one(session, url: str, dialect: Dialect, prompt: str, gen_tokens: int
                         break
                     text, n = dialect.event(decode(payload))
                     if text:
-                        events += 1
+                        now = time.perf_counter()
+                        out.events += 1
                         if out.ttft is None:
-                            out.ttft = time.perf_counter() - t0
+                            out.ttft = now - t0
+                        else:
+                            out.gaps.append(now - last)
+                        last = now
                     if n is not None:
                         counted = n
-                out.tokens = counted if counted is not None else events
+                out.tokens = counted if counted is not None else out.events
     except Exception as e:  # noqa: BLE001 - any failure of a request is counted, the run goes on
         out.error = f"{type(e).__name__}: {e}"
     out.latency = time.perf_counter() - t0
@@ -194,6 +210,9 @@ def run_cell(
         "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,
         "latency": _percentiles([o.latency for o in ok]),
         "ttft": _percentiles([o.ttft for o in ok if o.ttft is not None]),
+        "itl": _percentiles([g for o in ok for g in o.gaps]),
+        "tpot": _percentiles([t for o in ok if (t := o.tpot()) is not None]),
+        "tokens_per_event": generated / events if (events := sum(o.events for o in ok)) else None,
         "cpu_seconds": cpu,
         "cpu_ms_per_token": {role: 1000 * s / generated for role, s in cpu.items()} if generated else {},
         "client_cpu_seconds": (client1.user + client1.system) - (client0.user + client0.system),
@@ -217,6 +236,12 @@ def summary(r: dict) -> str:
         f"c={r['concurrency']:<3} {r['tokens_per_second']:7.1f} tok/s  "
         f"e2e p50/p99 {r['latency']['p50'] or 0:.2f}/{r['latency']['p99'] or 0:.2f} s  "
         + (f"TTFT p50/p99 {ttft:.3f}/{r['ttft']['p99']:.3f} s  " if ttft is not None else "")
+        + (
+            f"ITL p50/p90/p99 {1000 * itl['p50']:.1f}/{1000 * itl['p90']:.1f}/{1000 * itl['p99']:.1f} ms  "
+            f"TPOT p50 {1000 * r['tpot']['p50']:.1f} ms  {r['tokens_per_event']:.2f} tokens/event  "
+            if (itl := r["itl"])["p50"] is not None
+            else ""
+        )
         + f"{r['generated_tokens']} tokens, {r['errors']} errors, {r['short']} short"
         + (f"  CPU ms/token: {cpu}" if cpu else "")
     )
