@@ -17,9 +17,9 @@ from starlette.responses import StreamingResponse
 
 from cllm.core.errors import ApiError
 from frontend_proc.core.generation import Choice, Generation, engine_refused
-from frontend_proc.http.sse import sse_response
+from frontend_proc.http.sse import KEEP_ALIVE, sse_response
 
-PING_SECONDS = 5.0  # between keep-alive events while a stream waits for its first piece
+PING_SECONDS = 5.0  # between keep-alive comments while a stream waits for its first piece
 
 
 async def whole(request: Request, gen: Generation) -> list[str]:
@@ -33,7 +33,7 @@ async def whole(request: Request, gen: Generation) -> list[str]:
 class Stream:
     """What a door's stream writes at each moment."""
 
-    ping: bytes | None = None  # written every PING_SECONDS while the first piece is awaited (None: nothing)
+    ping: bytes | None = KEEP_ALIVE  # written every PING_SECONDS while the first piece is awaited (None: nothing)
     media_type: str | None = None  # None: Server-Sent Events; else the stream's own type (Ollama's NDJSON)
 
     def start(self) -> bytes:

@@ -7,6 +7,10 @@ from starlette.responses import StreamingResponse
 
 _json = msgspec.json.Encoder()
 
+# A comment line: it keeps a waiting stream's connection alive, and SSE parsers (SDKs, benchmark harnesses) skip
+# it, where a data event would be read as the first response.
+KEEP_ALIVE = b": ping\n\n"
+
 
 def sse(event) -> bytes:
     """One Server-Sent Event carrying JSON."""

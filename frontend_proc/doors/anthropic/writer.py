@@ -13,9 +13,7 @@ from frontend_proc.http.errors import error_body
 from frontend_proc.http.sse import sse_event
 
 PATH = "/v1/messages"
-PING = sse_event(
-    "ping", {"type": "ping"}
-)  # while a stream waits for its first token, as Anthropic keeps idle streams alive
+PING = sse_event("ping", {"type": "ping"})  # once after message_start, as Anthropic's streams open
 
 
 def stop_reason(choice: Choice, reply: Reply) -> str:
@@ -110,9 +108,8 @@ class ContentBlocks(Blocks):
 
 
 class Stream(lifecycle.Stream):
-    """message_start, ping, per block start/deltas/stop, message_delta, message_stop; pings while the reply waits."""
-
-    ping = PING
+    """message_start, ping, per block start/deltas/stop, message_delta, message_stop; while the reply waits,
+    keep-alive comments (lifecycle.Stream.ping)."""
 
     def __init__(self, gen: Generation, reply: Reply, model: str):
         self.gen, self.reply, self.model = gen, reply, model

@@ -86,6 +86,7 @@ class Stream(lifecycle.Stream):
     """A JSON object a line: each piece of the answer and thinking, the calls once read, then the done object."""
 
     media_type = NDJSON
+    ping = None  # NDJSON has no comment line: a blank one would fail a client's JSON parse
 
     def __init__(self, gen: Generation, reply: Reply, writer: Writer, t0: int, load_ns: int):
         self.gen, self.reply, self.writer, self.t0, self.load_ns = gen, reply, writer, t0, load_ns

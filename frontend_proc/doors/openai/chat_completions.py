@@ -128,13 +128,7 @@ async def chat_completions(request: Request) -> Response:
             "finish_reason": reply.finish(choice.finish),
         }
 
-    def opening(choice: Choice) -> dict:
-        return {
-            "index": choice.index,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
+    opened = [False] * len(gen.choices)
 
     def delta(choice: Choice, text: str | None, start: int, end: int) -> list[dict]:
         reply = replies[choice.index]
@@ -144,6 +138,9 @@ async def chat_completions(request: Request) -> Response:
             deltas.append({})
         elif logprobs is not None and not deltas:  # the text is held back, its logprobs are not
             deltas.append({"content": ""})
+        if deltas and not opened[choice.index]:  # the role rides with the first token, as llama-server sends it
+            opened[choice.index] = True
+            deltas[0] = {"role": "assistant", **deltas[0]}
         chunks = [{"index": choice.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
         if chunks:
             chunks[0]["logprobs"] = logprobs
@@ -151,7 +148,7 @@ async def chat_completions(request: Request) -> Response:
                 chunks[-1]["finish_reason"] = reply.finish(choice.finish)
         return chunks
 
-    return await respond_openai(request, gen, head, body, whole, delta, opening)
+    return await respond_openai(request, gen, head, body, whole, delta)
 
 
 # llama-server's /apply-template reads this door's body, so it lives here (its errors keep llama-server's shape:

@@ -44,7 +44,8 @@ def usage(gen: Generation) -> dict:
 
 class _Stream(lifecycle.Stream):
     """OpenAI's chunks: delta(choice, text, start, end) makes those of a piece, from the tokens [start, end)
-    consumed since the last (text None: the end of the choice); opening(choice), the first of each choice."""
+    consumed since the last (text None: the end of the choice); opening(choice), what a choice opens with before
+    its first token (the completions' echoed prompt)."""
 
     def __init__(self, gen: Generation, head: dict, body: OpenAIRequest, delta: Callable, opening: Callable | None):
         self.gen, self.head, self.body, self.delta, self.opening = gen, head, body, delta, opening
