@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import ROOT, alive, family, health, shm_entries, start_server, wait_until
+from tests.conftest import ROOT, alive, child, family, health, shm_entries, start_server, wait_until
 
 
 def serve_fails(*args: str) -> subprocess.CompletedProcess:
@@ -117,6 +117,21 @@ def test_config_file_context_full_and_clean_sigterm(small_server):
     assert srv.stop(signal.SIGTERM) == 0
     assert not alive(procs)
     assert shm_entries() == shm_before
+
+
+# A process's compiled modules are in its memory map once imported: (process, libraries it must not have loaded)
+HEAVY = {"frontend_proc": ("/numpy/", "/psutil/"), "engine_proc": ("/markupsafe/",)}  # markupsafe: jinja2's
+
+
+def test_the_processes_start_without_the_heavy_modules(small_server):
+    """What start-up runs, not only what the modules import at the top (tests/unit/test_startup_imports.py): a
+    server that serves has loaded none of them."""
+    srv, _ = small_server
+    for module, heavy in HEAVY.items():
+        with open(f"/proc/{child(srv, module).pid}/maps") as f:
+            loaded = {line.split()[-1] for line in f if "/" in line}
+        assert [m for m in loaded if "/llama_cpp/" in m], loaded  # the check sees the libraries both load
+        assert not [m for m in loaded if any(h in m for h in heavy)], (module, sorted(loaded))
 
 
 def test_sigint_finishes_in_flight_request_then_exits_clean(small_server):

@@ -1,7 +1,9 @@
 """What each process imports before it serves: every module costs each server start its CPU (~70 starts in
 `make test`), so the heavy ones nothing at start-up uses stay out (perf/results/2026-11-28-startup-imports.md).
 
-Each check runs a fresh interpreter, as the processes start; none loads a model.
+Each check runs a fresh interpreter, as the processes start; none loads a model. What start-up then runs (main(),
+the tokenizer, the engine's load) is checked on a served server's memory maps, in
+tests/test_lifecycle.py::test_the_processes_start_without_the_heavy_modules.
 """
 
 from __future__ import annotations
