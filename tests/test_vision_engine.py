@@ -14,6 +14,7 @@ import time
 
 import llama_cpp as L
 import llama_cpp.mtmd_cpp as M
+import msgspec
 import numpy as np
 import pytest
 
@@ -32,6 +33,7 @@ N_IMAGE = synth_mmproj.Tower().n_patches  # positions an image takes with the ma
 USER = "<|im_start|>user\n"
 ASK = "\nWhat is in this picture?<|im_end|>\n<|im_start|>assistant\n"
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+SEEN = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2)  # GREEDY with each token's logprobs
 THREADS = 1  # no barrier for threads to spin at when other programs hold the CPUs (docs/internals.md: Threads)
 
 
@@ -202,10 +204,23 @@ def test_the_next_turn_about_an_image_reuses_its_cells_and_another_image_does_no
     assert cached[1] == at
 
 
+def in_stream(engine: LLMEngine, reqs: list[Submit]) -> dict[int, list[SeqOutput]]:
+    """The requests one at a time, nothing between them: each turn finds the cells of the one before still in its
+    stream, made by the same decodes as those a restore brings back (a prefill from scratch, made by other ones,
+    gives other last bits)."""
+    return {r.id: run(engine, [r])[r.id] for r in reqs}
+
+
+def said(outs: list[SeqOutput]) -> list[tuple]:
+    """A reply's tokens, each with its logprobs, and how it ended."""
+    return [(o.token, o.logprobs and msgspec.structs.astuple(o.logprobs), o.finish) for o in outs]
+
+
 def test_an_images_cells_are_reused_from_host_ram_and_after_a_restart(mmproj, tok, tmp_path):
     """Two streams: two long text requests push the image conversation's entry out to host RAM, where its next turn
     finds it; the engine closes (its entries go to --cache-dir's files) and a new one serves the turn after from
-    them. The placeholders of the image's positions go with the tokens."""
+    them. The placeholders of the image's positions go with the tokens, and each reply is, logprobs and all, the one
+    an engine that kept the cells in their stream gives."""
     config = ServeConfig(parallel=2, ctx_size=2048, threads=THREADS, mmproj=mmproj, cache_dir=str(tmp_path / "kv"))
     system = tok.encode("<|im_start|>system\n" + "You describe pictures carefully and briefly. " * 20 + "<|im_end|>\n")
     data = F.png(F.picture(80, 60, seed=11))
@@ -214,12 +229,14 @@ def test_an_images_cells_are_reused_from_host_ram_and_after_a_restart(mmproj, to
         text, at, chunks = prompt(eng.vision, data)
         chunks.close()
         text, at = system + text, len(system) + at
-        first = tokens(run(eng, [Submit(1, text, GREEDY, images=[ImageInput(at, data)])])[1])
+        opening = Submit(1, text, GREEDY, images=[ImageInput(at, data)])
+        first = tokens(run(eng, [opening])[1])
         others = [tok.encode(f"<|im_start|>user\n{w} " * 10) for w in ("apples", "rivers")]
         run(eng, [Submit(2 + i, p, GREEDY) for i, p in enumerate(others)])
         assert eng.scheduler.cache.host.entries  # the image conversation's entry went to host RAM
         turn = [*text, *first, *text[at:]]
-        outs = run(eng, [Submit(5, turn, GREEDY, images=[ImageInput(at, data)])])[5]
+        asked = Submit(5, turn, SEEN, images=[ImageInput(at, data)])
+        outs = run(eng, [asked])[5]
         assert outs[0].cached_tokens >= at + N_IMAGE + len(first)
     finally:
         eng.close()
@@ -227,12 +244,19 @@ def test_an_images_cells_are_reused_from_host_ram_and_after_a_restart(mmproj, to
     try:
         assert eng.scheduler.cache.disk.entries  # found at the start
         turn2 = [*turn, *tokens(outs), *text[at:]]
-        outs2 = run(eng, [Submit(6, turn2, GREEDY, images=[ImageInput(at, data)])])[6]
+        asked2 = Submit(6, turn2, SEEN, images=[ImageInput(at, data)])
+        outs2 = run(eng, [asked2])[6]
         assert outs2[0].cached_tokens >= at + N_IMAGE + len(first)
         other = run(eng, [Submit(7, turn2, GREEDY, images=[ImageInput(at, F.png(F.picture(80, 60, seed=12)))])])[7]
         assert other[0].cached_tokens == at
     finally:
         eng.close()
+    eng = LLMEngine(resolve_model(None), msgspec.structs.replace(config, cache_dir=None))
+    try:
+        kept = in_stream(eng, [opening, asked, asked2])
+    finally:
+        eng.close()
+    assert said(outs) == said(kept[5]) and said(outs2) == said(kept[6])
 
 
 def test_a_prompt_that_ends_with_an_image_samples_from_its_last_row(engine):

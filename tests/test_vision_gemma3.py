@@ -27,11 +27,12 @@ from perf import image_files as F
 from perf import synth_gemma3
 from tests.conftest import start_server
 from tests.llama_server import llama_server_on
-from tests.test_vision_engine import reference, run, tokens
+from tests.test_vision_engine import in_stream, reference, run, said, tokens
 
 USER = "<start_of_turn>user\n"
 ASK = "What is in this picture?<end_of_turn>\n<start_of_turn>model\n"
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+SEEN = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2)  # GREEDY with each token's logprobs
 THREADS = 1
 N_POS = synth_gemma3.N_IMAGE + 2  # an image's rows between <start_of_image> and <end_of_image>
 
@@ -161,7 +162,8 @@ def test_the_next_turn_reuses_the_images_cells(engine):
 
 def test_the_images_cells_are_reused_from_host_ram_and_after_a_restart(gemma3, tmp_path):
     """Two streams: long text requests push the image conversation out to host RAM, where its next turn finds it;
-    after a restart --cache-dir's files serve the turn after; another image's turn reuses only the text before it."""
+    after a restart --cache-dir's files serve the turn after; another image's turn reuses only the text before it.
+    Each reply is, logprobs and all, the one an engine that kept the cells in their stream gives (in_stream)."""
     config = {"parallel": 2, "cache_dir": str(tmp_path / "kv")}
     data = F.png(F.picture(80, 60, seed=11))
     eng = engine_on(gemma3, **config)
@@ -169,12 +171,14 @@ def test_the_images_cells_are_reused_from_host_ram_and_after_a_restart(gemma3, t
         # a long instruction first (Gemma 3 puts a system prompt in the first user turn): worth keeping in host RAM
         before = text_tokens(eng.vision, USER + "You describe pictures carefully and briefly. " * 20)
         text, at = before + text_tokens(eng.vision, ASK, first=False), len(before)
-        first = tokens(run(eng, [Submit(1, text, GREEDY, images=[ImageInput(at, data)])])[1])
+        opening = Submit(1, text, GREEDY, images=[ImageInput(at, data)])
+        first = tokens(run(eng, [opening])[1])
         others = [text_tokens(eng.vision, f"{USER}{w} " * 20) for w in ("apples", "rivers")]
         run(eng, [Submit(2 + i, p, GREEDY) for i, p in enumerate(others)])
         assert eng.scheduler.cache.host.entries  # the image conversation's entry went to host RAM
         turn = [*text, *first, *text[at:]]
-        outs = run(eng, [Submit(5, turn, GREEDY, images=[ImageInput(at, data)])])[5]
+        asked = Submit(5, turn, SEEN, images=[ImageInput(at, data)])
+        outs = run(eng, [asked])[5]
         assert outs[0].cached_tokens >= len(text) + N_POS + len(first) - 1
     finally:
         eng.close()
@@ -182,12 +186,19 @@ def test_the_images_cells_are_reused_from_host_ram_and_after_a_restart(gemma3, t
     try:
         assert eng.scheduler.cache.disk.entries  # found at the start
         turn2 = [*turn, *tokens(outs), *text[at:]]
-        outs2 = run(eng, [Submit(6, turn2, GREEDY, images=[ImageInput(at, data)])])[6]
+        asked2 = Submit(6, turn2, SEEN, images=[ImageInput(at, data)])
+        outs2 = run(eng, [asked2])[6]
         assert outs2[0].cached_tokens >= len(turn) + N_POS + len(tokens(outs)) - 1
         other = run(eng, [Submit(7, turn2, GREEDY, images=[ImageInput(at, F.png(F.picture(80, 60, seed=12)))])])[7]
         assert other[0].cached_tokens == at + 1  # the text before the image and its <start_of_image>
     finally:
         eng.close()
+    eng = engine_on(gemma3, parallel=2)
+    try:
+        kept = in_stream(eng, [opening, asked, asked2])
+    finally:
+        eng.close()
+    assert said(outs) == said(kept[5]) and said(outs2) == said(kept[6])
 
 
 # ---- served, beside llama-server on the same files ----------------------------------------------------------------

@@ -42,6 +42,8 @@ def test_an_image_only_the_engine_cannot_decode_gets_a_400_and_the_server_goes_o
 
 
 def test_a_conversation_about_an_image_goes_on_after_a_restart(mmproj, tmp_path):
+    """The next turn asked before the restart (its first turn's cells, the image's among them, still in the stream
+    that made them) and after it (from the file): the same reply, logprobs and all."""
     args = (*ARGS, "--mmproj", mmproj, "--cache-dir", str(tmp_path / "kv"))
     image = F.png(F.picture(64, 48, seed=2))
     system = [{"role": "system", "content": "You describe pictures carefully and briefly. " * 20}]
@@ -51,8 +53,11 @@ def test_a_conversation_about_an_image_goes_on_after_a_restart(mmproj, tmp_path)
         r = http.post("/v1/chat/completions", json=body).json()
         first = r["usage"]
         assert first["prompt_tokens_details"]["cached_tokens"] == 0 and first["prompt_tokens"] > 128 + N_IMAGE
-    body["messages"] += [r["choices"][0]["message"], {"role": "user", "content": "And its colours?"}]
+        body["messages"] += [r["choices"][0]["message"], {"role": "user", "content": "And its colours?"}]
+        body |= {"logprobs": True, "top_logprobs": 2}
+        before = http.post("/v1/chat/completions", json=body).json()
     with start_server(*args) as srv, srv.client() as http:
         r = http.post("/v1/chat/completions", json=body).json()
         # the whole first prompt, the image's positions in the middle of it, came from the file
         assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"]
+    assert r["choices"] == before["choices"]
