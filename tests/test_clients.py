@@ -194,14 +194,17 @@ def test_tool_schemas_a_grammar_cannot_hold_are_loosened_not_refused(http):
     }
     tools = [{"type": "function", "function": {"name": "Workflow", "parameters": workflow}}]
     # Greedy, on a prompt after which SmolLM2 writes a short call and closes it (others fill `tags` to the limit).
+    # One call (parallel_tool_calls false): how many it writes otherwise, or what it puts in them, is its choice.
     ask = [{"role": "user", "content": "Run the script `echo hi` with the Workflow tool."}]
-    body = {"messages": ask, "tools": tools, "tool_choice": "required", "max_tokens": 100, "temperature": 0, "seed": 1}
-    r = http.post("/v1/chat/completions", json=body)
+    body = {"messages": ask, "tools": tools, "tool_choice": "required", "parallel_tool_calls": False}
+    r = http.post("/v1/chat/completions", json={**body, "max_tokens": 100, "temperature": 0, "seed": 1})
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls", choice
     (call,) = [c["function"] for c in choice["message"]["tool_calls"]]
-    assert call["name"] == "Workflow" and json.loads(call["arguments"]) == {"script": "echo hi"}
+    args = json.loads(call["arguments"])  # the loosened schema, held by the grammar
+    assert call["name"] == "Workflow" and set(args) <= set(workflow["properties"]), call
+    assert isinstance(args.get("script", ""), str) and all(isinstance(t, str) for t in args.get("tags", [])), call
     pattern = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-z]{1,100000}$"}}}
     r = http.post(
         "/v1/chat/completions",
