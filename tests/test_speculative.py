@@ -28,7 +28,9 @@ EXACT = ("--parallel", "4", "--ctx-size", "8192", "--flash-attn", "off", "--cach
 CODE = pathlib.Path(__file__).resolve().parent.joinpath("copy_task.txt").read_text()
 # The file first, the task after it: the prompts share the file's cells, so each server prefills it once.
 COPY = f"Here is a file:\n\n{CODE}\n\nCopy it exactly as it is."
-QUOTE = f"Here is a file:\n\n{CODE}\n\nQuote its docstring, then say in one sentence what the class does."
+# Free text that quotes the file: its greedy reply, with drafts or without, agrees for 128 tokens (quoting the
+# docstring, then one sentence on the class parted at the 20th, at a tie 0.055 nats apart).
+QUOTE = f"Here is a file:\n\n{CODE}\n\nWhat does the class do? Quote the line that says so."
 ORDINARY = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 MAX_TOKENS = 128
 
@@ -38,13 +40,29 @@ MAX_TOKENS = 128
 # attention off), so a tie can flip only under about twice that; 0.25 nats leaves room, and a token kept without
 # being the sampler's pick would show as a token outside the top 2, or one far from tied, in the run without drafts.
 NEAR_TIE = 0.25
+# A parting ends the comparison, so one early in a reply would leave the rest of it unchecked: the prompts are ones
+# whose replies agree for most of their length, and a parting before this share of the longer reply fails.
+AGREED = 0.5
 TOP2 = {"logprobs": True, "top_logprobs": 2}
 
 
-def same_or_parted_at_a_near_tie(a: dict, b: dict) -> int | None:
+def greedy_picks(reply: dict) -> None:
+    """Each token of a greedy reply is the likeliest on its row, as its own top-2 logprobs say: a verifier that kept
+    a drafted token the sampler did not pick shows here, wherever it did, after a parting too."""
+    for i, row in enumerate(reply["logprobs"]["content"]):
+        best = row["top_logprobs"][0]
+        assert row["bytes"] == best["bytes"], f"token {i} is not its row's likeliest: {row}"
+
+
+def same_or_parted_at_a_near_tie(a: dict, b: dict, grammar: bool = False) -> int | None:
     """Where two greedy replies (choices with top-2 logprobs) part, or None: they are the same, or the same up to a
-    token where both runs' two best are the same two tokens, under NEAR_TIE apart in each run."""
+    token where both runs' two best are the same two tokens, under NEAR_TIE apart in each run, past AGREED of the
+    longer reply. Each token of each is its row's greedy pick (greedy_picks), but under a ``grammar``."""
     ta, tb = a["logprobs"]["content"], b["logprobs"]["content"]
+    if not grammar:
+        greedy_picks(a)
+        greedy_picks(b)
+    longest = max(len(ta), len(tb))
 
     def best_two(row: dict) -> tuple[set[bytes], float]:
         first, second = row["top_logprobs"][:2]
@@ -55,11 +73,13 @@ def same_or_parted_at_a_near_tie(a: dict, b: dict) -> int | None:
             for row in (x, y):
                 two, gap = best_two(row)
                 assert two == {bytes(x["bytes"]), bytes(y["bytes"])} and gap < NEAR_TIE, (i, x, y)
+            assert i >= AGREED * longest, f"parted at a near tie at token {i} of {longest}: too early to end there"
             return i
     if len(ta) != len(tb):  # one ended on an end-of-generation token, which has no entry: the other's row is the tie
         (short, _), (_, longer) = sorted(((a, ta), (b, tb)), key=lambda r: len(r[1]))
         n = min(len(ta), len(tb))
         assert short["finish_reason"] == "stop" and best_two(longer[n])[1] < NEAR_TIE, (n, longer[n])
+        assert n >= AGREED * longest, f"parted at a near tie at token {n} of {longest}: too early to end there"
         return n
     assert (a["message"], a["finish_reason"]) == (b["message"], b["finish_reason"])
     return None
@@ -185,7 +205,7 @@ def test_a_grammar_constrained_request(servers):
         == "A llama_batch backed by numpy arrays that live as long as it"
     )
     assert accepted(on) > before  # the quote came from drafts, each token checked by the grammar
-    same_or_parted_at_a_near_tie(a, chat(off.http, prompt, response_format=fmt, max_tokens=200, **TOP2))
+    same_or_parted_at_a_near_tie(a, chat(off.http, prompt, response_format=fmt, max_tokens=200, **TOP2), grammar=True)
 
 
 def test_a_seeded_sampled_request_is_reproducible(servers):
