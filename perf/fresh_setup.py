@@ -104,7 +104,8 @@ def main() -> None:
         print("".join(log[-40:]))
         raise SystemExit("no first token")
     figures = ", ".join(f"{k} {v:.0f} s" for k, v in marks.items())
-    print(f"rev {rev.stdout.strip()[:7]}: {figures}; load average before {load0[0]:.1f}, after {os.getloadavg()[0]:.1f}")
+    load = f"load average before {load0[0]:.1f}, after {os.getloadavg()[0]:.1f}"
+    print(f"rev {rev.stdout.strip()[:7]}: {figures}; {load}")
 
 
 if __name__ == "__main__":
