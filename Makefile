@@ -23,8 +23,8 @@ install: $(STAMP)
 UV_VERSION := 0.13.9
 UV         := $(VENV)/bin/uv
 # llama.cpp is compiled without the `common` library llama-cpp-python builds by default (scripts/llama-engine-only.cmake).
-SYNC       := CMAKE_ARGS="$(CMAKE_ARGS) -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/scripts/llama-engine-only.cmake" \
-              $(UV) sync --frozen --inexact --python $(PY)
+ENGINE_ONLY := -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/scripts/llama-engine-only.cmake
+SYNC       := CMAKE_ARGS="$(CMAKE_ARGS) $(ENGINE_ONLY)" $(UV) sync --frozen --inexact --python $(PY)
 SERVE_STAMP := $(VENV)/.serve-installed
 
 $(UV):
@@ -48,10 +48,10 @@ lock: | $(UV)
 # llama.cpp rebuilt from source with a GPU backend (docs/deployment.md: GPUs); the version is pyproject.toml's pin.
 LLAMA_CPP = $$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
 install-cuda: install
-	CMAKE_ARGS="-DGGML_CUDA=on" $(PY) -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
+	CMAKE_ARGS="-DGGML_CUDA=on $(ENGINE_ONLY)" $(PY) -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
 
 install-metal: install
-	CMAKE_ARGS="-DGGML_METAL=on" $(PY) -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
+	CMAKE_ARGS="-DGGML_METAL=on $(ENGINE_ONLY)" $(PY) -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
 
 serve: $(SERVE_STAMP)
 	$(VENV)/bin/cllm serve $(ARGS)
