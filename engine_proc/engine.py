@@ -53,8 +53,8 @@ class StepResult:
 
 
 class LLMEngine:
-    def __init__(self, model_path: str, config: ServeConfig):
-        self.runner = ModelRunner(model_path, config)
+    def __init__(self, model_path: str, config: ServeConfig, server: int | None = None):
+        self.runner = ModelRunner(model_path, config, server)  # server: see ModelRunner
         self.images: ImageIntake | None = None
         if config.mmproj:  # engine_proc/vision/ is imported only here: a text model's engine loads none of it
             from engine_proc.vision.image_intake import ImageIntake

@@ -69,7 +69,7 @@ def main() -> int:
             raise _Stop
 
     try:
-        engine = LLMEngine(launch.model_path, launch.config)
+        engine = LLMEngine(launch.model_path, launch.config, server=os.getppid())  # the supervisor, or Ray's replica
     except ModelLoadError as e:
         log.error("%s", e)
         return EXIT_LOAD_FAILED

@@ -26,7 +26,7 @@ from cllm.core.model_meta import meta as _meta
 from cllm.core.protocol import ModelInfo
 from engine_proc.run.batch import Batch, EmbdBatch
 from engine_proc.run.decode_thread import DecodeThread
-from engine_proc.run.threads import Threads
+from engine_proc.run.threads import Threads, server_cpu
 from engine_proc.sequence import Chunk
 
 FLASH_ATTN = {
@@ -47,7 +47,9 @@ class ModelLoadError(RuntimeError):
 
 
 class ModelRunner:
-    def __init__(self, model_path: str, config: ServeConfig):
+    def __init__(self, model_path: str, config: ServeConfig, server: int | None = None):
+        """``server``: the pid of the process that started this one; it and its other children are the server's
+        own, not other programs, to the thread probe (Threads.probe). None: the engine runs in its caller's process."""
         silence_llama_logs()
         L.llama_backend_init()
         mparams = L.llama_model_default_params()
@@ -101,7 +103,7 @@ class ModelRunner:
         # Streams in device memory are copied on the device, in the next llama_decode's order: a save and
         # restore through host bytes would wait for the device and cross the bus twice.
         self._copy_through_host = mparams.n_gpu_layers == 0
-        self.threads.probe()
+        self.threads.probe(server=server_cpu(server))
         # llama.cpp's count of ubatches that reused the previous one's compute graph (PR 14482: same token
         # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
         self._n_reused = L.llama_perf_context(self.ctx).n_reused

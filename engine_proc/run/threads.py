@@ -18,6 +18,12 @@ run at the shared speed. It judges them on as many plain busy threads, not
 on llama.cpp's: beside busy programs one two-thread decode of one token took
 0.1 to 9 s of wall and up to 3 CPU s there, waiting at its barriers, which
 made a server's start-up there slow and dear (perf/results/2026-11-28-startup-probe.md).
+The server's own other processes (the frontend, starting beside the
+engine) are no other program: the CPU they take over the probe counts as
+the threads' own, for they are done before the engine serves (judged as
+such, a fresh server decoded its first ~2 s on one thread). Their share is
+the threads' own rather than the machine's busy time less theirs, which
+would read a virtual machine's stolen time as free CPUs.
 
 The count is not free of consequence: under flash attention llama.cpp's CPU
 decode of one query over 512 or more KV cells splits the cells between the
@@ -39,9 +45,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+
+import psutil
 
 WINDOW = 0.25  # seconds of decoding judged at once
 PROBE = 0.05  # seconds a new engine keeps its threads' number of busy threads running to judge them
@@ -74,6 +83,30 @@ def busy(n: int, seconds: float) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def server_cpu(supervisor: int | None) -> Callable[[], dict[int, float]]:
+    """The CPU seconds so far of each of the server's processes but this one, by pid: ``supervisor`` (the process
+    that started the engine: cllm's supervisor, Ray's replica) and its children as they are now (the frontend,
+    other engines). None: an engine that runs in its caller's process (cllm bench engine) has no server."""
+    try:
+        top = psutil.Process(supervisor) if supervisor is not None else None
+        procs = [top, *top.children(recursive=True)] if top is not None else []
+    except psutil.Error:
+        procs = []
+    procs = [p for p in procs if p.pid != os.getpid()]
+
+    def cpu() -> dict[int, float]:
+        seconds = {}
+        for p in procs:
+            try:
+                t = p.cpu_times()
+            except psutil.Error:  # it ended
+                continue
+            seconds[p.pid] = t.user + t.system
+        return seconds
+
+    return cpu
+
+
 class Threads:
     def __init__(
         self,
@@ -92,15 +125,23 @@ class Threads:
         self._trying = False  # all threads again, for one window
         self._new_window()
 
-    def probe(self, run: Callable[[int, float], tuple[float, float]] = busy) -> None:
+    def probe(
+        self,
+        run: Callable[[int, float], tuple[float, float]] = busy,
+        server: Callable[[], dict[int, float]] = dict,
+    ) -> None:
         """Judge the threads before the engine serves, on the CPU that as many busy threads get over PROBE
-        seconds (``run``: busy(), or a stand-in). Beside one busy program a 4,000-token conversation's next turn
+        seconds (``run``: busy(), or a stand-in) and the server's other processes take meanwhile (``server``:
+        server_cpu(), or a stand-in). Beside one busy program a 4,000-token conversation's next turn
         on a restarted engine took 3-4x its time on the engine before, which had gone down to one thread
         (perf/results/2026-11-27-restart-cache-session9.md)."""
         if not self._follow:
             return
+        before = server()
         wall, cpu = run(self.most, PROBE)
-        self.decoded(wall, cpu, window=0.0)
+        after = server()
+        theirs = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
+        self.decoded(wall, cpu + theirs, window=0.0)
 
     def decoded(self, wall: float, cpu: float, window: float = WINDOW) -> None:
         """One llama_decode took ``wall`` seconds and the engine ``cpu`` seconds of CPU meanwhile; the

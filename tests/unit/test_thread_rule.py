@@ -3,6 +3,11 @@ tests/test_threads.py)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 from engine_proc.run import threads
 
 
@@ -140,3 +145,37 @@ def test_fixed_threads_are_not_probed():
 def test_the_probes_busy_threads_run_their_time_on_the_cpu():
     wall, cpu = threads.busy(2, 0.02)
     assert wall >= 0.02 and cpu > 0
+
+
+def test_the_servers_own_processes_starting_beside_the_probe_are_no_other_program():
+    """The frontend starts while the engine probes: the CPU it takes from the busy threads is theirs to have once
+    it serves, so the engine keeps all its threads; other programs' still count."""
+    m = Machine()
+    rule, applied = m.governor()
+    run, _ = probing(m, 0.5)
+    frontend = iter([{7: 1.0}, {7: 1.0 + threads.PROBE}])  # one CPU of the two over the probe
+    rule.probe(run, server=lambda: next(frontend))
+    assert applied == [] and rule.n == 2
+
+    other = Machine()
+    rule, applied = other.governor()
+    run, _ = probing(other, 0.5)
+    idle = iter([{7: 1.0, 8: 2.0}, {7: 1.0, 9: 5.0}])  # 8 ended and 9 began meanwhile: neither counts
+    rule.probe(run, server=lambda: next(idle))
+    assert applied == [1]
+
+
+def test_the_servers_processes_are_the_supervisors_tree_but_the_engine():
+    spin = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        deadline = time.monotonic() + 30
+        cpu = threads.server_cpu(os.getpid())  # this process as the supervisor: only its child is counted
+        while time.monotonic() < deadline and cpu().get(child.pid, 0.0) < 0.05:
+            time.sleep(0.05)
+        seconds = cpu()
+        assert seconds.get(child.pid, 0.0) >= 0.05 and os.getpid() not in seconds
+    finally:
+        child.kill()
+        child.wait()
+    assert threads.server_cpu(None)() == {}
