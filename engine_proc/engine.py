@@ -13,6 +13,7 @@ run by _step_ahead).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 NO_PROJECTOR = "this model takes no images: start it with --mmproj (a vision projector)"
 # While sequences decode, embeddings get at most this fraction (1/n) of a step's budget.
 EMBED_SHARE = 4
+# Streams in a step from which their tokens may wait for the next ones, where llama.cpp's threads fill the CPUs
+# (docs/internals.md: Streaming); fewer get a token an event.
+COALESCE_STREAMS = 4
 
 
 @dataclass(slots=True)
@@ -109,7 +113,9 @@ class LLMEngine:
         self.decode_steps = 0  # llama_decode calls of decoding sequences' tokens
         self.reused_steps = 0  # of those, the ones whose compute graph llama.cpp reused from the call before
         self.stream_interval = config.stream_interval_ms / 1000
-        self._woke = 0.0  # when the last urgent step ended
+        cpu_bound = self.runner.info.gpu_layers == 0 and self.runner.threads.most >= (os.cpu_count() or 1)
+        self.coalesce_streams = COALESCE_STREAMS if cpu_bound else float("inf")
+        self._woke = 0.0  # when the frontend was last woken
         self._step_wall = 0.0  # the last step's seconds
         self.generated_tokens = 0
         # Per-step figures gathered until the next stats(): a float and an int a step.
@@ -267,14 +273,15 @@ class LLMEngine:
 
     def _wake(self, urgent: bool, decode: list[Chunk], took: float, now: float) -> bool:
         """Whether the frontend wants this step's outputs now: if a request begins (its first token
-        times TTFT) or ends (``urgent``). A token read as it comes (per_step) may wait in the
-        ring while the next step, if it takes as long as this one (``took``), still ends
-        within the stream interval of the last wake-up: one wake-up of the
-        frontend then carries a few tokens, and its CPU goes to llama.cpp."""
-        if urgent or (any(c.seq.per_step for c in decode) and now + took - self._woke >= self.stream_interval):
-            self._woke = now
-            return True
-        return False
+        times TTFT) or ends (``urgent``), or a token read as it comes (per_step) is in it. With
+        coalesce_streams or more of those, they may wait in the ring while the next step, if as
+        long as this one (``took``), still ends within the stream interval of the last wake-up."""
+        if not urgent:
+            streams = sum(c.seq.per_step for c in decode)
+            if not streams or (streams >= self.coalesce_streams and now + took - self._woke < self.stream_interval):
+                return False
+        self._woke = now
+        return True
 
     def _step_ahead(self, ahead: Ahead, chunks: list[Chunk], tokens: list[int], t0: float) -> Iterator[StepResult]:
         """A steady step whose decode batch is the one before it a position on (StepAhead.go_on).

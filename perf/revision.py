@@ -14,6 +14,7 @@ With --this-args, this tree's server gets more options than the other's
 (with no --rev, the other is this tree too: an option's cost, side by side).
 
     .venv/bin/python -m perf.revision --rev 56bdaa5 [--runs 6] [--concurrency 1,8,32] [--gen-tokens 50] [--stream]
+        [-n REQUESTS]   (streamed, it also shows tokens an event, ITL p50 and the frontend's CPU a token)
     .venv/bin/python -m perf.revision --this-args '--cache-dir /tmp/c' [--rev 56bdaa5]
 """
 
@@ -28,9 +29,9 @@ from cllm.bench.prompts import BASE_TOKENS, requests_for
 from perf import servers
 
 
-def one_run(tree: str, settings: servers.Settings, label: str, args, extra: tuple[str, ...] = ()) -> dict[int, float]:
-    """Start `cllm serve` from the tree (``extra``: more options), load it at each concurrency, stop it: tok/s by
-    concurrency."""
+def one_run(tree: str, settings: servers.Settings, label: str, args, extra: tuple[str, ...] = ()) -> dict[int, dict]:
+    """Start `cllm serve` from the tree (``extra``: more options), load it at each concurrency, stop it: the cells
+    (cllm.bench.http_load.run_cell) by concurrency."""
     cmd, ready = servers.command("cllm", settings, port := servers.free_port())
     with servers.launch("cllm", [*cmd, *extra], port, ready, label=label, cwd=tree) as server:
         dialect = dialects.make_dialect("cllm")
@@ -41,16 +42,25 @@ def one_run(tree: str, settings: servers.Settings, label: str, args, extra: tupl
                 server.url,
                 dialect,
                 c,
-                requests_for(c),
+                args.requests or requests_for(c),
                 args.prompt_tokens,
                 args.gen_tokens,
                 args.stream,
+                [server.proc.pid],
                 progress=False,
             )
             if r["errors"]:
                 raise RuntimeError(f"{label}: {r['errors']} errors at c={c}, the first: {r['first_error']}")
-            out[c] = r["tokens_per_second"]
+            out[c] = r
         return out
+
+
+def streamed(cells: list[dict]) -> str:
+    """A streamed cell's figures over runs (means): tokens an event, ITL p50, the frontend's CPU ms a token."""
+    per_event = statistics.mean(r["tokens_per_event"] for r in cells)
+    itl = statistics.mean(r["itl"]["p50"] for r in cells)
+    frontend = statistics.mean(r["cpu_ms_per_token"].get("frontend", 0.0) for r in cells)
+    return f"{per_event:.2f} / {1000 * itl:.1f} / {frontend:.3f}"
 
 
 def main() -> None:
@@ -63,6 +73,7 @@ def main() -> None:
     ap.add_argument("-p", "--prompt-tokens", type=int, default=BASE_TOKENS)
     ap.add_argument("-g", "--gen-tokens", type=int, default=50)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("-n", "--requests", type=int, help="requests a cell (default: 5 x concurrency, 8 to 160)")
     args = ap.parse_args()
     if args.parallel < max(args.concurrency):
         args.parallel = max(args.concurrency)
@@ -70,7 +81,7 @@ def main() -> None:
     commit, old_tree = servers.unpack(args.rev) if args.rev else ("this tree", servers.ROOT)
     this = tuple(args.this_args.split())
     order = ("AB", "BA") * (args.runs // 2)
-    got: dict[str, list[dict[int, float]]] = {"A": [], "B": []}
+    got: dict[str, list[dict[int, dict]]] = {"A": [], "B": []}
     load0 = os.getloadavg()[0]
     for i, pair in enumerate(order):
         for who in pair:
@@ -78,7 +89,7 @@ def main() -> None:
             got[who].append(one_run(tree, settings, label, args, extra))
             print(
                 f"run {i + 1} {'this tree' if who == 'A' else commit[:12]}: "
-                + ", ".join(f"c={c} {t:.1f}" for c, t in got[who][-1].items())
+                + ", ".join(f"c={c} {r['tokens_per_second']:.1f}" for c, r in got[who][-1].items())
                 + f" tok/s; load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
@@ -88,17 +99,20 @@ def main() -> None:
         f"{args.gen_tokens} tokens, {'streamed' if args.stream else 'not streamed'}, --parallel {settings.parallel}, "
         f"{settings.threads} threads; load {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n"
     )
+    also = " | tokens an event / ITL p50 ms / frontend CPU ms a token: this tree | the other" if args.stream else ""
     print(
         f"| c | this tree{' ' + args.this_args if this else ''} tok/s (mean) | {commit[:12]} tok/s (mean) | ratio of "
-        "the means | median of the pairs' ratios |"
+        f"the means | median of the pairs' ratios (spread){also} |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|" + ("---|---|" if args.stream else ""))
     for c in args.concurrency:
-        a, b = [r[c] for r in got["A"]], [r[c] for r in got["B"]]
+        a, b = [r[c]["tokens_per_second"] for r in got["A"]], [r[c]["tokens_per_second"] for r in got["B"]]
+        pairs = [x / y for x, y in zip(a, b)]
         print(
             f"| {c} | {statistics.mean(a):.1f} | {statistics.mean(b):.1f} | "
             f"{statistics.mean(a) / statistics.mean(b):.3f} "
-            f"| {statistics.median(x / y for x, y in zip(a, b)):.3f} |"
+            f"| {statistics.median(pairs):.3f} ({min(pairs):.3f}-{max(pairs):.3f}) |"
+            + (f" {streamed([r[c] for r in got['A']])} | {streamed([r[c] for r in got['B']])} |" if args.stream else "")
         )
 
 

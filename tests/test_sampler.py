@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import msgspec
@@ -114,25 +115,35 @@ def test_lazy_grammar_applies_from_its_trigger_on(engine, tok):
 def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, tok):
     # A request read whole (no stream, no stop strings) needs its first token (TTFT)
     # and its last; the steps between leave their outputs in the ring unannounced.
-    # A stream's are announced at every step with no stream interval, and with
-    # one longer than the request, only as a whole request's.
-    prompt = tok.encode("Count from one to twenty:")
+    # A stream's are announced at every step, alone whatever the stream interval;
+    # with coalesce_streams streams and an interval longer than the requests, only
+    # as a whole request's.
+    prompts = [tok.encode(t) for t in ("Count from one to twenty:", "List the planets:", "Name a color:", "Hi")]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     ends = [True, False, False, False, False, True]
+    rid = itertools.count(30)
+    coalesce = engine.coalesce_streams
     try:
-        for i, (per_step, interval, expected) in enumerate(
-            ((False, 0.0, ends), (True, 0.0, [True] * 6), (True, 60.0, ends))
+        engine.coalesce_streams = 4
+        for per_step, streams, interval, expected in (
+            (False, 1, 0.0, ends),
+            (True, 1, 0.0, [True] * 6),
+            (True, 1, 60.0, [True] * 6),
+            (True, 4, 0.0, [True] * 6),
+            (True, 4, 60.0, ends),
         ):
             engine.stream_interval = interval
-            engine.add(Submit(30 + i, prompt, params, per_step=per_step))
+            for prompt in prompts[:streams]:
+                engine.add(Submit(next(rid), prompt, params, per_step=per_step))
             urgent = []
             while engine.has_work():
                 for result in engine.step():
                     if result.outputs:
                         urgent.append(result.wake)
-            assert urgent == expected
+            assert urgent == expected, (per_step, streams, interval)
     finally:
         engine.stream_interval = ServeConfig().stream_interval_ms / 1000
+        engine.coalesce_streams = coalesce
 
 
 def _device_or_host(tok, device: DeviceSampling) -> dict:

@@ -1,8 +1,8 @@
 """Streams as benchmark harnesses and SDKs read them (docs/internals.md: Streaming), on every streaming door.
 
 Harnesses (llama-benchy, `vllm bench serve`, AIPerf) time TTFT to the first event they can count as a token and
-ITL between such events: the first one must carry the first token, and a stream that waits for its prompt is kept
-alive with SSE comments, which they skip, never with data events.
+ITL between such events: the first one must carry the first token, each one token at c = 1, and a stream that
+waits for its prompt is kept alive with SSE comments, which they skip, never with data events.
 """
 
 from __future__ import annotations
@@ -88,9 +88,26 @@ def test_native_first_event_carries_the_first_token(http, path, body, text):
 
 @pytest.fixture(scope="module")
 def single():
-    """One sequence at a time."""
-    with start_server("--parallel", "1", "--ctx-size", "8192") as srv:
+    """One sequence at a time, and a stream interval longer than any request here: what a stream may wait for."""
+    with start_server("--parallel", "1", "--ctx-size", "8192", "--stream-interval-ms", "1000") as srv:
         yield srv
+
+
+def test_one_token_an_event_at_c1(single):
+    """One stream alone: every token goes out in an event of its own (the engine wakes the frontend each step)."""
+    body = {
+        "prompt": STORY,
+        "max_tokens": 48,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.Client(base_url=single.url, timeout=120) as http, http.stream("POST", "/v1/completions", json=body) as r:
+        events = data_events(r.iter_lines())
+    texts = [e["choices"][0]["text"] for e in events if e["choices"] and e["choices"][0]["text"]]
+    tokens = events[-1]["usage"]["completion_tokens"]
+    assert tokens == 48 and tokens / len(texts) <= 1.1, (tokens, texts)
 
 
 # Each door's stream while its prompt waits: the route, the body, and the data events its protocol opens with.

@@ -128,8 +128,10 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "never with speculative decoding", ENGINE, per_model=True,
     )] = "auto"
     stream_interval_ms: Annotated[float, setting(
-        "how long a streamed token may wait in the engine for the next ones, so that one wake-up of the frontend sends "
-        "a few (docs/internals.md: Streaming); 0: each token as it comes", ENGINE, metavar="MS", ge=0, le=1000,
+        "how long a streamed token may wait in the engine for the next ones, where a step streams to 4 requests or "
+        "more and llama.cpp's threads fill the CPUs, so that one wake-up of the frontend sends a few a stream "
+        "(docs/internals.md: Streaming); fewer streams, or 0, get each token as it comes", ENGINE, metavar="MS", ge=0,
+        le=1000,
     )] = 50.0
     flash_attn: Annotated[FlashAttn, setting(
         "llama.cpp's flash attention; `off` is slower, but then the attention of a decode step does not depend on the "
