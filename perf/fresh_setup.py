@@ -4,9 +4,10 @@ Clones a commit of the repository into a temporary folder, runs the README's `ma
 caches pointed at empty folders (so llama.cpp compiles and every package downloads, as on a new machine), and asks
 the server for one token until it answers. Prints the seconds to the venv (uv installed), to the end of the install
 (the `uv sync` done), to the line that says the server serves, and to the first token; the load average around it,
-since a shared machine's load stretches the compile. Standard library only: it runs before any venv exists.
-Usage:
-    python3 perf/fresh_setup.py [--repo .] [--rev HEAD] [--keep]
+since a shared machine's load stretches the compile. With --then-test, `make test` runs next in the same checkout,
+as a new user's second command (its seconds and pytest's summary line; --perf-cache links a perf/cache/ holding
+llama-server, so the comparisons with it run too). Standard library only: it runs before any venv exists. Usage:
+    python3 perf/fresh_setup.py [--repo .] [--rev HEAD] [--keep] [--then-test [--perf-cache perf/cache]]
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def main() -> None:
     ap.add_argument("--repo", default=".")
     ap.add_argument("--rev", default="HEAD")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    ap.add_argument("--then-test", action="store_true", help="then run make test in the same checkout")
+    ap.add_argument("--perf-cache", help="a perf/cache/ folder to link into the checkout (llama-server)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="cllm-fresh-")
     tree = os.path.join(root, "cllm")
@@ -85,27 +88,45 @@ def main() -> None:
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        while time.monotonic() - t0 < LIMIT and proc.poll() is None:
-            if "serving" in marks and first_token(port):
-                marks["first token"] = time.monotonic() - t0
-                break
-            time.sleep(0.5)
+        try:
+            while time.monotonic() - t0 < LIMIT and proc.poll() is None:
+                if "serving" in marks and first_token(port):
+                    marks["first token"] = time.monotonic() - t0
+                    break
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            reader.join(5)
+        if "first token" not in marks:
+            print("".join(log[-40:]))
+            raise SystemExit("no first token")
+        figures = ", ".join(f"{k} {v:.0f} s" for k, v in marks.items())
+        load = f"load average before {load0[0]:.1f}, after {os.getloadavg()[0]:.1f}"
+        print(f"rev {rev.stdout.strip()[:7]}: make serve: {figures}; {load}", flush=True)
+        if args.then_test:
+            make_test(tree, env, args.perf_cache)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        reader.join(5)
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    if "first token" not in marks:
-        print("".join(log[-40:]))
-        raise SystemExit("no first token")
-    figures = ", ".join(f"{k} {v:.0f} s" for k, v in marks.items())
+
+
+def make_test(tree: str, env: dict[str, str], perf_cache: str | None) -> None:
+    if perf_cache:
+        os.symlink(os.path.abspath(perf_cache), os.path.join(tree, "perf", "cache"))
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    done = subprocess.run(["make", "test"], cwd=tree, env=env, capture_output=True, text=True, timeout=LIMIT)
+    took = time.monotonic() - t0
+    lines = [line for line in done.stdout.splitlines() if " passed" in line or " failed" in line or "error" in line]
+    if done.returncode:
+        print(done.stdout[-6000:], done.stderr[-3000:])
     load = f"load average before {load0[0]:.1f}, after {os.getloadavg()[0]:.1f}"
-    print(f"rev {rev.stdout.strip()[:7]}: {figures}; {load}")
+    print(f"make test: exit {done.returncode} in {took:.0f} s; {' | '.join(lines[-3:])}; {load}")
 
 
 if __name__ == "__main__":
