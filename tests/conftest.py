@@ -29,8 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 30.0
 
-# A chat-formatted prompt after which SmolLM2-Instruct answers briefly and ends with <|im_end|>.
-CHAT_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+# A chat-formatted prompt after which SmolLM2-Instruct answers briefly and ends with <|im_end|>: tests/near_tie's
+# CAPITAL, its reply "Paris." and the end each clear of a tie (the question alone starts on one and runs on).
+CHAT_PROMPT = (
+    "<|im_start|>user\nWhat is the capital of Germany?<|im_end|>\n<|im_start|>assistant\nBerlin.<|im_end|>\n"
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 UNIT = os.path.join(ROOT, "tests", "unit")

@@ -62,6 +62,16 @@ def greedy(
             (t, lp, sorted(top.items(), key=lambda kv: -kv[1]))
             for t, lp, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"])
         ]
+    return clear(rows, until, margin)
+
+
+# A token of a greedy reply: its text, its logprob, the two likeliest (text, logprob) on its row, likeliest first.
+Row = tuple[str, float, list[tuple[str, float]]]
+
+
+def clear(rows: list[Row], until: str | None = None, margin: float = MARGIN) -> Greedy:
+    """The reply of ``rows`` (a greedy run's, end-of-generation ignored) up to where it ends, or to ``until``; each of
+    those tokens must lead the next likeliest by ``margin``, else AssertionError names the tie."""
     text, tokens = "", []
     for i, (token, logprob, best) in enumerate(rows):
         (first, lp1), (second, lp2) = best[:2]

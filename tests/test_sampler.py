@@ -9,6 +9,7 @@ import msgspec
 
 from cllm.core.config import DeviceSampling, ServeConfig
 from cllm.core.protocol import SamplingParams, Submit
+from tests.near_tie import Row, clear
 
 
 def run(engine, submits) -> dict[int, tuple[list[int], str | None]]:
@@ -87,12 +88,33 @@ def test_nan_probabilities_never_feed_the_grammar_a_refused_token(engine, tok):
     assert len(results[41][0]) == 5 and results[41][1] == "length"
 
 
+def greedy_rows(engine, tok, submit: Submit) -> list[Row]:
+    """A greedy run's tokens with their top-2 logprobs (the Submit asks for them), as tests/near_tie reads them."""
+    piece = lambda t: tok.piece(t).decode(errors="replace")  # noqa: E731
+    assert engine.add(submit) is None
+    outs = []
+    while engine.has_work():
+        outs += [o for result in engine.step() for o in result.outputs if o.id == submit.id and o.token is not None]
+    return [
+        (
+            piece(o.token),
+            o.logprobs.logprob,
+            [(piece(i), lp) for i, lp in zip(o.logprobs.top_ids, o.logprobs.top_logprobs)],
+        )
+        for o in outs
+    ]
+
+
 def test_lazy_grammar_applies_from_its_trigger_on(engine, tok):
     """Free text until a trigger matches; from the trigger on, the grammar."""
+    # Its greedy reply reaches " blue" clear of a tie ("The sky is indeed blue"); asked only the colour of the sky,
+    # it wrote "The sky is a beautiful shade of blue", " a" 0.30 nats ahead of " often", " shade" 0.24 of " and".
     prompt = tok.encode(
-        "<|im_start|>user\nWhat color is the sky?<|im_end|>\n<|im_start|>assistant\n", add_special=False
+        "<|im_start|>user\nThe sky is blue. What color is the sky?<|im_end|>\n<|im_start|>assistant\n",
+        add_special=False,
     )
     plain = SamplingParams(max_tokens=12, temperature=0)
+    clear(greedy_rows(engine, tok, Submit(39, prompt, msgspec.structs.replace(plain, logprobs=2))), until=" blue")
     fires = msgspec.structs.replace(plain, grammar='root ::= " blue" " and green."', grammar_triggers=["( blue)"])
     # The greedy token " blue" runs past this trigger: llama.cpp would replay "ue" into the grammar
     # and abort the process on it, so the engine refuses that token and the model writes something else.
