@@ -7,8 +7,9 @@ import httpx
 import openai
 import pytest
 
-from tests import test_tools
+from tests import near_tie, test_tools
 from tests.conftest import API_KEY
+from tests.near_tie import CAPITAL
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -35,12 +36,15 @@ def prompt_tokens(usage) -> int:
     return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
 
 
-def test_plain_message(claude):
-    message = greedy(claude)
+def test_plain_message(claude, http):
+    # A question after one answered in a word: "Paris." and the end, each clear of a tie (QUESTION alone starts on
+    # one, "The" -1.65 against "La" -1.78).
+    said = near_tie.greedy(http, {"messages": [{"role": "system", "content": HELPFUL}, *CAPITAL], "max_tokens": 40})
+    message = greedy(claude, messages=CAPITAL)
     assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
     assert message.model == MODEL
     (block,) = message.content
-    assert block.type == "text" and "Paris" in block.text
+    assert block.type == "text" and "Paris" in block.text == said.text and said.ended
     assert message.stop_reason == "end_turn" and message.stop_sequence is None
     assert prompt_tokens(message.usage) > 5 and 0 < message.usage.output_tokens < 40
 
@@ -77,9 +81,9 @@ def test_stop_sequence(claude):
 
 
 def test_stream_assembled_by_the_sdk(claude):
-    whole = greedy(claude)
+    whole = greedy(claude, messages=CAPITAL)  # ends clear of a tie (test_plain_message)
     with claude.messages.stream(
-        model=MODEL, system=HELPFUL, messages=QUESTION, max_tokens=40, extra_body={"temperature": 0}
+        model=MODEL, system=HELPFUL, messages=CAPITAL, max_tokens=40, extra_body={"temperature": 0}
     ) as stream:
         events = [event.type for event in stream]
         final = stream.get_final_message()
