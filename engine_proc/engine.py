@@ -33,7 +33,7 @@ from engine_proc.sampling.sampler import GrammarError, Sampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, ImageSpan, Sequence
 from engine_proc.step.ahead import Ahead, StepAhead
-from engine_proc.step.drafter import Drafter
+from engine_proc.step.drafter import make_drafter
 from engine_proc.step.recorder import Recorder
 from engine_proc.step.timer import StepTimer
 
@@ -89,7 +89,7 @@ class LLMEngine:
         r = self.runner
         ident = identity(model_path, config, r.seq_ctx, r.token_budget, r.info.gpu_layers, r.n_streams)
         self.slots = SlotFiles(config.parallel, self.scheduler.cache, self.runner, fingerprint(ident))
-        self.drafter = Drafter(config.draft_max, self.runner.seq_ctx) if config.spec_type == "ngram" else None
+        self.drafter = make_drafter(config, model_path, self.runner.seq_ctx)
         # Steady decode batches where a reused graph pays: on a GPU (CUDA graphs), and never beside drafts,
         # whose verification changes the batch's shape every step. On the CPU a parked row costs what a
         # sequence's token does, and a rebuilt graph little (perf/results/2026-11-27-engine-step-cpu.md).
@@ -136,7 +136,9 @@ class LLMEngine:
             sampler = self.sampler.new(req.sampling, req.prompt)
         except GrammarError:
             return SeqOutput(req.id, finish="error")
-        seq = Sequence(req.id, prompt, req.sampling, sampler, per_step=req.per_step, images=images or [])
+        seq = Sequence(
+            req.id, prompt, req.sampling, sampler, per_step=req.per_step, images=images or [], scope=req.scope
+        )
         self.scheduler.add(seq)
         return None
 
@@ -405,7 +407,7 @@ class LLMEngine:
             stats.prefix_cache = self.scheduler.cache.stats()
         if self.drafter is not None:
             d = self.drafter
-            stats.drafted_tokens, stats.accepted_tokens = d.drafted, d.accepted
+            stats.drafted_tokens, stats.accepted_tokens, stats.drafts = d.drafted, d.accepted, d.drafts
             stats.step_drafted, stats.step_accepted = d.step_drafted, d.step_accepted
             d.step_drafted, d.step_accepted = [], []
         self.step_seconds, self.batch_sizes = [], []
@@ -416,6 +418,8 @@ class LLMEngine:
         self.drop_all()
         if self.scheduler.cache is not None:  # what the streams hold goes to disk (--cache-dir)
             self.scheduler.cache.close(self.runner)
+        if self.drafter is not None:
+            self.drafter.close()
         self.embedder.close()
         if self.images is not None:
             self.images.close()

@@ -20,6 +20,10 @@ class Drafting:
     rate: float = 1.0  # accepted / drafted, recent drafts weighing most
     rest: int = 0  # steps to wait before drafting again after a draft failed outright
     misses: int = 0  # drafts in a row that failed outright
+    recalled: bool = False  # its draft in this step is an earlier answer, from the memory
+    recall: float = 1.0  # the share of its drafts from the memory kept, recent ones weighing most
+    drafted: int = 0  # tokens, over the request, for its timings (llama-server's draft_n)
+    accepted: int = 0
 
 
 @dataclass(slots=True)
@@ -63,6 +67,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # when its params ask
     drafting: Drafting | None = None  # its speculation, once it decodes with the engine's drafter
     per_step: bool = True  # the frontend reads each step's token as it comes (Submit.per_step)
+    scope: int = 0  # whose drafts its text may steer (Submit.scope; engine_proc/step/ngram_memory.py)
     arrived: int = 0  # the scheduler's step count when it was queued
     parked: bool = False  # finished, kept in a steady decode batch until the next wave (Scheduler.park)
     # Its images, in prompt order: their positions hold placeholder ids (engine_proc/vision/encoder.py), never decoded

@@ -14,8 +14,10 @@ benchmark harnesses use (llama-benchy, `vllm bench serve`, AIPerf): TTFT to
 the first event with text, ITL as the gaps between events with text, TPOT as
 a request's time after its first token over its tokens after the first, all
 as p50/p90/p99, and the tokens an event with text carries on average; errors,
-and with --pid the CPU seconds each process of the server's tree spent per
-generated token.
+with --pid the CPU seconds each process of the server's tree spent per
+generated token; and where the server's /metrics has llama-server's
+speculative decoding counters (cllm, llama-server --metrics), the drafted and
+accepted tokens of the cell.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from cllm.bench.dialects import DIALECTS, Dialect, make_dialect
 from cllm.bench.prompts import BASE_TOKENS, make_prompts, requests_for
 
 WARMUP_TOKENS = 4
+SPEC = "llamacpp:spec_decode_num_"  # llama-server's counters' prefix, on cllm's /metrics too
+SPEC_SETTLE = 1.5  # seconds for cllm's engine to report its figures once idle (it sends them at most once a second)
 
 
 # ---- the server's processes and their CPU time --------------------------------
@@ -187,10 +191,16 @@ def run_cell(
 
     prompts = make_prompts(requests, prompt_tokens)
     me = psutil.Process()
+    spec0 = spec_counts(url)
     cpu0, client0 = cpu_seconds(list(pids)), me.cpu_times()
     with tqdm(total=requests, desc=f"c={concurrency}", unit="req", leave=False, disable=not progress or None) as bar:
         outcomes, elapsed = asyncio.run(_load(url, dialect, prompts, concurrency, gen_tokens, stream, timeout, bar))
     cpu1, client1 = cpu_seconds(list(pids)), me.cpu_times()
+    spec = None
+    if spec0 is not None:
+        time.sleep(SPEC_SETTLE)
+        spec1 = spec_counts(url) or {}
+        spec = {k: spec1.get(k, 0.0) - spec0.get(k, 0.0) for k in ("draft_tokens", "accepted_tokens", "drafts")}
 
     ok = [o for o in outcomes if o.error is None]
     generated = sum(o.tokens for o in ok)
@@ -216,7 +226,26 @@ def run_cell(
         "cpu_seconds": cpu,
         "cpu_ms_per_token": {role: 1000 * s / generated for role, s in cpu.items()} if generated else {},
         "client_cpu_seconds": (client1.user + client1.system) - (client0.user + client0.system),
+        "speculative": spec,
     }
+
+
+def spec_counts(url: str) -> dict[str, float] | None:
+    """llama-server's speculative counters on the server's /metrics, summed over its labels (draft_tokens,
+    accepted_tokens, drafts); None where it has none (no /metrics, or llama-server without --metrics)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(SPEC):
+            name = line[len(SPEC) :].split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+            counts[name] = counts.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts or None
 
 
 def warm_up(url: str, dialect: Dialect, concurrency: int, timeout: float = 600.0) -> None:
@@ -244,7 +273,15 @@ def summary(r: dict) -> str:
         )
         + f"{r['generated_tokens']} tokens, {r['errors']} errors, {r['short']} short"
         + (f"  CPU ms/token: {cpu}" if cpu else "")
+        + (_spec_line(r["speculative"]) if r.get("speculative") else "")
     )
+
+
+def _spec_line(spec: dict) -> str:
+    drafted, accepted = spec["draft_tokens"], spec["accepted_tokens"]
+    share = f" ({accepted / drafted:.2f})" if drafted else ""
+    drafts = spec["drafts"]
+    return f"\n      speculative: {accepted:.0f} of {drafted:.0f} drafted tokens accepted{share} in {drafts:.0f} drafts"
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -26,9 +26,8 @@ MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the pref
 CacheType = Literal["f32", "f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
 DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/sampling/sampler.py)
 SteadySteps = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/scheduler.py)
-SpecType = Literal[
-    "none", "ngram"
-]  # llama-server's --spec-type names; ngram: prompt lookup (engine_proc/step/drafter.py)
+# llama-server's --spec-type names; ngram: prompt lookup and a memory of earlier answers (engine_proc/step/drafter.py)
+SpecType = Literal["none", "ngram"]
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 NonNegative = Annotated[int, Meta(ge=0)]
 HF_NAME = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(:[A-Za-z0-9_]+)?$"  # org/repo[:QUANT]; cllm/hub/names.py checks the rest
@@ -197,13 +196,24 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
 
     # Off by default: it lost at 8 copy-type streams (perf/results/2026-11-23-speculative.md).
     spec_type: Annotated[SpecType, setting(
-        "`ngram` drafts tokens by matching a sequence's last tokens against its own prompt and output, and verifies "
-        "the draft in the step's batch; `none` turns it off (docs/internals.md: Speculative decoding)", SPECULATIVE,
+        "`ngram` drafts tokens by matching a sequence's last tokens against its own prompt and output and against "
+        "earlier answers (`--spec-memory`), and verifies the draft in the step's batch; `none` turns it off "
+        "(docs/internals.md: Speculative decoding)", SPECULATIVE,
         per_model=True,
     )] = "none"
     draft_max: Annotated[int, setting(
         "most tokens one sequence drafts in a step", SPECULATIVE, per_model=True, ge=1, le=MAX_DRAFT,
     )] = 64
+    spec_memory: Annotated[int, setting(
+        "MiB of the memory of earlier answers that `ngram` also drafts from: a request whose text an earlier answer "
+        "had gets that answer back in long drafts; kept in a file in `--cache-dir` across restarts; 0: none",
+        SPECULATIVE, per_model=True, metavar="MIB", ge=0, le=4096,
+    )] = 16
+    # Off by default: a reply that comes faster because another client's answer is remembered tells that answer.
+    spec_memory_shared: Annotated[bool, setting(
+        "let one API key's answers draft for requests of another key (off: each key, and requests without one, "
+        "draft from their own answers only)", SPECULATIVE, per_model=True,
+    )] = False
 
     models_dir: Annotated[str | None, setting(
         "serve every `*.gguf` in DIR too, by its file name without `.gguf`", MODELS, metavar="DIR",
@@ -272,7 +282,9 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     # The frontend gets the key in its environment, never in argv (which `ps` shows).
     api_key: Annotated[Annotated[str, Meta(min_length=1)] | None, setting(
         "require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but `/health` and the chat page; "
-        "prefer the variable, a command line is visible to every user", REQUESTS, metavar="KEY",
+        "several keys, comma-separated, let in several clients, whose speculative drafts stay apart "
+        "(`--spec-memory-shared`); prefer the variable, a command line is visible to every user", REQUESTS,
+        metavar="KEY[,KEY...]",
     )] = None
     # DNS rebinding: frontend_proc/http/guard.py refuses other Host names on a loopback --host.
     allowed_hosts: Annotated[list[Annotated[str, Meta(pattern=r"^[A-Za-z0-9._-]+$")]], setting(

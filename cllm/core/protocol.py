@@ -54,6 +54,9 @@ class Submit(msgspec.Struct, tag=1, array_like=True, gc=False):
     # first and the last wake it, and the tokens between wait in the ring for them.
     per_step: bool = True
     images: list[ImageInput] = []  # in prompt order; only to an engine whose ModelInfo.image_tokens > 0
+    # Whose earlier answers may draft for it, and whose its answer may draft for: a hash of the client's API key
+    # (frontend_proc/http/guard.py; 0 without one), so one client's text never steers another's drafts.
+    scope: int = 0
 
 
 class Abort(msgspec.Struct, tag=2, array_like=True, gc=False):
@@ -158,6 +161,10 @@ class SeqOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     prompt_logprobs: list[TokenLogprobs] | None = None  # with the first output of a sequence that asks
     cached_tokens: int = 0  # with a sequence's first output: its prompt tokens the prefix cache served
     error: str = ""  # with finish "error": why, for the client (empty: its grammar allowed no next token)
+    # With a sequence's last output: its speculative tokens drafted and accepted (llama-server's draft_n and
+    # draft_n_accepted).
+    drafted: int = 0
+    accepted: int = 0
 
 
 class StepOutputs(msgspec.Struct, tag=2, array_like=True, gc=False):
@@ -199,6 +206,7 @@ class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
     # Speculative decoding since the engine started: tokens drafted, and those the sampler agreed with.
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    drafts: int = 0  # drafts verified: one a sequence a step that drafted (llama-server's spec_decode_num_drafts)
     # Per step that verified drafts, since the previous EngineStats: its drafted and accepted tokens.
     step_drafted: list[int] = []
     step_accepted: list[int] = []

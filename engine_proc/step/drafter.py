@@ -16,13 +16,22 @@ whole, and the share it must keep is what the engine measures: the time a
 drafted token adds to a step against a plain step's time per sequence, at
 the step's number of sequences (StepCosts). On a GPU, where verifying is
 nearly free, that share is low; on this CPU at 32 sequences, nearly all.
+
+With a memory of earlier answers (engine_proc/step/ngram_memory.py), a sequence
+whose last tokens an earlier greedy answer of its scope had drafts that
+answer's next tokens whole, as far as the memory's marked entries go (its
+history says they hold), while the share such drafts kept pays; its guesses
+from other text go as prompt lookup's do. A seeded sampled request drafts
+from its own text only, so that its text repeats whatever came before it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from cllm.core.config import ServeConfig
 from engine_proc.sequence import FIRST_DRAFT, Chunk, Drafting, Sequence
+from engine_proc.step.ngram_memory import NgramMemory, memory_path
 
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
 SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
@@ -34,14 +43,39 @@ PROBE_STEPS = 64  # steps without drafts, where they do not pay, before trying a
 # Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
 STEP_DRAFT_ROWS = 128
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
+# A run of the memory's marked entries shorter than this is drafted as a guess, not whole: a few tokens of an
+# earlier answer are often a common phrase.
+TRUSTED_RUN = 8
+
+
+def make_drafter(config: ServeConfig, model_path: str, seq_ctx: int) -> Drafter | None:
+    """The engine's drafter (None without --spec-type ngram), its memory read from --cache-dir's file if there."""
+    if config.spec_type != "ngram":
+        return None
+    memory = NgramMemory(config.spec_memory) if config.spec_memory else None
+    path = memory_path(config.cache_dir, model_path) if memory is not None and config.cache_dir else None
+    if path is not None:
+        memory.load(path)
+    return Drafter(config.draft_max, seq_ctx, memory, path, config.spec_memory_shared)
 
 
 class Drafter:
-    def __init__(self, draft_max: int, seq_ctx: int):
+    def __init__(
+        self,
+        draft_max: int,
+        seq_ctx: int,
+        memory: NgramMemory | None = None,
+        memory_file: str | None = None,
+        shared: bool = False,
+    ):
         self.draft_max = draft_max
         self.seq_ctx = seq_ctx
+        self.memory = memory
+        self.memory_file = memory_file  # where the memory is kept when the engine stops (--cache-dir)
+        self.shared = shared  # every scope's answers draft for all (--spec-memory-shared)
         self.drafted = 0  # tokens, since the engine started
         self.accepted = 0
+        self.drafts = 0  # verified drafts
         self.step_drafted: list[int] = []  # per step that drafted, until the engine's next stats
         self.step_accepted: list[int] = []
         self._drafted = self._accepted = 0  # this step's
@@ -67,33 +101,62 @@ class Drafter:
             d = seq.drafting
             if d is None:
                 d = seq.drafting = Drafting()
-            if d.rest:
-                d.rest -= 1
-                continue
-            if d.rate < need:
-                d.rate += (1 - d.rate) / 8  # drift back, to try again once the text may have turned to copying
-                continue
-            room = min(
-                d.want, self.draft_max, budget, seq.params.max_tokens - len(seq.output) - 1, self.seq_ctx - chunk.end
-            )
-            if room > 0 and (draft := lookup(seq.known(len(seq.prompt) + len(seq.output)), room)) is not None:
+            room = min(self.draft_max, budget, seq.params.max_tokens - len(seq.output) - 1, self.seq_ctx - chunk.end)
+            draft = self._draft(seq, d, room, need)
+            if draft is not None:
                 chunk.draft = draft
                 budget -= len(draft)
                 drafted.append(chunk)
-        # llama.cpp splits a batch of several KV streams into ubatches that take as many
-        # tokens from each stream: drafts of one length keep the extra ubatches few.
+        # llama.cpp splits a batch of several KV streams into ubatches that take as many tokens from each stream:
+        # drafts of one length keep the extra ubatches few. The length that drafts the most rows wins; longer drafts
+        # are cut to it, shorter ones wait (a plain step of theirs costs what the extra ubatch would).
         if len(drafted) > 1:
-            k = min(len(c.draft) for c in drafted)
+            sizes = sorted(len(c.draft) for c in drafted)
+            k = max(sizes, key=lambda n: n * sum(s >= n for s in sizes))
             for c in drafted:
-                c.draft = c.draft[:k]
+                c.draft = c.draft[:k] if len(c.draft) >= k else None
+            drafted = [c for c in drafted if c.draft is not None]
         for c in drafted:
             c.end += len(c.draft)
+
+    def _draft(self, seq: Sequence, d: Drafting, room: int, need: float) -> np.ndarray | None:
+        """The sequence's draft: an earlier answer from the memory, else a guess from its own text or the memory's."""
+        if room <= 0:
+            return None
+        text = seq.known(len(seq.prompt) + len(seq.output))
+        recalled: list[int] = []
+        trusted = 0
+        if self.memory is not None and not (seq.params.temperature > 0 and seq.params.seed is not None):
+            recalled, trusted = self.memory.chain(text, 0 if self.shared else seq.scope, room)
+            if trusted >= TRUSTED_RUN:
+                if d.recall >= need:
+                    d.recalled = True
+                    return np.array(recalled[:trusted], np.int32)
+                d.recall += (1 - d.recall) / 8  # drift back, as rate does
+        d.recalled = False
+        if d.rest:
+            d.rest -= 1
+            return None
+        if d.rate < need:
+            d.rate += (1 - d.rate) / 8  # drift back, to try again once the text may have turned to copying
+            return None
+        room = min(room, d.want)
+        draft = lookup(text, room)
+        if draft is None and recalled:
+            draft = np.array(recalled[:room], np.int32)
+        return draft
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """The sampler kept ``accepted`` of the ``drafted`` tokens: adapt the sequence's next draft."""
         self._drafted += drafted
         self._accepted += accepted
+        self.drafts += 1
         d = seq.drafting
+        d.drafted += drafted
+        d.accepted += accepted
+        if d.recalled:  # the memory's: how much of it held says how far to trust it, not how the text copies
+            d.recall = RATE_MEMORY * d.recall + (1 - RATE_MEMORY) * accepted / drafted
+            return
         d.rate = RATE_MEMORY * d.rate + (1 - RATE_MEMORY) * accepted / drafted
         if accepted == drafted:
             d.want = min(2 * d.want, self.draft_max)
@@ -105,6 +168,27 @@ class Drafter:
             d.want = FIRST_DRAFT
             d.misses += 1
             d.rest = (1 << min(d.misses, 6)) - 1  # 1, 3, 7 ... 63 steps
+
+    def remember(self, seq: Sequence) -> None:
+        """A sequence leaves: its text goes into the memory, its generated tokens marked if it decoded greedily
+        (without a grammar, biases or penalties, which make another request's greedy text differ)."""
+        if self.memory is None or seq.images:
+            return
+        p = seq.params
+        greedy = (
+            p.temperature <= 0
+            and p.grammar is None
+            and not p.logit_bias
+            and p.repetition_penalty == 1.0
+            and not p.presence_penalty
+            and not p.frequency_penalty
+        )
+        scope = 0 if self.shared else seq.scope
+        self.memory.remember(seq.known(len(seq.prompt) + len(seq.output)), len(seq.prompt), scope, greedy)
+
+    def close(self) -> None:
+        if self.memory is not None and self.memory_file is not None:
+            self.memory.save(self.memory_file)
 
     def end_step(self, n: int, seconds: float) -> None:
         """The step's decode of ``n`` sequences (and the drafts) took ``seconds``."""

@@ -82,6 +82,8 @@ class Recorder:
                 break
         accepted = j + int(j < len(draft) and out.token == draft[j])  # the last row's token may finish on a drafted one
         self.drafter.verified(seq, len(draft), accepted)
+        if out.finish:  # with this draft's counts too
+            out.drafted, out.accepted = seq.drafting.drafted, seq.drafting.accepted
         if not out.finish and seq.n_cached < chunk.end:
             self.runner.trim(seq.slot, seq.position(seq.n_cached))
 
@@ -92,10 +94,14 @@ class Recorder:
         is_eog = token in self.runner.eog_tokens
         finish = self.scheduler.finish_reason(seq, token, is_eog)
         if finish == "stop" and is_eog:
-            return SeqOutput(seq.id, None, finish)
-        if seq.params.logprobs is None:
-            return SeqOutput(seq.id, token, finish)
-        return SeqOutput(seq.id, token, finish, self.sampler.logprobs(row, token, seq.params.logprobs))
+            out = SeqOutput(seq.id, None, finish)
+        else:
+            out = SeqOutput(seq.id, token, finish)
+            if seq.params.logprobs is not None:
+                out.logprobs = self.sampler.logprobs(row, token, seq.params.logprobs)
+        if finish and seq.drafting is not None:
+            out.drafted, out.accepted = seq.drafting.drafted, seq.drafting.accepted
+        return out
 
     def _score(self, chunk: Chunk, last_row: int) -> None:
         """The logprobs of the prompt tokens that follow the chunk's: row j predicts token start + j + 1."""
@@ -131,3 +137,5 @@ class Recorder:
     def release(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
             self.sampler.free(seq.sampler)
+            if self.drafter is not None:
+                self.drafter.remember(seq)

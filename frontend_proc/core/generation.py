@@ -26,6 +26,8 @@ from frontend_proc.engine.request_stream import RequestStream
 
 # The generations of the HTTP request being served, for frontend_proc.http.observe; set by its middleware.
 watched: ContextVar[list[Generation] | None] = ContextVar("cllm_generations", default=None)
+# The scope of the client's API key (cllm.core.protocol.Submit.scope), set by frontend_proc.http.guard.
+client_scope: ContextVar[int] = ContextVar("cllm_client_scope", default=0)
 
 
 def engine_info(st: ModelState) -> ModelInfo:
@@ -69,7 +71,7 @@ async def start(
                     if i == 0 or sampling.seed is None
                     else msgspec.structs.replace(sampling, seed=sampling.seed + i)
                 )
-                rs = await st.client.submit(prompt, params, per_step, images)
+                rs = await st.client.submit(prompt, params, per_step, images, client_scope.get())
                 choices.append(Choice(len(choices), rs, st.client, st.tokenizer.detokenizer(shown), stops))
     except BaseException:
         for choice in choices:

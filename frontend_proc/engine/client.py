@@ -174,10 +174,15 @@ class EngineClient:
             self._slot_actions.pop(rid, None)
 
     async def submit(
-        self, prompt: list[int], sampling: SamplingParams, per_step: bool, images: list[ImageInput] | None = None
+        self,
+        prompt: list[int],
+        sampling: SamplingParams,
+        per_step: bool,
+        images: list[ImageInput] | None = None,
+        scope: int = 0,
     ) -> RequestStream:
         """images: the prompt's, each taking the tokens its size and the projector give it (counted in the stream's
-        prompt_tokens: cllm/core/image_grid.py)."""
+        prompt_tokens: cllm/core/image_grid.py). scope: the client's (Submit.scope)."""
         self._check_room()
         positions = len(prompt) + (prompt_images(self.info, images) if self.info else 0)
         stream = RequestStream(next(self._ids), self, positions, per_step, sampling)
@@ -185,7 +190,9 @@ class EngineClient:
         if self._config.request_timeout:
             stream.timer = self._loop.call_later(self._config.request_timeout, self._time_out, stream)
         try:
-            if not await self._put(self._encode(Submit(stream.id, prompt, sampling, per_step, images or [])), stream):
+            if not await self._put(
+                self._encode(Submit(stream.id, prompt, sampling, per_step, images or [], scope)), stream
+            ):
                 raise stream.error or not_ready()
         except BaseException:
             self.abort(stream)

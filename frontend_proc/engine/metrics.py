@@ -151,6 +151,19 @@ class Metrics:
             ENGINE,
             registry=r,
         )
+        # llama-server's names for the same counts (tools/server/server-task.cpp), for its dashboards and scrapers.
+        self.spec_tokens = Counter(
+            "llamacpp:spec_decode_num_draft_tokens", "Speculative draft tokens generated", ENGINE, registry=r
+        )
+        self.spec_accepted = Counter(
+            "llamacpp:spec_decode_num_accepted_tokens", "Speculative draft tokens accepted", ENGINE, registry=r
+        )
+        self.spec_drafts = Counter(
+            "llamacpp:spec_decode_num_drafts",
+            "Speculative drafts verified: one a sequence a step that drafted",
+            ENGINE,
+            registry=r,
+        )
         self.step_drafted = Histogram(
             "cllm_spec_step_drafted_tokens",
             "Tokens drafted in one engine step, of steps that drafted",
@@ -199,8 +212,8 @@ class Metrics:
             seen = self._engines[key] = _EngineSeen()
             for result in ("hit", "miss"):
                 self.cache_lookups.labels(*key, result)  # both series exist from the start, at 0
-            self.drafted.labels(*key)
-            self.accepted.labels(*key)
+            for counter in (self.drafted, self.accepted, self.spec_tokens, self.spec_accepted, self.spec_drafts):
+                counter.labels(*key)
             self.decode_steps.labels(*key)
             self.reused_steps.labels(*key)
             self.restarts.labels(*key)
@@ -209,7 +222,7 @@ class Metrics:
             seen.restarts = generation
         self.token_rates.setdefault(key, TokenRate(TOKEN_RATE_WINDOW)).restart(now)
         seen.cache = PrefixCacheStats()  # a new engine counts from zero
-        seen.drafted = seen.accepted = seen.decode_steps = seen.reused_steps = 0
+        seen.drafted = seen.accepted = seen.drafts = seen.decode_steps = seen.reused_steps = 0
 
     def engine_stats(self, stats: EngineStats, kv_total: int, now: float, model: str = "", replica: int = 0) -> None:
         key = (model, str(replica))
@@ -237,9 +250,13 @@ class Metrics:
         self.cache_disk_load_seconds.labels(*key).inc(max(0.0, cache.disk_load_seconds - last.disk_load_seconds))
         self.cache_disk_rejected.labels(*key).inc(cache.disk_rejected - last.disk_rejected)
         seen.cache = cache
-        self.drafted.labels(*key).inc(stats.drafted_tokens - seen.drafted)
-        self.accepted.labels(*key).inc(stats.accepted_tokens - seen.accepted)
-        seen.drafted, seen.accepted = stats.drafted_tokens, stats.accepted_tokens
+        drafted, accepted = stats.drafted_tokens - seen.drafted, stats.accepted_tokens - seen.accepted
+        self.drafted.labels(*key).inc(drafted)
+        self.accepted.labels(*key).inc(accepted)
+        self.spec_tokens.labels(*key).inc(drafted)
+        self.spec_accepted.labels(*key).inc(accepted)
+        self.spec_drafts.labels(*key).inc(stats.drafts - seen.drafts)
+        seen.drafted, seen.accepted, seen.drafts = stats.drafted_tokens, stats.accepted_tokens, stats.drafts
         self.decode_steps.labels(*key).inc(stats.decode_steps - seen.decode_steps)
         self.reused_steps.labels(*key).inc(stats.reused_steps - seen.reused_steps)
         seen.decode_steps, seen.reused_steps = stats.decode_steps, stats.reused_steps
@@ -285,12 +302,12 @@ class Metrics:
 class _EngineSeen:
     """An engine slot's running counts as last reported: the counters move by their differences."""
 
-    __slots__ = ("restarts", "cache", "drafted", "accepted", "decode_steps", "reused_steps")
+    __slots__ = ("restarts", "cache", "drafted", "accepted", "drafts", "decode_steps", "reused_steps")
 
     def __init__(self):
         self.restarts = 0
         self.cache = PrefixCacheStats()
-        self.drafted = self.accepted = self.decode_steps = self.reused_steps = 0
+        self.drafted = self.accepted = self.drafts = self.decode_steps = self.reused_steps = 0
 
 
 class TokenRate:

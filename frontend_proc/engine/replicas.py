@@ -81,7 +81,12 @@ class ReplicaSet:
         return total
 
     async def submit(
-        self, prompt: list[int], sampling: SamplingParams, per_step: bool, images: list[ImageInput] | None = None
+        self,
+        prompt: list[int],
+        sampling: SamplingParams,
+        per_step: bool,
+        images: list[ImageInput] | None = None,
+        scope: int = 0,
     ) -> RequestStream:
         usable = [c.info is not None for c in self.replicas]
         if not any(usable):
@@ -89,7 +94,7 @@ class ReplicaSet:
         hashes = block_hashes(prompt)
         i = self.router.choose(hashes, [c.in_flight for c in self.replicas], usable)
         self.router.sent(i, hashes)
-        stream = await self.replicas[i].submit(prompt, sampling, per_step, images)
+        stream = await self.replicas[i].submit(prompt, sampling, per_step, images, scope)
         self._prompts[stream] = (i, prompt)
         return stream
 

@@ -32,6 +32,8 @@ class RequestStream:
         "logprobs",
         "prompt_logprobs",
         "cached_tokens",
+        "drafted",
+        "accepted",
         "finish",
         "refusal",
         "error",
@@ -55,6 +57,7 @@ class RequestStream:
         self.logprobs: list[TokenLogprobs] = []  # one per token, when the request asked for them
         self.prompt_logprobs: list[TokenLogprobs] = []  # one per prompt token after the first, when asked
         self.cached_tokens = 0  # of the prompt, served by the engine's prefix cache
+        self.drafted = self.accepted = 0  # speculative tokens, once done: llama-server's draft_n, draft_n_accepted
         self.finish: str | None = None
         self.refusal = ""  # the engine's reason, where it gave up on the request (SeqOutput.error)
         self.error: ApiError | None = None  # why it ended early: timeout, hang-up, engine death
@@ -86,6 +89,7 @@ class RequestStream:
             if self.t_first is None:  # ended at its first output, without a token
                 self.cached_tokens = out.cached_tokens
             self.finish = finish
+            self.drafted, self.accepted = out.drafted, out.accepted
             self.refusal = out.error  # why the engine gave up on it, with finish "error"
             self.t_done = time.perf_counter()
             self._tail = token is None

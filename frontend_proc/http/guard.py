@@ -14,10 +14,15 @@ answered and their requests granted, and no other origin's.
 A body over the limit is refused from its Content-Length before a byte of it is
 read, or, sent in chunks, as soon as the bytes counted pass the limit; either
 way the connection is closed rather than drained.
+
+The key a request presents, checked or not, names its scope: the engine's
+speculative drafts of one scope come from that scope's earlier answers
+only (generation.client_scope, cllm.core.protocol.Submit.scope).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import socket
@@ -26,6 +31,7 @@ from starlette.responses import Response
 
 from cllm.core.config import ServeConfig
 from cllm.core.errors import ApiError
+from frontend_proc.core.generation import client_scope
 from frontend_proc.http.errors import error_response
 
 OPEN_PATHS = ("/health", "/ui")  # answered without the API key
@@ -37,7 +43,8 @@ PREFLIGHT_MAX_AGE = "600"
 class Guard:
     def __init__(self, app, api_key: str | None, config: ServeConfig, images: bool):
         self.app = app
-        self.api_key = api_key.encode() if api_key is not None else None
+        # Several keys, comma-separated, as llama-server's --api-key: one a client, each its own drafts' scope.
+        self.api_keys = tuple(k.strip().encode() for k in api_key.split(",") if k.strip()) if api_key else None
         self.max_body = config.body_bytes(images)
         self.hosts = host_names(config) if is_loopback(config.host) else None  # None: any Host
         self.origins = frozenset(o.lower() for o in config.allowed_origins)
@@ -58,7 +65,11 @@ class Guard:
             return await error_response(scope["path"], e)(scope, receive, send)
         if granted:
             send = _granting(send, origin)
-        await self.app(scope, self._counting(receive) if chunked else receive, send)
+        token = client_scope.set(scope_of(presented_key(headers)))
+        try:
+            await self.app(scope, self._counting(receive) if chunked else receive, send)
+        finally:
+            client_scope.reset(token)
 
     def _check_host(self, scope, headers: dict) -> None:
         host = headers.get(b"host")
@@ -90,11 +101,9 @@ class Guard:
         length = int(headers.get(b"content-length", -1))  # the HTTP parser already refused a malformed one
         accept = headers.get(b"accept", b"")
         page = scope["path"] in PAGE_PATHS and b"text/html" in accept
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS and not page:
-            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer":
-                token = headers.get(b"x-api-key", b"")  # Anthropic's clients send x-api-key
-            if not hmac.compare_digest(token.strip(), self.api_key):
+        if self.api_keys is not None and scope["path"] not in OPEN_PATHS and not page:
+            key = presented_key(headers)
+            if not sum(hmac.compare_digest(key, k) for k in self.api_keys):  # each compared: no early way out
                 raise ApiError(
                     401,
                     "unauthorized",
@@ -179,3 +188,18 @@ def _granting(send, origin: str):
         return await send(message)
 
     return granted
+
+
+def presented_key(headers: dict) -> bytes:
+    """The API key a request sends: 'Authorization: Bearer KEY', else x-api-key (Anthropic's clients send it)."""
+    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    if scheme.lower() != b"bearer":
+        token = headers.get(b"x-api-key", b"")
+    return token.strip()
+
+
+def scope_of(key: bytes) -> int:
+    """A key's scope: 63 bits of its hash, never 0, which is the scope of requests without a key."""
+    if not key:
+        return 0
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1 or 1

@@ -50,6 +50,7 @@ def timings(choice: Choice) -> dict:
     last = rs.t_done or first
     prompt_n, prompt_ms = rs.prompt_tokens - rs.cached_tokens, (first - rs.t_submit) * 1e3
     predicted_n, predicted_ms = choice.n_tokens, (last - first) * 1e3
+    drafts = {"draft_n": rs.drafted, "draft_n_accepted": rs.accepted} if rs.drafted else {}  # as llama-server: if any
     return {
         "cache_n": rs.cached_tokens,
         "prompt_n": prompt_n,
@@ -60,6 +61,7 @@ def timings(choice: Choice) -> dict:
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
         "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
+        **drafts,
     }
 
 

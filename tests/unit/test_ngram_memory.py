@@ -1,0 +1,125 @@
+"""engine_proc/step/ngram_memory.py, and the drafter drafting from it, on made token arrays (no model:
+tests/test_spec_memory.py runs it in a server)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cllm.core.protocol import SamplingParams
+from engine_proc.sampling.sampler import SeqSampler
+from engine_proc.sequence import FIRST_DRAFT, Chunk, Sequence
+from engine_proc.step.drafter import TRUSTED_RUN, Drafter
+from engine_proc.step.ngram_memory import CONTEXT, ENTRY_BYTES, NgramMemory
+
+RNG = np.random.default_rng(7)
+PROMPT = RNG.integers(0, 49152, 300).astype(np.int32)
+ANSWER = RNG.integers(0, 49152, 200).astype(np.int32)
+TEXT = np.concatenate((PROMPT, ANSWER))
+
+
+def test_an_answer_comes_back_whole_in_its_own_scope_only():
+    memory = NgramMemory(1)
+    memory.remember(TEXT, len(PROMPT), scope=11, greedy=True)
+    tokens, trusted = memory.chain(PROMPT, 11, 64)
+    assert tokens == ANSWER[:64].tolist() and trusted == 64  # generated greedily: all marked
+    tokens, trusted = memory.chain(TEXT[:350], 11, 500)
+    assert tokens == ANSWER[50:].tolist() and trusted == 150  # on to the end of what it saw
+    assert memory.chain(PROMPT, 12, 64) == ([], 0)  # another client's key: nothing
+    assert memory.chain(PROMPT, 0, 64) == ([], 0)  # nor requests without a key
+    tokens, trusted = memory.chain(PROMPT[:100], 11, 10)  # the prompt's own text is there, not marked
+    assert tokens == PROMPT[100:110].tolist() and trusted == 0
+
+
+def test_a_sampled_answer_is_remembered_unmarked():
+    memory = NgramMemory(1)
+    memory.remember(TEXT, len(PROMPT), scope=3, greedy=False)
+    assert memory.chain(PROMPT, 3, 8) == (ANSWER[:8].tolist(), 0)
+
+
+def test_the_memory_is_bounded_and_a_newer_text_takes_the_slots():
+    memory = NgramMemory(1)
+    assert memory.slots * ENTRY_BYTES <= 1 << 20
+    size = memory.tags.nbytes + memory.tokens.nbytes + memory.marked.nbytes
+    for scope in range(1, 400):  # ~200k windows into 65k slots
+        memory.remember(RNG.integers(0, 49152, 500).astype(np.int32), 250, scope, True)
+    assert memory.tags.nbytes + memory.tokens.nbytes + memory.marked.nbytes == size
+    memory.remember(TEXT, len(PROMPT), 11, True)
+    assert memory.chain(PROMPT, 11, 64)[0] == ANSWER[:64].tolist()
+
+
+def test_it_is_kept_in_a_file(tmp_path):
+    memory = NgramMemory(1)
+    memory.remember(TEXT, len(PROMPT), 11, True)
+    path = str(tmp_path / "m.mem")
+    memory.save(path)
+    again = NgramMemory(1)
+    assert again.load(path)
+    assert again.chain(PROMPT, 11, 64) == (ANSWER[:64].tolist(), 64)
+    bigger = NgramMemory(2)  # another size: not read, empty
+    assert not bigger.load(path) and bigger.chain(PROMPT, 11, 8) == ([], 0)
+    with open(path, "r+b") as f:
+        f.truncate(1000)
+    assert not NgramMemory(1).load(path)
+
+
+def step(drafter: Drafter, seq: Sequence) -> Chunk:
+    seq.n_cached = len(seq.prompt) + len(seq.output) - 1
+    chunk = Chunk(seq, seq.n_cached, seq.n_cached + 1)
+    drafter.draft([chunk], 128)
+    return chunk
+
+
+def drafter_of(text: np.ndarray, greedy: bool) -> Drafter:
+    """A drafter whose memory has ``text`` (PROMPT, then what scope 11's sequence generated); a plain step of one
+    sequence timed, so that it may draft."""
+    memory = NgramMemory(1)
+    memory.remember(text, len(PROMPT), 11, greedy)
+    drafter = Drafter(64, 4096, memory)
+    drafter.costs.observe(1, 0, 0.01)
+    return drafter
+
+
+def sequence(params: SamplingParams, scope: int) -> Sequence:
+    seq = Sequence(1, PROMPT[:-1], params, SeqSampler(None), scope=scope)
+    seq.append(int(PROMPT[-1]))
+    return seq
+
+
+def test_the_drafter_drafts_a_remembered_answer_whole_and_only_in_its_scope():
+    drafter = drafter_of(TEXT, greedy=True)
+    greedy = SamplingParams(max_tokens=500, temperature=0)
+    assert step(drafter, sequence(greedy, 11)).draft.tolist() == ANSWER[:64].tolist()
+    assert step(drafter, sequence(greedy, 12)).draft is None  # another scope
+    seeded = SamplingParams(max_tokens=500, temperature=0.8, seed=5)  # its own text only, to repeat
+    assert step(drafter, sequence(seeded, 11)).draft is None
+    unseeded = SamplingParams(max_tokens=500, temperature=0.8)
+    assert len(step(drafter, sequence(unseeded, 11)).draft) == 64
+
+
+def test_an_unmarked_or_short_run_is_a_guess_of_the_first_draft_size():
+    greedy = SamplingParams(max_tokens=500, temperature=0)
+    for drafter in (drafter_of(TEXT, greedy=False), drafter_of(TEXT[: len(PROMPT) + TRUSTED_RUN - 1], greedy=True)):
+        assert step(drafter, sequence(greedy, 11)).draft.tolist() == ANSWER[:FIRST_DRAFT].tolist()
+
+
+def test_a_recalled_draft_that_failed_is_not_drafted_again_at_once():
+    drafter = drafter_of(TEXT, greedy=True)
+    seq = sequence(SamplingParams(max_tokens=500, temperature=0), 11)
+    assert len(step(drafter, seq).draft) == 64
+    drafter.verified(seq, 64, 0)
+    drafter.verified(seq, 64, 0)  # twice in a row: the share it kept is under the half a sequence alone needs
+    assert seq.drafting.recall < 0.5
+    chunk = step(drafter, seq)
+    assert chunk.draft is None or len(chunk.draft) <= FIRST_DRAFT
+    assert (seq.drafting.drafted, seq.drafting.accepted) == (128, 0)
+
+
+def test_the_context_is_what_the_hash_spans():
+    memory = NgramMemory(1)
+    memory.remember(TEXT, len(PROMPT), 11, True)
+    changed = PROMPT.copy()
+    changed[-CONTEXT] += 1  # the first token of the last window
+    assert memory.chain(changed, 11, 8) == ([], 0)
+    changed = PROMPT.copy()
+    changed[-CONTEXT - 1] += 1  # before it: the window is the same
+    assert memory.chain(changed, 11, 8)[0] == ANSWER[:8].tolist()
