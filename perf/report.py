@@ -81,13 +81,16 @@ def markdown(doc: dict) -> str:
     for prompt, gen, stream in _shapes(results):
         cells = _cells(results, prompt, gen, stream)
         by = {(_label(r), r["concurrency"]): r for r in cells}
+        # streamed, what harnesses report of a stream too (cllm/bench/http_load.py): ITL, TPOT, tokens an event
+        streamed = " ITL p50 / p99 (ms) | TPOT p50 (ms) | tokens/event |" if stream else ""
         lines += [
             "",
             f"**~{prompt}-token prompts, {gen} tokens, {'streaming' if stream else 'non-streaming'}**",
             "",
-            "| c | system | tok/s | × ceiling | × llama-server | TTFT p50 / p99 (s) | latency p50 / p99 (s) | server "
-            "CPU ms/token | errors |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| c | system | tok/s | × ceiling | × llama-server | TTFT p50 / p99 (s) | latency p50 / p99 (s) |"
+            + streamed
+            + " server CPU ms/token | errors |",
+            "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if stream else ""),
         ]
         for c in sorted({r["concurrency"] for r in cells}):
             ceiling, peer = by.get((CEILING, c)), by.get((PEER, c))
@@ -105,9 +108,18 @@ def markdown(doc: dict) -> str:
                     f"{_fmt(tps / ceiling['tokens_per_second'] if ceiling else None)} "
                     f"| {_fmt(tps / peer['tokens_per_second'] if peer and label != PEER else None)} "
                     f"| {_fmt(ttft.get('p50'), '.3f')} / {_fmt(ttft.get('p99'), '.3f')} "
-                    f"| {_fmt(lat.get('p50'))} / {_fmt(lat.get('p99'))} | {_cpu(r)} | {r.get('errors', 0)} |"
+                    f"| {_fmt(lat.get('p50'))} / {_fmt(lat.get('p99'))} |"
+                    + (_stream_terms(r) if stream else "")
+                    + f" {_cpu(r)} | {r.get('errors', 0)} |"
                 )
     return "\n".join(lines) + "\n"
+
+
+def _stream_terms(r: dict) -> str:
+    """ITL p50 / p99 and TPOT p50 in ms, and tokens an event, of a streamed cell (absent from older results)."""
+    itl, tpot = r.get("itl") or {}, r.get("tpot") or {}
+    ms = [None if v is None else 1000 * v for v in (itl.get("p50"), itl.get("p99"), tpot.get("p50"))]
+    return f" {_fmt(ms[0])} / {_fmt(ms[1])} | {_fmt(ms[2])} | {_fmt(r.get('tokens_per_event'))} |"
 
 
 def plot(doc: dict, path: str) -> None:
