@@ -42,7 +42,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from typing import cast
 
 import httpx
@@ -191,12 +190,16 @@ def direct(url: str, model: str, pp: int, tg: int, inputs: dict, rounds: int = 3
     one: list[float] = []
     many: list[float] = []
     with httpx.Client(base_url=url, timeout=600) as client:
-        sample = book[:20000]  # its characters a token, by the server's own /tokenize (llama-server's route)
+        # characters a token where the prompts are cut, by the server's own /tokenize (llama-server's route), and
+        # the chat template's tokens around a message, left out of pp as llama-benchy leaves them out
+        sample = book[len(book) // 3 :][: 40 * pp]
         chars = len(sample) / len(client.post("/tokenize", json={"content": sample}).json()["tokens"])
+        probe = {"model": model, "messages": [{"role": "user", "content": "."}], "max_tokens": 1}
+        size = int((pp - client.post("/v1/chat/completions", json=probe).json()["usage"]["prompt_tokens"] + 1) * chars)
         for i in range(rounds):
-            for n, into in ((1, one), (tg, many)):
-                start = len(book) // 3 + int((2 * i + (n > 1)) * pp * chars)
-                text = f"[{uuid.uuid4()}] " + book[start : start + int(pp * chars)]
+            for n, into in ((1, one), (tg, many)):  # each prompt a slice of its own: nothing cached serves it
+                start = len(book) // 3 + (2 * i + (n > 1)) * size
+                text = book[start : start + size]
                 body = {
                     "model": model,
                     "messages": [{"role": "user", "content": text}],
