@@ -9,8 +9,7 @@ A round, on the embedded model (or --model), one cllm server at a time:
      the same next turn: TTFT "after restart", the history's cells from the file.
 
 Both figures are the same request on the same cells (the "cached" column shows it), once without and once after a
-restart. (Until 2026-11-27 "no restart" was a second question after the after-restart turn, on server 2: it found
-the next user turn's opening in the stream too and prefilled ~6 tokens fewer, of ~27 at 4,000 tokens' context.)
+restart.
 
 Targets (issue 37): after a restart <= 1.3x no restart, and >= 10x faster than cold. Prints a Markdown
 table and writes it to perf/results/<date>-restart-cache.md. Usage:

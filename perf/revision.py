@@ -7,8 +7,8 @@ A B B A A B (A: this tree), so a drift of the machine's speed weighs on both.
 Each run warms up and then loads fresh prompts at every concurrency, as
 `cllm bench http` does. The revision is unpacked with `git archive` into
 perf/cache/rev-<commit>/ (kept for the next call) and run with this tree's
-Python environment. On this 2-core machine one server's runs spread by up to
-~10% at c=1, so the ratio of the means over several runs is what to read.
+Python environment. One server's runs spread from run to run (most at c=1),
+so the ratio of the means over several runs is what to read.
 
 With --this-args, this tree's server gets more options than the other's
 (with no --rev, the other is this tree too: an option's cost, side by side).

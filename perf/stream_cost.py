@@ -9,8 +9,8 @@ servers taking turns round by round. For each it prints:
   - llama_decode's own time per token: llama-server's `timings` against
     cllm's engine driven in this process, the same prompt, one after the other
     (a short one, and the ~700-token one of perf.chat_turns' repeat workload).
-On two cores every millisecond of serving CPU is taken from llama.cpp's two
-threads, so the first two figures are what the last two add up to.
+With llama.cpp's threads on every CPU, each millisecond of serving CPU is taken
+from them, so the first two figures are what the last two add up to.
 Usage:
     .venv/bin/python -m perf.stream_cost [--model PATH] [--rounds 4] [--requests 12]
 """

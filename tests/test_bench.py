@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-# A bench that hangs is stopped by what it does, not by the clock: beside a busy program (a load of 20 on this
-# 2-core VM) a bench that takes ~15 CPU seconds ran past a 120 s wall-clock limit. One that spins uses its CPU
+# A bench that hangs is stopped by what it does, not by the clock: beside busy programs (a load of ten times the
+# CPUs) a bench that takes ~15 CPU seconds ran past a 120 s wall-clock limit. One that spins uses its CPU
 # budget, several times what any bench here takes; one that waits (a deadlock, a server that never answers)
 # gets no CPU for STALL seconds.
 CPU_BUDGET = 120.0

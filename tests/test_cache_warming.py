@@ -7,7 +7,7 @@ warms. On a CPU build llama.cpp has no GPU to offload to and keeps every layer a
 but the engine goes by the setting, so `--n-gpu-layers 1` runs its device path here: the files'
 llama_state_seq_set_data into empty streams while it is idle, then the next turns reuse the warmed streams (in
 place, or copied into the slot their sequence takes). What it cannot show on a CPU: a GPU backend's copies and
-their timing (perf/results/2026-11-27-restart-cache-device.md has an H100's).
+their timing (perf/results/2026-11-27-restart-cache-device.md has a GPU's).
 
 Exact mode: a reused cell is the same bits as a fresh prefill's, so each turn after the restart must give the
 text, and reuse the tokens, it gives without the restart. A damaged file among them is dropped, never warmed.

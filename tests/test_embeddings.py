@@ -84,7 +84,7 @@ def test_bad_input_is_a_400_naming_the_field(http):
 def test_generation_keeps_streaming_beside_a_big_batch():
     """16 inputs of ~40 tokens, with 64-token steps: each step holds the generation's token and one
     input, so the generation streams a token for about every input embedded, not one after all 16.
-    (Such a step took 0.2-0.9 s on the shared 2-core VM: 64 inputs made this test ~49 s.)"""
+    (Such a step takes 0.2-0.9 s on two busy CPUs: 64 inputs made this test ~49 s.)"""
     with (
         start_server("--parallel", "4", "--ctx-size", "2048", "--batch-size", "64") as srv,
         openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=300, max_retries=0) as oai,

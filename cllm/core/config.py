@@ -148,7 +148,7 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "KV cache type of V, as `--cache-type-k`; a quantized V needs flash attention (llama.cpp's rule: refused with "
         "`--flash-attn off`)", ENGINE, per_model=True,
     )] = "f16"
-    # Off by default: on an H100 the per-sequence device chains made a step slower than host sampling
+    # Off by default: the per-sequence device chains made a GPU step slower than host sampling
     # (perf/results/2026-11-26-gpu-h100.md).
     device_sampling: Annotated[DeviceSampling, setting(
         "`on`: sample inside llama_decode where a request allows (no grammar, penalties, logit bias or logprobs), so "

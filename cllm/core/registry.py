@@ -1,6 +1,6 @@
 """The models `cllm serve` may serve: ids, aliases, files and each one's engine settings.
 
-One model (``--model PATH`` or the embedded file) is the registry of today's
+One model (``--model PATH`` or the embedded file) is a registry of one: the
 single-model server. ``--models-dir`` adds every ``*.gguf`` in a directory
 (its id is the file's stem); the config's ``models:`` list adds entries with
 their own settings. A Hugging Face name (``--hf-repo org/repo:QUANT``, a ``--model`` that
@@ -65,7 +65,7 @@ def asks_hub(config: ServeConfig) -> bool:
 
 
 def is_pool(config: ServeConfig) -> bool:
-    """Whether the settings ask for more than today's one model."""
+    """Whether the settings ask for more than the one model of ``--model``."""
     return bool(config.models or config.models_dir or config.pulled)
 
 

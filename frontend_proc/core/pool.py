@@ -5,7 +5,7 @@ loading one means saying Hello on them and asking the supervisor (a line on the
 control pipe) to start its engines, then waiting (bounded) for each to answer.
 Unloading asks the supervisor to stop them; the model counts as unloaded once
 it reports every process gone, so a later load never races the old engines.
-With one model (today's `cllm serve`), nothing of this runs per request: the
+With one model (a `cllm serve` with no registry), nothing of this runs per request: the
 default model is loaded at start and any model name is taken as it.
 
 Each model has its own ModelState (its client, tokenizer and chat template on
