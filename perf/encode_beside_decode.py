@@ -24,6 +24,17 @@ from engine_proc.vision.projector import Vision
 from perf import image_files, synth_mmproj
 
 
+def _print_rows(args: argparse.Namespace, n_embeddings: int, rows: list[tuple]) -> None:
+    print(
+        f"{args.tower} tower ({n_embeddings} embeddings), {args.seqs} sequences decoding, {args.threads} thread(s) each"
+    )
+    print("\n| round | encode beside | steps | step wall ms (median) | step CPU ms (median) | encode wall ms |")
+    print("|---|---|---|---|---|---|")
+    for i, (beside, n, wall, cpu, enc) in enumerate(rows):
+        encoded = "" if enc is None else f"{enc:.0f}"
+        print(f"| {i + 1} | {'yes' if beside else 'no'} | {n} | {wall:.1f} | {cpu:.1f} | {encoded} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tower", choices=synth_mmproj.TOWERS, default="vit-b16")
@@ -96,15 +107,7 @@ def main() -> None:
                 encode_wall[0] * 1000 if beside else None,
             )
         )
-    print(
-        f"{args.tower} tower ({chunk.n_tokens} embeddings), {args.seqs} sequences decoding, "
-        f"{args.threads} thread(s) each"
-    )
-    print("\n| round | encode beside | steps | step wall ms (median) | step CPU ms (median) | encode wall ms |")
-    print("|---|---|---|---|---|---|")
-    for i, (beside, n, wall, cpu, enc) in enumerate(rows):
-        encoded = "" if enc is None else f"{enc:.0f}"
-        print(f"| {i + 1} | {'yes' if beside else 'no'} | {n} | {wall:.1f} | {cpu:.1f} | {encoded} |")
+    _print_rows(args, chunk.n_tokens, rows)
     L.llama_batch_free(batch)
     chunks.close()
     image.close()

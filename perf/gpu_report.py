@@ -33,6 +33,37 @@ def _num(x: float | None) -> str:
     return f"{x:,.0f}" if x else "-"
 
 
+def _engine_table(engine: list[dict]) -> list[str]:
+    """The rows of `cllm bench engine --sweep` on one model."""
+    lines = [
+        "",
+        "`cllm bench engine --sweep` (in-process, no HTTP): host µs per step = the step's work outside "
+        "llama_decode on its critical path, engine thread CPU [wall]; overlapped = host work done while a "
+        "decode launched ahead ran (steady steps); decode = llama_decode's wall time per step (on a GPU it "
+        "includes waiting for the device); reused = decode steps whose compute graph llama.cpp reused "
+        "(staggered: arrivals spread, generation lengths uniform in [g/2, 3g/2]).",
+        "",
+        "| arrivals | steady | c | sampling | on | tok/s | ms/step | decode ms | reused | host µs | schedule | "
+        "batch | sampling | retire | other | overlapped | host share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in engine:
+        cpu, wall = r["host_us_per_step"]["cpu"], r["host_us_per_step"]["wall"]
+        parts = " | ".join(
+            f"{cpu.get(k, 0):.0f} [{wall.get(k, 0):.0f}]"
+            for k in ("host", "schedule", "batch", "sampling", "retire", "other", "overlapped")
+        )
+        reused = f"{r['reused_steps'] / r['decode_steps']:.0%}" if r.get("decode_steps") else "-"
+        lines.append(
+            f"| {r.get('arrivals', 'lockstep')} | {'on' if r.get('steady') else 'off'} | {r['concurrency']} | "
+            f"{'0.7 / 0.9' if r['sampled'] else 'greedy'} | "
+            f"{'device' if r['device_sampling'] else 'host'} | {r['tokens_per_second']:,.0f} | "
+            f"{r['step_ms']:.2f} | "
+            f"{r['decode_ms']:.2f} | {reused} | {parts} | {wall['host'] / (1000 * r['step_ms']):.0%} |"
+        )
+    return lines
+
+
 def table(doc: dict) -> str:
     lines = [
         f"# cllm on {doc['device']}",
@@ -85,32 +116,7 @@ def table(doc: dict) -> str:
                 for r in mem
             ]
         if m.get("engine"):
-            lines += [
-                "",
-                "`cllm bench engine --sweep` (in-process, no HTTP): host µs per step = the step's work outside "
-                "llama_decode on its critical path, engine thread CPU [wall]; overlapped = host work done while a "
-                "decode launched ahead ran (steady steps); decode = llama_decode's wall time per step (on a GPU it "
-                "includes waiting for the device); reused = decode steps whose compute graph llama.cpp reused "
-                "(staggered: arrivals spread, generation lengths uniform in [g/2, 3g/2]).",
-                "",
-                "| arrivals | steady | c | sampling | on | tok/s | ms/step | decode ms | reused | host µs | schedule | "
-                "batch | sampling | retire | other | overlapped | host share |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-            ]
-            for r in m["engine"]:
-                cpu, wall = r["host_us_per_step"]["cpu"], r["host_us_per_step"]["wall"]
-                parts = " | ".join(
-                    f"{cpu.get(k, 0):.0f} [{wall.get(k, 0):.0f}]"
-                    for k in ("host", "schedule", "batch", "sampling", "retire", "other", "overlapped")
-                )
-                reused = f"{r['reused_steps'] / r['decode_steps']:.0%}" if r.get("decode_steps") else "-"
-                lines.append(
-                    f"| {r.get('arrivals', 'lockstep')} | {'on' if r.get('steady') else 'off'} | {r['concurrency']} | "
-                    f"{'0.7 / 0.9' if r['sampled'] else 'greedy'} | "
-                    f"{'device' if r['device_sampling'] else 'host'} | {r['tokens_per_second']:,.0f} | "
-                    f"{r['step_ms']:.2f} | "
-                    f"{r['decode_ms']:.2f} | {reused} | {parts} | {wall['host'] / (1000 * r['step_ms']):.0%} |"
-                )
+            lines += _engine_table(m["engine"])
         errs = [r for r in rows if r.get("errors")]
         for r in errs:
             lines.append(f"\n{r['system']} c={r['concurrency']}: {r['errors']} errors, the first: {r['first_error']}")

@@ -68,7 +68,8 @@ CONTESTANTS = [
     ("cllm", ()),
     ("cllm device sampling", ("--device-sampling", "on")),
 ]
-# Seconds a server's part needs on the H100, about, at 256 generated tokens a request (64 took 35 / 40 / 50).
+# Seconds a server's part needs on a GPU, about, at 256 generated tokens a request (64: 35 / 40 / 50), as measured
+# in perf/results/2026-11-26-gpu-h100.md: what the run's budget plans with.
 ESTIMATE = {"tiny": 10, "smollm2": 80, "1b": 90, "8b": 120}
 
 
@@ -105,7 +106,7 @@ def real_model(args) -> tuple[str | None, str | None]:
     return path, None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir")
     ap.add_argument(
@@ -137,20 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("GPU_REAL_MODEL_SHA256"),
         help="its checksum: a model carried in parts is used only when whole",
     )
-    args = ap.parse_args(argv)
-    budget = Budget(args.budget)
-    args.gpu_baseline = gpu_used() if shutil.which("nvidia-smi") else 0  # MiB in use before any server
-    args.greedy, args.sampled = PLAN["greedy"], PLAN["sampled"]
-    args.seq_ctx = PROMPT + args.gen + 32
-    args.requests = lambda c: 2 if DRY else (4 if c == 1 else 2 * c)
-    args.part_timeout = 120
-    args.logs = os.path.join(args.outdir, "logs")
-    os.makedirs(args.logs, exist_ok=True)
-    os.makedirs(args.models_dir, exist_ok=True)
-    # SIGTERM (a timeout around the run) ends it like an error: the finally blocks stop every server.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return ap
 
-    doc = {
+
+def _document(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """The results' head: what ran, where and how; the parts fill in the rest."""
+    return {
         "device": device(),
         "dry": DRY,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -165,11 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         "notes": [],
     }
 
-    def save() -> None:
-        with open(os.path.join(args.outdir, "results.json"), "w") as f:
-            json.dump(doc, f, indent=1)
-        render(args.outdir)
 
+def _parts(args: argparse.Namespace) -> list[tuple[str, Any]]:
     # The parts in order of importance (the 1b shape last: "where time allows"); each is left out when
     # what it needs no longer fits what is left of the budget.
     presets = [p for p in args.models.split(",") if p]
@@ -181,6 +171,31 @@ def main(argv: list[str] | None = None) -> int:
     parts += [("speculation", None)] if "speculation" in chosen else []
     parts += [(p, ("engine", ())) for p in presets if p != "1b"] if "engine" in chosen else []
     parts += [(p, c) for p in presets if p == "1b" for c in contestants] if "servers" in chosen else []
+    return parts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    budget = Budget(args.budget)
+    args.gpu_baseline = gpu_used() if shutil.which("nvidia-smi") else 0  # MiB in use before any server
+    args.greedy, args.sampled = PLAN["greedy"], PLAN["sampled"]
+    args.seq_ctx = PROMPT + args.gen + 32
+    args.requests = lambda c: 2 if DRY else (4 if c == 1 else 2 * c)
+    args.part_timeout = 120
+    args.logs = os.path.join(args.outdir, "logs")
+    os.makedirs(args.logs, exist_ok=True)
+    os.makedirs(args.models_dir, exist_ok=True)
+    # SIGTERM (a timeout around the run) ends it like an error: the finally blocks stop every server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    doc = _document(args, argv)
+
+    def save() -> None:
+        with open(os.path.join(args.outdir, "results.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+        render(args.outdir)
+
+    parts = _parts(args)
     real, why_not = real_model(args)
     try:
         for preset, contestant in parts:

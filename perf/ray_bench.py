@@ -12,8 +12,8 @@
 
     python -m perf.ray_bench [--model FILE] [--gen-tokens 64] [--out perf/results/X.json]
 
-Two cores cannot show a scale-out gain: the figures are the cost of the Ray path. The load average is
-recorded with every figure (the machine is shared).
+Where the replicas' threads take every CPU there is no scale-out gain to show: the figures are then the cost of
+the Ray path. The load average is recorded with every figure.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def recovery(url: str) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m perf.ray_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2)")
     ap.add_argument("--parallel", type=int, default=8, help="sequences per Ray replica; plain cllm gets twice as many")
@@ -177,7 +177,33 @@ def main(argv: list[str] | None = None) -> int:
         help="conversations at a time (at 2, as many as replicas, any router keeps each on one replica)",
     )
     ap.add_argument("--out", default=None, help="JSON file for the results")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _plain(model: str, args: argparse.Namespace, result: dict) -> None:
+    """Plain `cllm serve` with the same threads: one hop to /health, and throughput."""
+    print("plain cllm serve: 1 engine x 2 threads", flush=True)
+    with servers.start(
+        "cllm", servers.Settings(model, 2, 2 * args.parallel, args.seq_ctx), args=("--log-level", "warning")
+    ) as srv:
+        with httpx.Client(base_url=srv.url) as client:
+            result["hops_ms"] = {"plain_health": round(mean_ms(lambda: client.get("/health"), 200), 3)}
+        result["plain"] = throughput(srv.url, args.gen_tokens, args.prompt_tokens)
+
+
+def _chats(url: str, args: argparse.Namespace, deploy) -> dict:
+    """The multi-turn chats under each router, at each concurrency."""
+    out = {}
+    for router in ROUTERS:
+        for c in args.chat_concurrency:
+            deploy(router)  # fresh replicas, empty caches: the same conversations run each time
+            out[f"{router} c={c}"] = chat(url, args.conversations, args.turns, c, args.gen_tokens)
+            print(f"  chat, {router} router, c={c}: {out[f'{router} c={c}']}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     import ray
     from ray import serve
@@ -195,13 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"load average at start: {load_average()}", flush=True)
 
-    print("plain cllm serve: 1 engine x 2 threads", flush=True)
-    with servers.start(
-        "cllm", servers.Settings(model, 2, 2 * args.parallel, args.seq_ctx), args=("--log-level", "warning")
-    ) as srv:
-        with httpx.Client(base_url=srv.url) as client:
-            result["hops_ms"] = {"plain_health": round(mean_ms(lambda: client.get("/health"), 200), 3)}
-        result["plain"] = throughput(srv.url, args.gen_tokens, args.prompt_tokens)
+    _plain(model, args, result)
 
     temp = tempfile.mkdtemp(prefix="cllm-rb", dir="/tmp")  # short: Ray's socket paths live under it
     port = servers.free_port()
@@ -243,12 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         result["ray"] = throughput(url, args.gen_tokens, args.prompt_tokens)
 
-        result["chat"] = {}
-        for router in ROUTERS:
-            for c in args.chat_concurrency:
-                deploy(router)  # fresh replicas, empty caches: the same conversations run each time
-                result["chat"][f"{router} c={c}"] = chat(url, args.conversations, args.turns, c, args.gen_tokens)
-                print(f"  chat, {router} router, c={c}: {result['chat'][f'{router} c={c}']}", flush=True)
+        result["chat"] = _chats(url, args, deploy)
 
         deploy("cllm")
         result["recovery"] = recovery(url)

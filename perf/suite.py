@@ -52,27 +52,9 @@ def _load() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
-def run_model(name: str, args) -> dict:
-    path = model_path(name)
-    prompt_max, gen_max = max(args.prompt_tokens), max(args.gen_tokens)
-    settings = servers.Settings(
-        path, args.threads, max(args.concurrency), 256 * ((prompt_max + gen_max + 64) // 256 + 1)
-    )
+def _in_process(path: str, args, log) -> None:
+    """The raw llama.cpp ceiling and cllm's engine, each run in a process of its own."""
     conc = ",".join(map(str, args.concurrency))
-    streams = {"off": [False], "on": [True], "both": [False, True]}[args.stream]
-    results: list[dict] = []
-    load_before = _load()
-
-    def log(system: str, r: dict) -> None:
-        r.update(system=system, model=name, load=_load())
-        results.append(r)
-        print(
-            f"  {system:<17}{'stream ' if r.get('stream') else ''}p={r['prompt_tokens']} g={r['gen_tokens']} "
-            f"c={r['concurrency']:<3} {r['tokens_per_second']:7.1f} tok/s",
-            flush=True,
-        )
-
-    print(f"{name}: {path}", flush=True)
     for prompt in args.prompt_tokens:
         for gen in args.gen_tokens:
             if "raw" in args.systems:
@@ -115,6 +97,10 @@ def run_model(name: str, args) -> dict:
                     )
                     log("engine", r)
 
+
+def _over_http(path: str, settings: servers.Settings, args, log) -> None:
+    """Each server in turn, started on the model, warmed up and stopped."""
+    streams = {"off": [False], "on": [True], "both": [False, True]}[args.stream]
     ban = tuple(eog_tokens(path))
     for system in (s for s in servers.SYSTEMS if s in args.systems):
         with servers.start(system, settings, None if system == "cllm" else args.peer_env) as server:
@@ -137,6 +123,29 @@ def run_model(name: str, args) -> dict:
                             log(system, r)
                             if r["errors"]:
                                 print(f"    {r['errors']} errors, the first: {r['first_error']}", flush=True)
+
+
+def run_model(name: str, args) -> dict:
+    path = model_path(name)
+    prompt_max, gen_max = max(args.prompt_tokens), max(args.gen_tokens)
+    settings = servers.Settings(
+        path, args.threads, max(args.concurrency), 256 * ((prompt_max + gen_max + 64) // 256 + 1)
+    )
+    results: list[dict] = []
+    load_before = _load()
+
+    def log(system: str, r: dict) -> None:
+        r.update(system=system, model=name, load=_load())
+        results.append(r)
+        print(
+            f"  {system:<17}{'stream ' if r.get('stream') else ''}p={r['prompt_tokens']} g={r['gen_tokens']} "
+            f"c={r['concurrency']:<3} {r['tokens_per_second']:7.1f} tok/s",
+            flush=True,
+        )
+
+    print(f"{name}: {path}", flush=True)
+    _in_process(path, args, log)
+    _over_http(path, settings, args, log)
 
     return {
         "model": name,

@@ -93,153 +93,155 @@ class FakeHub:
         return found[0].read(found[1]) if found else None
 
 
-def _handler(hub: FakeHub):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _Handler(BaseHTTPRequestHandler):
+    """The hub's HTTP side, for the FakeHub _handler gives it."""
 
-        def log_message(self, *args) -> None:  # quiet: the tests read hub.log
-            pass
+    hub: FakeHub
+    protocol_version = "HTTP/1.1"
 
-        def do_HEAD(self) -> None:
-            self._route(body=False)
+    def log_message(self, *args) -> None:  # quiet: the tests read hub.log
+        pass
 
-        def do_GET(self) -> None:
-            self._route(body=True)
+    def do_HEAD(self) -> None:
+        self._route(body=False)
 
-        def _route(self, body: bool) -> None:
-            path = unquote(urlsplit(self.path).path)
-            hub.log.append((self.command, path, self.headers.get("Range")))
-            if (
-                path == "/api/agent-harnesses"
-            ):  # huggingface_hub's user-agent telemetry asks once a day (cached in HF_HOME)
-                return self._send(
-                    200, b'{"standardEnvVars": [], "harnesses": {}}', {"Content-Type": "application/json"}, body
-                )
-            if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", path):
-                return self._info(m.group(1), body)
-            if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
-                return self._resolve(m.group(1), m.group(2), m.group(3), body)
-            if m := re.fullmatch(r"/lfs/([0-9a-f]{64})", path):
-                return self._lfs(m.group(1), body)
-            self._send(404, b"not found", {"X-Error-Code": "EntryNotFound"}, body)
+    def do_GET(self) -> None:
+        self._route(body=True)
 
-        def _repo(self, name: str, body: bool) -> Repo | None:
-            auth = self.headers.get("Authorization")
-            if auth is not None and auth != f"Bearer {TOKEN}":
-                self._send(
-                    401,
-                    b'{"error":"Invalid credentials in Authorization header"}',
-                    {"X-Error-Message": "Invalid credentials in Authorization header"},
-                    body,
-                )
-                return None
-            repo = hub.repos.get(name)
-            if repo is None or (repo.private and auth is None):
-                status = 404 if auth else 401  # the hub hides private repos: without a token, everything is 401
-                self._send(
-                    status,
-                    b'{"error":"Repository not found"}',
-                    {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"},
-                    body,
-                )
-                return None
-            return repo
+    def _route(self, body: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        self.hub.log.append((self.command, path, self.headers.get("Range")))
+        if path == "/api/agent-harnesses":  # huggingface_hub's user-agent telemetry asks once a day (cached in HF_HOME)
+            return self._send(
+                200, b'{"standardEnvVars": [], "harnesses": {}}', {"Content-Type": "application/json"}, body
+            )
+        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", path):
+            return self._info(m.group(1), body)
+        if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
+            return self._resolve(m.group(1), m.group(2), m.group(3), body)
+        if m := re.fullmatch(r"/lfs/([0-9a-f]{64})", path):
+            return self._lfs(m.group(1), body)
+        self._send(404, b"not found", {"X-Error-Code": "EntryNotFound"}, body)
 
-        def _info(self, name: str, body: bool) -> None:
-            repo = self._repo(name, body)
-            if repo is None:
-                return
-            siblings = []
-            for p in sorted(repo.files):
-                size, oid, lfs = repo.meta(p)
-                sib = {"rfilename": p, "size": size, "blobId": git_sha1(b"pointer " + oid.encode()) if lfs else oid}
-                if lfs:
-                    sib["lfs"] = {"sha256": oid, "size": size, "pointerSize": 134}
-                siblings.append(sib)
-            info = {
-                "_id": "x",
-                "id": name,
-                "modelId": name,
-                "sha": repo.commit,
-                "private": repo.private,
-                "siblings": siblings,
-            }
-            self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+    def _repo(self, name: str, body: bool) -> Repo | None:
+        auth = self.headers.get("Authorization")
+        if auth is not None and auth != f"Bearer {TOKEN}":
+            self._send(
+                401,
+                b'{"error":"Invalid credentials in Authorization header"}',
+                {"X-Error-Message": "Invalid credentials in Authorization header"},
+                body,
+            )
+            return None
+        repo = self.hub.repos.get(name)
+        if repo is None or (repo.private and auth is None):
+            status = 404 if auth else 401  # the hub hides private repos: without a token, everything is 401
+            self._send(
+                status,
+                b'{"error":"Repository not found"}',
+                {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"},
+                body,
+            )
+            return None
+        return repo
 
-        def _resolve(self, name: str, rev: str, path: str, body: bool) -> None:
-            repo = self._repo(name, body)
-            if repo is None:
-                return
-            if rev not in ("main", repo.commit):
-                return self._send(404, b"", {"X-Error-Code": "RevisionNotFound"}, body)
-            if path not in repo.files:
-                return self._send(404, b"", {"X-Error-Code": "EntryNotFound"}, body)
-            if repo.gated:
-                msg = f"Access to model {name} is restricted. You must have access to it and be authenticated."
-                return self._send(403, b"", {"X-Error-Code": "GatedRepo", "X-Error-Message": msg}, body)
-            size, oid, lfs = repo.meta(path)
-            headers = {"X-Repo-Commit": repo.commit}
+    def _info(self, name: str, body: bool) -> None:
+        repo = self._repo(name, body)
+        if repo is None:
+            return
+        siblings = []
+        for p in sorted(repo.files):
+            size, oid, lfs = repo.meta(p)
+            sib = {"rfilename": p, "size": size, "blobId": git_sha1(b"pointer " + oid.encode()) if lfs else oid}
             if lfs:
-                hub._blobs[oid] = (repo, path)
-                headers.update(
-                    {
-                        "Location": f"{hub.lfs_host}/lfs/{oid}",
-                        "X-Linked-Etag": f'"{oid}"',
-                        "X-Linked-Size": str(size),
-                        "ETag": f'"{git_sha1(oid.encode())}"',
-                    }
-                )
-                return self._send(302, b"", headers, body)
-            headers["ETag"] = f'"{oid}"'
-            self._send(200, repo.read(path), headers, body)
+                sib["lfs"] = {"sha256": oid, "size": size, "pointerSize": 134}
+            siblings.append(sib)
+        info = {
+            "_id": "x",
+            "id": name,
+            "modelId": name,
+            "sha": repo.commit,
+            "private": repo.private,
+            "siblings": siblings,
+        }
+        self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
 
-        def _lfs(self, sha: str, body: bool) -> None:
-            data = hub.blob(sha)
-            if data is None:
-                return self._send(404, b"", {}, body)
-            if hub.corrupt:
-                data = data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:]
-            if hub.short:
-                data = data[:-1]
-            start, status = 0, 200
-            headers = {"Accept-Ranges": "bytes", "ETag": f'"{hashlib.md5(sha.encode()).hexdigest()}"'}
-            if m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or ""):
-                start, status = int(m.group(1)), 206
-                if start >= len(data):
-                    return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"}, body)
-                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            part = data[start:]
-            if not body:
-                return self._send(status, b"", {**headers, "Content-Length": str(len(part))}, False)
-            self.send_response(status)
-            for k, v in {
-                **headers,
-                "Content-Length": str(len(part)),
-                "Content-Type": "application/octet-stream",
-            }.items():
-                self.send_header(k, v)
-            self.end_headers()
-            cut, hub.cut_after = hub.cut_after, None
-            if cut is not None:  # the connection drops after `cut` bytes: the client sees a short body
-                self.wfile.write(part[:cut])
-                hub.sent += min(cut, len(part))
-                self.wfile.flush()
-                self.close_connection = True
-                return
-            self.wfile.write(part)
-            hub.sent += len(part)
+    def _resolve(self, name: str, rev: str, path: str, body: bool) -> None:
+        repo = self._repo(name, body)
+        if repo is None:
+            return
+        if rev not in ("main", repo.commit):
+            return self._send(404, b"", {"X-Error-Code": "RevisionNotFound"}, body)
+        if path not in repo.files:
+            return self._send(404, b"", {"X-Error-Code": "EntryNotFound"}, body)
+        if repo.gated:
+            msg = f"Access to model {name} is restricted. You must have access to it and be authenticated."
+            return self._send(403, b"", {"X-Error-Code": "GatedRepo", "X-Error-Message": msg}, body)
+        size, oid, lfs = repo.meta(path)
+        headers = {"X-Repo-Commit": repo.commit}
+        if lfs:
+            self.hub._blobs[oid] = (repo, path)
+            headers.update(
+                {
+                    "Location": f"{self.hub.lfs_host}/lfs/{oid}",
+                    "X-Linked-Etag": f'"{oid}"',
+                    "X-Linked-Size": str(size),
+                    "ETag": f'"{git_sha1(oid.encode())}"',
+                }
+            )
+            return self._send(302, b"", headers, body)
+        headers["ETag"] = f'"{oid}"'
+        self._send(200, repo.read(path), headers, body)
 
-        def _send(self, status: int, data: bytes, headers: dict, body: bool) -> None:
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            if "Content-Length" not in headers:
-                self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if body:
-                self.wfile.write(data)
+    def _lfs(self, sha: str, body: bool) -> None:
+        data = self.hub.blob(sha)
+        if data is None:
+            return self._send(404, b"", {}, body)
+        if self.hub.corrupt:
+            data = data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:]
+        if self.hub.short:
+            data = data[:-1]
+        start, status = 0, 200
+        headers = {"Accept-Ranges": "bytes", "ETag": f'"{hashlib.md5(sha.encode()).hexdigest()}"'}
+        if m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or ""):
+            start, status = int(m.group(1)), 206
+            if start >= len(data):
+                return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"}, body)
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        part = data[start:]
+        if not body:
+            return self._send(status, b"", {**headers, "Content-Length": str(len(part))}, False)
+        self.send_response(status)
+        for k, v in {
+            **headers,
+            "Content-Length": str(len(part)),
+            "Content-Type": "application/octet-stream",
+        }.items():
+            self.send_header(k, v)
+        self.end_headers()
+        cut, self.hub.cut_after = self.hub.cut_after, None
+        if cut is not None:  # the connection drops after `cut` bytes: the client sees a short body
+            self.wfile.write(part[:cut])
+            self.hub.sent += min(cut, len(part))
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(part)
+        self.hub.sent += len(part)
 
-    return Handler
+    def _send(self, status: int, data: bytes, headers: dict, body: bool) -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        if "Content-Length" not in headers:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+def _handler(hub: FakeHub) -> type[_Handler]:
+    return type("Handler", (_Handler,), {"hub": hub})
 
 
 def split_gguf(src: str, dest: str, parts: int) -> list[str]:

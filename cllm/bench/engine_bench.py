@@ -347,7 +347,7 @@ def sweep_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+def _parser(prog: str | None = None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0].split(": ", 1)[1])
     ap.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded SmolLM2)")
     ap.add_argument("-n", "--requests", type=int, default=40)
@@ -401,6 +401,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "--profile", metavar="FILE", help="write a cProfile of the timed run (read it with python -m pstats FILE)"
     )
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = _parser(prog)
     args = ap.parse_args(argv)
     for name in ("requests", "concurrency", "prompt_tokens", "gen_tokens"):
         if getattr(args, name) < 1:
