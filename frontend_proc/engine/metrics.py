@@ -10,6 +10,8 @@ The engine's figures are labelled with its model and replica.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -37,170 +39,170 @@ E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 DRAFT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LOAD_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
-ENGINE = ["model", "replica"]
+ENGINE = ("model", "replica")
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Family(Generic[M]):
+    """One Prometheus family, declared on Metrics as data; each Metrics makes its own in its registry."""
+
+    def __init__(self, kind: type[M], name: str, doc: str, labels: Sequence[str] = (), buckets: Sequence[float] = ()):
+        self.kind: type[M] = kind
+        self.name, self.doc, self.labels, self.buckets = name, doc, labels, buckets
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, metrics: object, owner: type | None = None) -> M:
+        # Metrics.__init__ puts the family's metric in the instance, which is what an attribute read finds.
+        return vars(metrics)[self.attr]
+
+    def make(self, registry: CollectorRegistry) -> M:
+        extra: dict[str, Any] = {"buckets": self.buckets} if self.buckets else {}
+        return self.kind(self.name, self.doc, self.labels, registry=registry, **extra)
 
 
 class Metrics:
     content_type = CONTENT_TYPE_LATEST  # of exposition()
 
+    # attribute = Family(kind, name, help, labels, buckets): registered in this order, /metrics lists them so.
+    requests = Family(Counter, "cllm_requests_total", "HTTP responses, by route and status", ("route", "status"))
+    running = Family(Gauge, "cllm_requests_running", "Sequences the engine is decoding", ENGINE)
+    waiting = Family(Gauge, "cllm_requests_waiting", "Requests waiting for a free engine slot", ENGINE)
+    threads = Family(
+        Gauge,
+        "cllm_engine_threads",
+        "llama.cpp threads the engine decodes on now: fewer than set while other programs take its CPUs",
+        ENGINE,
+    )
+    prompt_tokens = Family(Counter, "cllm_prompt_tokens_total", "Prompt tokens of requests that reached the engine")
+    generation_tokens = Family(
+        Counter, "cllm_generation_tokens_total", "Tokens generated for requests, as their usage says"
+    )
+    ttft = Family(
+        Histogram,
+        "cllm_time_to_first_token_seconds",
+        "From a request's arrival to its first token",
+        buckets=TTFT_BUCKETS,
+    )
+    tpot = Family(
+        Histogram,
+        "cllm_time_per_output_token_seconds",
+        "Mean time between a request's outputs after the first",
+        buckets=TPOT_BUCKETS,
+    )
+    e2e = Family(
+        Histogram,
+        "cllm_e2e_request_latency_seconds",
+        "From a request's arrival to the end of its response",
+        buckets=E2E_BUCKETS,
+    )
+    step = Family(
+        Histogram,
+        "cllm_engine_step_seconds",
+        "Engine steps: schedule, one llama_decode, sample",
+        ENGINE,
+        buckets=STEP_BUCKETS,
+    )
+    batch = Family(Histogram, "cllm_batch_size", "Sequences in one engine step", ENGINE, buckets=BATCH_BUCKETS)
+    kv_usage = Family(Gauge, "cllm_kv_cache_usage_ratio", "KV cells held by running sequences / all KV cells", ENGINE)
+    cache_hit_tokens = Family(
+        Counter, "cllm_prefix_cache_hit_tokens_total", "Prompt tokens whose KV cells came from the prefix cache", ENGINE
+    )
+    cache_lookups = Family(
+        Counter,
+        "cllm_prefix_cache_lookups_total",
+        "Prefix cache lookups, one per admitted request, by result",
+        (*ENGINE, "result"),
+    )
+    cache_cells = Family(Gauge, "cllm_prefix_cache_cells", "KV cells held by the prefix cache in KV streams", ENGINE)
+    cache_restored = Family(
+        Counter, "cllm_prefix_cache_restored_total", "Prefix cache hits served from host RAM (--cache-ram)", ENGINE
+    )
+    cache_host_bytes = Family(
+        Gauge, "cllm_prefix_cache_host_bytes", "Host RAM held by the prefix cache's entries", ENGINE
+    )
+    cache_disk_hits = Family(
+        Counter, "cllm_prefix_cache_disk_hits_total", "Prefix cache hits served from files (--cache-dir)", ENGINE
+    )
+    cache_disk_entries = Family(
+        Gauge, "cllm_prefix_cache_disk_entries", "Prefix cache entries in files (--cache-dir)", ENGINE
+    )
+    cache_disk_bytes = Family(
+        Gauge, "cllm_prefix_cache_disk_bytes", "Bytes of the prefix cache's entries in files (--cache-dir)", ENGINE
+    )
+    cache_disk_load_seconds = Family(
+        Counter,
+        "cllm_prefix_cache_disk_load_seconds",
+        "Time spent reading files for prefix cache hits (--cache-dir)",
+        ENGINE,
+    )
+    cache_disk_rejected = Family(
+        Counter,
+        "cllm_prefix_cache_disk_rejected_total",
+        "Prefix cache files dropped as damaged or not of this format (--cache-dir): removed, their cells never used",
+        ENGINE,
+    )
+    drafted = Family(
+        Counter, "cllm_spec_drafted_tokens_total", "Tokens drafted by speculative decoding and verified", ENGINE
+    )
+    accepted = Family(
+        Counter,
+        "cllm_spec_accepted_tokens_total",
+        "Drafted tokens the sampler agreed with: each saved a decode step",
+        ENGINE,
+    )
+    # llama-server's names for the same counts (tools/server/server-task.cpp), for its dashboards and scrapers.
+    spec_tokens = Family(Counter, "llamacpp:spec_decode_num_draft_tokens", "Speculative draft tokens generated", ENGINE)
+    spec_accepted = Family(
+        Counter, "llamacpp:spec_decode_num_accepted_tokens", "Speculative draft tokens accepted", ENGINE
+    )
+    spec_drafts = Family(
+        Counter,
+        "llamacpp:spec_decode_num_drafts",
+        "Speculative drafts verified: one a sequence a step that drafted",
+        ENGINE,
+    )
+    step_drafted = Family(
+        Histogram,
+        "cllm_spec_step_drafted_tokens",
+        "Tokens drafted in one engine step, of steps that drafted",
+        ENGINE,
+        buckets=DRAFT_BUCKETS,
+    )
+    step_accepted = Family(
+        Histogram,
+        "cllm_spec_step_accepted_tokens",
+        "Drafted tokens accepted in one engine step, of steps that drafted",
+        ENGINE,
+        buckets=(0, *DRAFT_BUCKETS),
+    )
+    decode_steps = Family(
+        Counter, "cllm_decode_steps_total", "llama_decode calls of decoding sequences' tokens", ENGINE
+    )
+    reused_steps = Family(
+        Counter,
+        "cllm_decode_steps_graph_reused_total",
+        "Decode steps that reused the step before's compute graph (llama.cpp)",
+        ENGINE,
+    )
+    restarts = Family(Counter, "cllm_engine_restarts_total", "Engines started after the first", ENGINE)
+    loads = Family(Counter, "cllm_model_loads_total", "Models loaded, by result (ok, failed)", ("model", "result"))
+    load_seconds = Family(
+        Histogram,
+        "cllm_model_load_seconds",
+        "From asking for a model's engines to all of them serving",
+        ("model",),
+        buckets=LOAD_BUCKETS,
+    )
+    unloads = Family(Counter, "cllm_model_unloads_total", "Models unloaded, by reason", ("model", "reason"))
+
     def __init__(self):
-        r = self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "cllm_requests_total", "HTTP responses, by route and status", ["route", "status"], registry=r
-        )
-        self.running = Gauge("cllm_requests_running", "Sequences the engine is decoding", ENGINE, registry=r)
-        self.waiting = Gauge("cllm_requests_waiting", "Requests waiting for a free engine slot", ENGINE, registry=r)
-        self.threads = Gauge(
-            "cllm_engine_threads",
-            "llama.cpp threads the engine decodes on now: fewer than set while other programs take its CPUs",
-            ENGINE,
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "cllm_prompt_tokens_total", "Prompt tokens of requests that reached the engine", registry=r
-        )
-        self.generation_tokens = Counter(
-            "cllm_generation_tokens_total", "Tokens generated for requests, as their usage says", registry=r
-        )
-        self.ttft = Histogram(
-            "cllm_time_to_first_token_seconds",
-            "From a request's arrival to its first token",
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.tpot = Histogram(
-            "cllm_time_per_output_token_seconds",
-            "Mean time between a request's outputs after the first",
-            buckets=TPOT_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "cllm_e2e_request_latency_seconds",
-            "From a request's arrival to the end of its response",
-            buckets=E2E_BUCKETS,
-            registry=r,
-        )
-        self.step = Histogram(
-            "cllm_engine_step_seconds",
-            "Engine steps: schedule, one llama_decode, sample",
-            ENGINE,
-            buckets=STEP_BUCKETS,
-            registry=r,
-        )
-        self.batch = Histogram(
-            "cllm_batch_size", "Sequences in one engine step", ENGINE, buckets=BATCH_BUCKETS, registry=r
-        )
-        self.kv_usage = Gauge(
-            "cllm_kv_cache_usage_ratio", "KV cells held by running sequences / all KV cells", ENGINE, registry=r
-        )
-        self.cache_hit_tokens = Counter(
-            "cllm_prefix_cache_hit_tokens_total",
-            "Prompt tokens whose KV cells came from the prefix cache",
-            ENGINE,
-            registry=r,
-        )
-        self.cache_lookups = Counter(
-            "cllm_prefix_cache_lookups_total",
-            "Prefix cache lookups, one per admitted request, by result",
-            [*ENGINE, "result"],
-            registry=r,
-        )
-        self.cache_cells = Gauge(
-            "cllm_prefix_cache_cells", "KV cells held by the prefix cache in KV streams", ENGINE, registry=r
-        )
-        self.cache_restored = Counter(
-            "cllm_prefix_cache_restored_total",
-            "Prefix cache hits served from host RAM (--cache-ram)",
-            ENGINE,
-            registry=r,
-        )
-        self.cache_host_bytes = Gauge(
-            "cllm_prefix_cache_host_bytes", "Host RAM held by the prefix cache's entries", ENGINE, registry=r
-        )
-        self.cache_disk_hits = Counter(
-            "cllm_prefix_cache_disk_hits_total", "Prefix cache hits served from files (--cache-dir)", ENGINE, registry=r
-        )
-        self.cache_disk_entries = Gauge(
-            "cllm_prefix_cache_disk_entries", "Prefix cache entries in files (--cache-dir)", ENGINE, registry=r
-        )
-        self.cache_disk_bytes = Gauge(
-            "cllm_prefix_cache_disk_bytes",
-            "Bytes of the prefix cache's entries in files (--cache-dir)",
-            ENGINE,
-            registry=r,
-        )
-        self.cache_disk_load_seconds = Counter(
-            "cllm_prefix_cache_disk_load_seconds",
-            "Time spent reading files for prefix cache hits (--cache-dir)",
-            ENGINE,
-            registry=r,
-        )
-        self.cache_disk_rejected = Counter(
-            "cllm_prefix_cache_disk_rejected_total",
-            "Prefix cache files dropped as damaged or not of this format (--cache-dir): removed, their cells never "
-            "used",
-            ENGINE,
-            registry=r,
-        )
-        self.drafted = Counter(
-            "cllm_spec_drafted_tokens_total", "Tokens drafted by speculative decoding and verified", ENGINE, registry=r
-        )
-        self.accepted = Counter(
-            "cllm_spec_accepted_tokens_total",
-            "Drafted tokens the sampler agreed with: each saved a decode step",
-            ENGINE,
-            registry=r,
-        )
-        # llama-server's names for the same counts (tools/server/server-task.cpp), for its dashboards and scrapers.
-        self.spec_tokens = Counter(
-            "llamacpp:spec_decode_num_draft_tokens", "Speculative draft tokens generated", ENGINE, registry=r
-        )
-        self.spec_accepted = Counter(
-            "llamacpp:spec_decode_num_accepted_tokens", "Speculative draft tokens accepted", ENGINE, registry=r
-        )
-        self.spec_drafts = Counter(
-            "llamacpp:spec_decode_num_drafts",
-            "Speculative drafts verified: one a sequence a step that drafted",
-            ENGINE,
-            registry=r,
-        )
-        self.step_drafted = Histogram(
-            "cllm_spec_step_drafted_tokens",
-            "Tokens drafted in one engine step, of steps that drafted",
-            ENGINE,
-            buckets=DRAFT_BUCKETS,
-            registry=r,
-        )
-        self.step_accepted = Histogram(
-            "cllm_spec_step_accepted_tokens",
-            "Drafted tokens accepted in one engine step, of steps that drafted",
-            ENGINE,
-            buckets=(0, *DRAFT_BUCKETS),
-            registry=r,
-        )
-        self.decode_steps = Counter(
-            "cllm_decode_steps_total", "llama_decode calls of decoding sequences' tokens", ENGINE, registry=r
-        )
-        self.reused_steps = Counter(
-            "cllm_decode_steps_graph_reused_total",
-            "Decode steps that reused the step before's compute graph (llama.cpp)",
-            ENGINE,
-            registry=r,
-        )
-        self.restarts = Counter("cllm_engine_restarts_total", "Engines started after the first", ENGINE, registry=r)
-        self.loads = Counter(
-            "cllm_model_loads_total", "Models loaded, by result (ok, failed)", ["model", "result"], registry=r
-        )
-        self.load_seconds = Histogram(
-            "cllm_model_load_seconds",
-            "From asking for a model's engines to all of them serving",
-            ["model"],
-            buckets=LOAD_BUCKETS,
-            registry=r,
-        )
-        self.unloads = Counter(
-            "cllm_model_unloads_total", "Models unloaded, by reason", ["model", "reason"], registry=r
-        )
+        self.registry = CollectorRegistry()
+        for attr, family in vars(Metrics).items():
+            if isinstance(family, Family):
+                vars(self)[attr] = family.make(self.registry)
         self._engines: dict[tuple[str, str], _EngineSeen] = {}
         self.token_rates: dict[tuple[str, str], TokenRate] = {}
 
