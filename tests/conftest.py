@@ -19,8 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import httpx
+import msgspec
 import psutil
 import pytest
+
+from cllm.core.protocol import ModelInfo
 
 if TYPE_CHECKING:
     import openai
@@ -42,7 +45,7 @@ UNIT = os.path.join(ROOT, "tests", "unit")
 MODEL_FIXTURES = {"engine", "tok", "server", "http", "oai", "keyed"}
 
 
-# The model layer's longest files, longest first (a fresh clone's `--durations` under load, 2026-11-28). With
+# The model layer's longest files, longest first (a fresh clone's `--durations` under load). With
 # `--dist loadfile --no-loadscope-reorder` xdist hands files out in collection order; its default order (most tests
 # first) left these few-test, long files to the end, one worker running them while the other sat idle.
 LONGEST_FIRST = (
@@ -93,6 +96,31 @@ def pytest_runtest_makereport(item, call):
     if report.failed and isinstance(srv, Server):
         report.sections.append(("server log (last 40 lines)", "".join(srv.stderr_lines[-40:])))
     return report
+
+
+def model_info(**changes) -> ModelInfo:
+    """The ModelInfo an engine of a small llama-family model would send, with ``changes``: for the frontend's own
+    tests, with no engine behind them."""
+    info = ModelInfo(
+        model_path="m.gguf",
+        model_name="m",
+        model_family="llama",
+        quantization="Q4_1",
+        vocab_size=100,
+        num_layers=2,
+        n_params=135_000_000,
+        model_bytes=90 << 20,
+        n_ctx_train=2048,
+        ctx_size=8192,
+        kv_bytes=1 << 20,
+        seq_ctx=1024,
+        parallel=8,
+        batch_size=512,
+        threads=2,
+        gpu_layers=0,
+        use_mmap=True,
+    )
+    return msgspec.structs.replace(info, **changes)
 
 
 def free_port() -> int:

@@ -20,7 +20,6 @@ from cllm.core.protocol import (
     Embeddings,
     EngineReady,
     Hello,
-    ModelInfo,
     SamplingParams,
     SeqOutput,
     StepOutputs,
@@ -30,26 +29,9 @@ from cllm.core.protocol import (
 from cllm.core.ring import Ring
 from frontend_proc.engine.client import EngineClient
 from frontend_proc.engine.metrics import Metrics
+from tests.conftest import model_info
 
-INFO = ModelInfo(
-    model_path="m.gguf",
-    model_name="m",
-    model_family="llama",
-    quantization="Q4_1",
-    vocab_size=100,
-    num_layers=2,
-    n_params=135_000_000,
-    model_bytes=90 << 20,
-    n_ctx_train=2048,
-    ctx_size=8192,
-    kv_bytes=1 << 20,
-    seq_ctx=1024,
-    parallel=8,
-    batch_size=512,
-    threads=2,
-    gpu_layers=0,
-    use_mmap=True,
-)
+INFO = model_info()
 PROMPT = list(range(1, 300))  # a Submit of about 600 bytes: a few fill the request ring
 
 

@@ -6,28 +6,11 @@ import pytest
 
 from cllm.core.config import ServeConfig
 from cllm.core.errors import ApiError
-from cllm.core.protocol import ModelInfo, SamplingParams
+from cllm.core.protocol import SamplingParams
 from frontend_proc.engine.limits import Limits
+from tests.conftest import model_info
 
-INFO = ModelInfo(
-    model_path="m.gguf",
-    model_name="m",
-    model_family="llama",
-    quantization="Q4_1",
-    vocab_size=100,
-    num_layers=2,
-    n_params=135_000_000,
-    model_bytes=90 << 20,
-    n_ctx_train=2048,
-    ctx_size=1024,
-    kv_bytes=1 << 20,
-    seq_ctx=512,
-    parallel=2,
-    batch_size=512,
-    threads=2,
-    gpu_layers=0,
-    use_mmap=True,
-)
+INFO = model_info(ctx_size=1024, seq_ctx=512, parallel=2)
 
 
 def test_defaults_follow_the_sequence_context_and_the_queue():
