@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
 import llama_cpp as L
@@ -234,35 +235,25 @@ async def infill(request: Request) -> Response:
 
 ANSWER = dict | list[dict]  # an array for several prompts or n_cmpl > 1
 
+_COMPLETION = Operation(
+    "POST",
+    "/completion",
+    completion,
+    "llama-server: text completion in its own shape",
+    body=CompletionBody,
+    response=ANSWER,
+    events=dict,
+    errors=GENERATE_ERRORS,
+)
 operations = [
-    Operation(
-        "POST",
-        "/completion",
-        completion,
-        "llama-server: text completion in its own shape",
-        body=CompletionBody,
-        response=ANSWER,
-        events=dict,
-        errors=GENERATE_ERRORS,
-    ),
-    Operation(
-        "POST",
-        "/completions",
-        completion,
-        "llama-server: /completion under its other name",
-        body=CompletionBody,
-        response=ANSWER,
-        events=dict,
-        errors=GENERATE_ERRORS,
-    ),
-    Operation(
-        "POST",
-        "/infill",
-        infill,
-        "llama-server: fill in the middle (501 for a model without FIM tokens)",
+    _COMPLETION,
+    replace(_COMPLETION, path="/completions", summary="llama-server: /completion under its other name"),
+    replace(
+        _COMPLETION,
+        path="/infill",
+        endpoint=infill,
+        summary="llama-server: fill in the middle (501 for a model without FIM tokens)",
         body=InfillBody,
-        response=ANSWER,
-        events=dict,
         errors=(*GENERATE_ERRORS, 501),
     ),
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import llama_cpp as L
 from starlette.background import BackgroundTask
@@ -192,25 +193,17 @@ async def generate(request: Request) -> Response:
     return await _respond(request, body, st, req, await _generate_prompt(body, st, req), model, keep, t0, load_ns)
 
 
+_CHAT = Operation(
+    "POST",
+    "/api/chat",
+    chat_route,
+    "Ollama: chat",
+    body=ChatBody,
+    response=dict,
+    text=NDJSON,
+    errors=(404, *GENERATE_ERRORS),
+)
 operations = [
-    Operation(
-        "POST",
-        "/api/chat",
-        chat_route,
-        "Ollama: chat",
-        body=ChatBody,
-        response=dict,
-        text=NDJSON,
-        errors=(404, *GENERATE_ERRORS),
-    ),
-    Operation(
-        "POST",
-        "/api/generate",
-        generate,
-        "Ollama: generate",
-        body=GenerateBody,
-        response=dict,
-        text=NDJSON,
-        errors=(404, *GENERATE_ERRORS),
-    ),
+    _CHAT,
+    replace(_CHAT, path="/api/generate", endpoint=generate, summary="Ollama: generate", body=GenerateBody),
 ]
