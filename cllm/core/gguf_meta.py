@@ -1,4 +1,5 @@
-"""A GGUF file's metadata, read without llama.cpp: for files llama.cpp's API says nothing of (a projector's).
+"""A GGUF file's metadata, read without llama.cpp: the one reader of it, for a model (Ollama's /api/show) and for
+files llama.cpp's API says nothing of (a projector's).
 
 Stdlib and numpy only. Layout (GGUF v2/v3): magic, version, tensor count, metadata count; then the metadata as
 (key, type, value). perf/gguf_io.py writes the same container.
@@ -46,8 +47,25 @@ def _read_value(f: BinaryIO, kind: int):
     return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
 
 
-def read_metadata(path: str) -> dict[str, tuple[int, object]]:
-    """key -> (type, value) of a GGUF file's metadata; an array's value is (element type, list)."""
+def _skip_value(f: BinaryIO, kind: int) -> None:
+    if kind == STRING:
+        (n,) = struct.unpack("<Q", f.read(8))
+        f.seek(n, 1)
+    elif kind == ARRAY:
+        elem, n = struct.unpack("<IQ", f.read(12))
+        if elem in SCALAR:
+            f.seek(n * struct.calcsize(SCALAR[elem]), 1)
+        else:
+            for _ in range(n):
+                _skip_value(f, elem)
+    else:
+        f.seek(struct.calcsize(SCALAR[kind]), 1)
+
+
+def read_metadata(path: str, arrays: bool = True) -> dict[str, tuple[int, object]]:
+    """key -> (type, value) of a GGUF file's metadata; an array's value is (element type, list).
+
+    ``arrays=False`` leaves the arrays out, read past (a vocabulary is most of a small model's metadata)."""
     with open(path, "rb") as f:
         magic, version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
         if magic != b"GGUF" or version < 2:
@@ -56,5 +74,8 @@ def read_metadata(path: str) -> dict[str, tuple[int, object]]:
         for _ in range(n_kv):
             key = _read_str(f)
             (kind,) = struct.unpack("<I", f.read(4))
-            out[key] = (kind, _read_value(f, kind))
+            if kind == ARRAY and not arrays:
+                _skip_value(f, kind)
+            else:
+                out[key] = (kind, _read_value(f, kind))
         return out

@@ -49,6 +49,10 @@ class Tokenizer:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._control: dict[tuple[str, ...], frozenset[int]] = {}
 
+    def close(self) -> None:
+        """Free the vocabulary, of a Tokenizer read for one look (a model's FIM tokens) and not kept."""
+        L.llama_model_free(self.model)
+
     def chat_template(self, source: str | None = None) -> ChatTemplate:
         """``source``, else the file's `tokenizer.chat_template` (or a plain fallback), with its BOS and EOS."""
         if source is None and (own := L.llama_model_chat_template(self.model, None)):

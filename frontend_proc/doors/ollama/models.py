@@ -5,29 +5,28 @@ aliases (or the one --model), each listed as `id:latest` unless the id has a tag
 of its own (a Hugging Face model's `org/repo:QUANT`, as Ollama lists
 `hf.co/org/repo:QUANT`). What Ollama's
 clients read of a model (its family, size, quantization, context length)
-comes from the GGUF file's own metadata, read once per file.
+comes from the GGUF file's own metadata (cllm.core.gguf_meta), read once per file.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import hashlib
 import os
+import struct
 import time
 from datetime import datetime, timezone
 
-import llama_cpp as L
 from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError
-from cllm.core.llama_log import silence_llama_logs
+from cllm.core.gguf_meta import FLOAT32, STRING, read_metadata
 from cllm.core.model_file import model_bytes
 from frontend_proc.core.pool import Model
 from frontend_proc.core.sampling import Sampling
-from frontend_proc.core.tokenizer import fim_tokens
+from frontend_proc.core.tokenizer import Tokenizer, fim_tokens
 from frontend_proc.doors.ollama.schemas import ShowBody
 from frontend_proc.http.app import server
 from frontend_proc.http.body import decode_body
@@ -38,7 +37,7 @@ from frontend_proc.http.openapi import Operation
 API_VERSION = "0.12.0"
 FOREVER = "9999-12-31T23:59:59Z"  # the expiry of a model no keep-alive unloads
 _SKIPPED = ("tokenizer.ggml.",)  # the vocabulary's arrays: Ollama leaves them out of model_info too
-_VALUE_BYTES = 1 << 16  # a chat template fits
+_VALUE_BYTES = 1 << 16  # a chat template fits; a longer value is left out
 
 
 def now() -> str:
@@ -67,38 +66,37 @@ def find(request: Request, name: str) -> Model:
 
 @functools.lru_cache(maxsize=64)
 def _metadata(path: str, size: int, mtime_ns: int) -> dict:
-    """The file's GGUF key-values (numbers as numbers), from a vocabulary-only load."""
-    silence_llama_logs()
-    params = L.llama_model_default_params()
-    params.vocab_only = True
-    model = L.llama_model_load_from_file(path.encode(), params)
-    if not model:
-        raise ApiError(500, "model unreadable", f"llama.cpp could not read the metadata of {path}")
+    """The file's GGUF key-values but its arrays, by key (as llama.cpp's model metadata holds them), and whether
+    the model has fill-in-the-middle tokens (llama.cpp also finds those by their text, so its vocabulary says)."""
     try:
-        out: dict = {}
-        key, value = ctypes.create_string_buffer(256), ctypes.create_string_buffer(_VALUE_BYTES)
-        for i in range(L.llama_model_meta_count(model)):
-            L.llama_model_meta_key_by_index(model, i, key, len(key))
-            name = key.value.decode(errors="replace")
-            if name.startswith(_SKIPPED) or L.llama_model_meta_val_str_by_index(model, i, value, len(value)) >= len(
-                value
-            ):
-                continue
-            out[name] = _typed(value.value.decode(errors="replace"))
-        fim = fim_tokens(L.llama_model_get_vocab(model))
-        out["cllm.fim"] = fim.pre >= 0 and fim.suf >= 0
-        return out
+        meta = read_metadata(path, arrays=False)
+        tokenizer = Tokenizer(path)
+    except (OSError, ValueError, RuntimeError, struct.error) as e:
+        raise ApiError(500, "model unreadable", f"could not read the metadata of {path}: {e}") from e
+    try:
+        fim = fim_tokens(tokenizer.vocab)
     finally:
-        L.llama_model_free(model)
+        tokenizer.close()
+    out: dict = {}
+    for key in sorted(meta):
+        kind, value = meta[key]
+        if kind == STRING:
+            value = str(value).encode(errors="surrogateescape").decode(errors="replace")
+            if len(value.encode()) >= _VALUE_BYTES:
+                continue
+        if not key.startswith(_SKIPPED):
+            out[key] = _shortest(value) if kind == FLOAT32 else value
+    out["cllm.fim"] = fim.pre >= 0 and fim.suf >= 0
+    return out
 
 
-def _typed(value: str):
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(value, value)
+def _shortest(value: float) -> float:
+    """A float32 as the shortest decimal that reads back as it (1e-05, not 9.99999974e-06), as Ollama writes it."""
+    for digits in range(1, 9):
+        short = float(f"{value:.{digits}g}")
+        if struct.unpack("<f", struct.pack("<f", short))[0] == value:
+            return short
+    return value
 
 
 async def metadata(model: Model) -> dict:
