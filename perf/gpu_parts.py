@@ -19,7 +19,7 @@ import psutil
 
 from cllm.bench import dialects, http_load
 from perf import servers
-from perf.memory import MIB, gpu_bytes
+from perf.memory import MIB, gpu_bytes, nvidia_smi
 
 DRY = os.environ.get("GPU_RUN_DRY") == "1"
 PROMPT = 26
@@ -120,13 +120,7 @@ def memory(pid: int, baseline: int) -> dict:
 
 def gpu_used() -> int:
     """MiB in use on the GPU, all processes together."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-    ).stdout
-    return int(out.strip().splitlines()[0])
+    return int(nvidia_smi("--query-gpu=memory.used", timeout=20).strip().splitlines()[0])
 
 
 class Sampled(dialects.Dialect):

@@ -82,17 +82,19 @@ def _peak(p: psutil.Process) -> int:
     return 0
 
 
+def nvidia_smi(query: str, timeout: float) -> str:
+    """nvidia-smi's CSV answer, without header or units, to one query."""
+    return subprocess.run(
+        ["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=timeout
+    ).stdout
+
+
 def gpu_bytes() -> dict[int, int]:
     """pid -> GPU memory in use, where nvidia-smi answers; empty otherwise."""
     if shutil.which("nvidia-smi") is None:
         return {}
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
+        out = nvidia_smi("--query-compute-apps=pid,used_memory", timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     used = {}

@@ -103,50 +103,19 @@ def cold(args) -> dict:
     os.symlink(os.path.abspath(args.model), os.path.join(d, "cold.gguf"))
     threads = str(args.threads)
     ask = [{"role": "user", "content": "Say hello."}]
-    port = servers.free_port()
+    # The same models, threads, slots and cells on both.
+    shared = ["--models-dir", d, "--threads", threads, "--parallel", "4", "--ctx-size", "4096"]
+    port, port2 = servers.free_port(), servers.free_port()
     systems = {
         "cllm": (
-            [
-                sys.executable,
-                "-m",
-                "cllm.cli",
-                "serve",
-                "--models-dir",
-                d,
-                "--port",
-                str(port),
-                "--threads",
-                threads,
-                "--parallel",
-                "4",
-                "--ctx-size",
-                "4096",
-                "--log-level",
-                "warning",
-            ],
+            [sys.executable, "-m", "cllm.cli", "serve", *shared, "--port", str(port), "--log-level", "warning"],
             port,
         ),
+        "llama-server": (
+            [servers.LLAMA_SERVER, *shared, "--host", "127.0.0.1", "--port", str(port2), "--no-webui"],
+            port2,
+        ),
     }
-    port2 = servers.free_port()
-    systems["llama-server"] = (
-        [
-            servers.LLAMA_SERVER,
-            "--models-dir",
-            d,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port2),
-            "--threads",
-            threads,
-            "--parallel",
-            "4",
-            "--ctx-size",
-            "4096",
-            "--no-webui",
-        ],
-        port2,
-    )
     result: dict[str, Any] = {}
     for system, (cmd, p) in systems.items():
         with servers.launch(system, cmd, p, "/models", label=f"pool-cold-{system}") as srv:

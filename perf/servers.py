@@ -156,6 +156,7 @@ def free_port() -> int:
 
 def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
     """The command line that starts `system`, and the path that answers 200 once it serves."""
+    served = ["--model", s.model, "--host", "127.0.0.1", "--port", str(port)]  # the peers' flags for these alike
     if system == "cllm":
         return [
             sys.executable,
@@ -177,12 +178,7 @@ def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
     if system == "llama-server":
         return [
             LLAMA_SERVER,
-            "--model",
-            s.model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
+            *served,
             "--threads",
             str(s.threads),
             "--threads-batch",
@@ -199,12 +195,7 @@ def command(system: str, s: Settings, port: int) -> tuple[list[str], str]:
             LCPP_PYTHON,
             "-m",
             "llama_cpp.server",
-            "--model",
-            s.model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
+            *served,
             "--n_threads",
             str(s.threads),
             "--n_threads_batch",

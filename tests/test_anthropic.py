@@ -190,6 +190,9 @@ WEATHER_TOOL = {
 }
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 ANY_ONE = {"type": "any", "disable_parallel_tool_use": True}  # one call, then the end
+FORCED_CALL = dict(
+    messages=WEATHER_QUESTION, max_tokens=60, tools=[WEATHER_TOOL], tool_choice={"type": "tool", "name": "get_weather"}
+)
 
 
 def valid_weather(args: dict) -> bool:
@@ -198,13 +201,7 @@ def valid_weather(args: dict) -> bool:
 
 
 def test_forced_tool_input_matches_the_schema(claude):
-    message = greedy(
-        claude,
-        messages=WEATHER_QUESTION,
-        max_tokens=60,
-        tools=[WEATHER_TOOL],
-        tool_choice={"type": "tool", "name": "get_weather"},
-    )
+    message = greedy(claude, **FORCED_CALL)
     assert message.stop_reason == "tool_use"
     (use,) = [b for b in message.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id
@@ -230,13 +227,7 @@ def test_tool_use_streamed_as_input_json_deltas(claude):
 
 
 def test_two_turn_tool_loop(claude):
-    first = greedy(
-        claude,
-        messages=WEATHER_QUESTION,
-        max_tokens=60,
-        tools=[WEATHER_TOOL],
-        tool_choice={"type": "tool", "name": "get_weather"},
-    )
+    first = greedy(claude, **FORCED_CALL)
     use = first.content[-1]
     turn = [
         *WEATHER_QUESTION,

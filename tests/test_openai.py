@@ -267,16 +267,16 @@ def test_completion_logprobs(oai):
         assert len(top) == 2 and max(top.values()) == pytest.approx(logprob) and top[token] == pytest.approx(logprob)
 
 
-def test_json_schema_output_validates(oai):
-    r = chat(
-        oai,
-        messages=[{"role": "user", "content": "Describe a programmer as JSON."}],
-        temperature=0,
-        max_tokens=150,
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}},
-    )
+def json_reply(oai, content: str, response_format: dict, **kw):
+    """The reply to one user message under ``response_format``, ended by the model itself, parsed."""
+    r = chat(oai, messages=[{"role": "user", "content": content}], response_format=response_format, **kw)
     assert r.choices[0].finish_reason == "stop"
-    person = json.loads(r.choices[0].message.content)
+    return json.loads(r.choices[0].message.content)
+
+
+def test_json_schema_output_validates(oai):
+    person_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}}
+    person = json_reply(oai, "Describe a programmer as JSON.", person_format, temperature=0, max_tokens=150)
     assert set(person) == {"name", "age", "languages"}
     assert isinstance(person["name"], str) and type(person["age"]) is int
     assert all(isinstance(x, str) for x in person["languages"])
@@ -297,28 +297,13 @@ def test_json_schema_counts_up_to_the_limit_are_enforced(oai):
         },
         "required": ["code"],
     }
-    r = chat(
-        oai,
-        messages=[{"role": "user", "content": "Give a product code."}],
-        temperature=0,
-        max_tokens=40,
-        response_format=json_schema(schema),
-    )
-    assert r.choices[0].finish_reason == "stop"
-    assert re.fullmatch(r"[A-Z]{3}-[0-9]{4}", json.loads(r.choices[0].message.content)["code"])
+    code = json_reply(oai, "Give a product code.", json_schema(schema), temperature=0, max_tokens=40)["code"]
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{4}", code)
 
 
 def test_json_object_output_parses(oai):
-    r = chat(
-        oai,
-        messages=[{"role": "user", "content": "Describe a person."}],
-        temperature=0.7,
-        seed=3,
-        max_tokens=150,
-        response_format={"type": "json_object"},
-    )
-    assert r.choices[0].finish_reason == "stop"
-    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    fmt = {"type": "json_object"}
+    assert isinstance(json_reply(oai, "Describe a person.", fmt, temperature=0.7, seed=3, max_tokens=150), dict)
 
 
 def test_vanishing_temperature_is_greedy(oai, http):

@@ -136,18 +136,13 @@ def test_replicas_route_shared_prefixes_together_and_spread_the_rest(http, oai):
     def lookups(samples, replica, result):
         return value(samples, "cllm_prefix_cache_lookups_total", model="b", replica=replica, result=result)
 
-    def settled():
+    def four_more():
+        """The scrape and each replica's lookups since ``before``, once the four requests are all counted."""
         after = scrape(http)
-        seen = {
-            r: lookups(after, r, "hit")
-            + lookups(after, r, "miss")
-            - lookups(before, r, "hit")
-            - lookups(before, r, "miss")
-            for r in "01"
-        }
+        seen = {r: sum(lookups(after, r, k) - lookups(before, r, k) for k in ("hit", "miss")) for r in "01"}
         return (after, seen) if sum(seen.values()) == 4 else None
 
-    after, seen = wait_until(settled, WAIT)
+    after, seen = wait_until(four_more, WAIT)
     [replica] = [r for r in "01" if seen[r] == 4]  # every turn went to the replica that had the prefix
     assert lookups(after, replica, "hit") - lookups(before, replica, "hit") >= 3  # and found it in its cache
 
@@ -155,18 +150,7 @@ def test_replicas_route_shared_prefixes_together_and_spread_the_rest(http, oai):
     for i in range(4):  # short, unrelated prompts: nothing to steer by, so they take turns
         complete(oai, "b", prompt=f"Count to {i + 3}:", max_tokens=2)
 
-    def spread():
-        after = scrape(http)
-        seen = {
-            r: lookups(after, r, "hit")
-            + lookups(after, r, "miss")
-            - lookups(before, r, "hit")
-            - lookups(before, r, "miss")
-            for r in "01"
-        }
-        return seen if sum(seen.values()) == 4 else None
-
-    assert wait_until(spread, WAIT) == {"0": 2, "1": 2}
+    assert wait_until(four_more, WAIT)[1] == {"0": 2, "1": 2}
 
 
 def test_a_model_too_large_for_memory_is_refused(http, oai):

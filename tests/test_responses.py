@@ -187,17 +187,18 @@ def test_bad_requests(oai):
 
 
 WEATHER = {"type": "function", **test_tools.WEATHER["function"]}  # the Responses API's flat shape
+# A question the model answers with one call of WEATHER.
+ONE_CALL = dict(
+    input="What is the weather in Paris?",
+    max_output_tokens=60,
+    tools=[WEATHER],
+    tool_choice="required",
+    parallel_tool_calls=False,
+)
 
 
 def test_function_call_and_its_output_round_trip(oai):
-    r = greedy(
-        oai,
-        input="What is the weather in Paris?",
-        max_output_tokens=60,
-        tools=[WEATHER],
-        tool_choice="required",
-        parallel_tool_calls=False,
-    )
+    r = greedy(oai, **ONE_CALL)
     (call,) = [o for o in r.output if o.type == "function_call"]
     assert call.name == "get_weather" and call.call_id and r.status == "completed"
     args = json.loads(call.arguments)
@@ -219,27 +220,8 @@ def test_function_call_and_its_output_round_trip(oai):
 
 
 def test_function_call_streamed(oai):
-    whole = greedy(
-        oai,
-        input="What is the weather in Paris?",
-        max_output_tokens=60,
-        tools=[WEATHER],
-        tool_choice="required",
-        parallel_tool_calls=False,
-    )
-    events = list(
-        oai.responses.create(
-            model=MODEL,
-            instructions=HELPFUL,
-            input="What is the weather in Paris?",
-            max_output_tokens=60,
-            temperature=0,
-            tools=[WEATHER],
-            tool_choice="required",
-            parallel_tool_calls=False,
-            stream=True,
-        )
-    )
+    whole = greedy(oai, **ONE_CALL)
+    events = list(greedy(oai, **ONE_CALL, stream=True))
     types = [e.type for e in events]
     assert "response.function_call_arguments.delta" in types
     (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]

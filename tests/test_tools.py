@@ -28,6 +28,7 @@ from frontend_proc.core.template import ChatTemplate
 from frontend_proc.core.tokenizer import Tokenizer
 from frontend_proc.doors.openai.chat_completions import chat_request
 from frontend_proc.doors.openai.schemas import ChatCompletionRequest
+from perf import tool_call_latency
 from tests.conftest import start_server, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -43,18 +44,7 @@ WEATHER: dict[str, Any] = {
         },
     },
 }
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
+ADD = {"type": "function", "function": tool_call_latency.ADD}  # the benchmark's tool: add two integers
 
 
 @pytest.fixture(scope="module")

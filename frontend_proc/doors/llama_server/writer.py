@@ -48,11 +48,15 @@ def timings(choice: Choice) -> dict:
     rs = choice.stream
     first = rs.t_first or rs.t_done or rs.t_submit
     last = rs.t_done or first
-    prompt_n, prompt_ms = rs.prompt_tokens - rs.cached_tokens, (first - rs.t_submit) * 1e3
-    predicted_n, predicted_ms = choice.n_tokens, (last - first) * 1e3
     drafts = {"draft_n": rs.drafted, "draft_n_accepted": rs.accepted} if rs.drafted else {}  # as llama-server: if any
+    prompt_ms, predicted_ms = (first - rs.t_submit) * 1e3, (last - first) * 1e3
+    times = _timings(rs.cached_tokens, rs.prompt_tokens - rs.cached_tokens, prompt_ms, choice.n_tokens, predicted_ms)
+    return {**times, **drafts}
+
+
+def _timings(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float) -> dict:
     return {
-        "cache_n": rs.cached_tokens,
+        "cache_n": cache_n,
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
@@ -61,7 +65,6 @@ def timings(choice: Choice) -> dict:
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
         "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
-        **drafts,
     }
 
 
@@ -178,18 +181,7 @@ class Stream(lifecycle.Stream):
 def nothing(st: ModelState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]]) -> list[dict]:
     """n_predict 0: every result empty, at once (the prompts are checked as any other)."""
     st.client.limits.check(prompts, 0, body.count, "prompt")
-    keys = (
-        "cache_n",
-        "prompt_n",
-        "prompt_ms",
-        "prompt_per_token_ms",
-        "prompt_per_second",
-        "predicted_n",
-        "predicted_ms",
-        "predicted_per_token_ms",
-        "predicted_per_second",
-    )
-    zero = {k: 0 if k.endswith("_n") else 0.0 for k in keys}
+    zero = _timings(0, 0, 0.0, 0, 0.0)
     return [
         pick(
             body.response_fields,
