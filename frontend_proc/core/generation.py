@@ -22,6 +22,7 @@ from cllm.core.protocol import ImageInput, ModelInfo, SamplingParams
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Detokenizer
 from frontend_proc.engine.client import EngineClient, not_ready
+from frontend_proc.engine.limits import Limits
 from frontend_proc.engine.request_stream import RequestStream
 
 # The generations of the HTTP request being served, for frontend_proc.http.observe; set by its middleware.
@@ -35,6 +36,14 @@ def engine_info(st: ModelState) -> ModelInfo:
     if info is None:
         raise not_ready()
     return info
+
+
+def engine_limits(st: ModelState) -> Limits:
+    """What a request may ask of the model's engine, known once it has answered."""
+    limits = st.client.limits
+    if limits is None:
+        raise not_ready()
+    return limits
 
 
 async def start(
@@ -59,8 +68,9 @@ async def start(
     info = engine_info(st)
     assert not images or len(prompts) == 1
     image_positions = prompt_images(info, images)
-    sampling = st.client.limits.capped(sampling)
-    st.client.limits.check(prompts, sampling.max_tokens, n, prompt_param, limit_param, image_positions)
+    limits = engine_limits(st)
+    sampling = limits.capped(sampling)
+    limits.check(prompts, sampling.max_tokens, n, prompt_param, limit_param, image_positions)
     per_step = stream or bool(stops)  # stop strings are looked for as the text grows
     choices: list[Choice] = []
     try:

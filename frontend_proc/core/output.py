@@ -29,7 +29,7 @@ class GrammarOutput:
 def output_grammar(vocab, output: JsonOutput | GrammarOutput | None, param: str) -> str | None:
     """The grammar of the output format; a 400 naming `grammar`, or ``param`` (where the door carries a JSON
     format), when llama.cpp cannot parse or enforce it."""
-    if type(output) is GrammarOutput:
+    if isinstance(output, GrammarOutput):
         try:
             return user_grammar(output.gbnf, vocab)
         except GrammarError as e:  # one llama.cpp cannot parse: its reason

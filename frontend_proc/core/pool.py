@@ -162,13 +162,14 @@ class ModelPool:
         try:
             if model.status == "unloading":
                 await self._stopped(model)
-            if model.state is None:
+            state = model.state
+            if state is None:
                 tokenizer = await asyncio.to_thread(Tokenizer, model.spec.path)
                 # A ReplicaSet has an EngineClient's face: the state holds either.
-                model.state = ModelState(
+                state = model.state = ModelState(
                     self._config, cast(EngineClient, model.client), tokenizer, tokenizer.chat_template(), model.id
                 )
-            self._check_memory(model)
+            self._check_memory(model, state.tokenizer)
             await self._make_room(model)
             model.status, model.error = "loading", ""
             model.stopped.clear()
@@ -219,10 +220,10 @@ class ModelPool:
             extra={"fields": {"model": model.id, "seconds": round(seconds, 3)}},
         )
 
-    def _check_memory(self, model: Model) -> None:
+    def _check_memory(self, model: Model, tokenizer: Tokenizer) -> None:
         """Refuse a load that would not fit the memory left: the file plus every replica's KV cache."""
         config = model.spec.config
-        kv = kv_cache_bytes(model.state.tokenizer.model, config.kv_cells, config.cache_type_k, config.cache_type_v)
+        kv = kv_cache_bytes(tokenizer.model, config.kv_cells, config.cache_type_k, config.cache_type_v)
         need = model_bytes(model.spec.path) + kv * len(model.clients)
         import psutil  # here: only a registry's loads need it, and its import costs every start ~0.02 CPU s
 

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError
+from frontend_proc.core.generation import engine_limits
 from frontend_proc.core.state import ModelState
 from frontend_proc.http.errors import error_response, json_response
 from frontend_proc.http.guard import OPEN_PATHS, Guard
@@ -69,7 +70,7 @@ def server(request: Request) -> ServerState:
 async def _openapi(request: Request) -> Response:
     srv = server(request)
     if not srv.openapi:
-        maxima = state(request).client.limits.maxima()
+        maxima = engine_limits(state(request)).maxima()
         srv.openapi = msgspec.json.encode(
             document("cllm", srv.operations, OPEN_PATHS, secured=srv.api_key is not None, maxima=maxima)
         )

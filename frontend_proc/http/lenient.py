@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+from collections.abc import Mapping
 
 import msgspec
 
@@ -94,7 +95,7 @@ def _drop(value, path: str, field: str) -> bool:
         return False
 
 
-def known(raw: list, types: dict[str, type], path: str, what: str, default: str | None = None) -> list:
+def known(raw: list, types: Mapping[str, type], path: str, what: str, default: str | None = None) -> list:
     """The entries of ``raw`` of a kind in ``types``, decoded; ``path`` names the list in errors, ``default`` the kind
     of an entry without `type`."""
     out = []

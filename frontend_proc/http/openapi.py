@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import UnionType
 from typing import Any
 
 import msgspec
@@ -40,7 +41,7 @@ class Operation:
     endpoint: Callable
     summary: str
     body: type | None = None  # the JSON request body
-    response: type | None = None  # the JSON body of a 200
+    response: type | UnionType | None = None  # the JSON body of a 200 (a union: any of those JSON types)
     events: type | None = None  # a 200 may be Server-Sent Events instead, each this JSON (str: any text)
     text: str | None = None  # a 200 that is text of this media type instead of JSON
     also: tuple[int, ...] = ()  # other statuses answered with the 200's body (/health's 503)

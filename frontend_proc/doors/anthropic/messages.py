@@ -10,6 +10,7 @@ Errors take Anthropic's shape (errors.py).
 from __future__ import annotations
 
 import json
+from typing import cast
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -35,6 +36,7 @@ from frontend_proc.doors.anthropic.schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from frontend_proc.doors.anthropic.schemas import Tool as ToolDef
 from frontend_proc.doors.anthropic.writer import Stream, arguments, content_block, message_object, stop_reason
 from frontend_proc.http import lifecycle
 from frontend_proc.http.app import model_state
@@ -110,15 +112,13 @@ def chat_request(body: CountTokensRequest, max_tokens: int = REST) -> ChatReques
     """max_tokens: /v1/messages's (count_tokens samples nothing)."""
     choice = body.tool_choice
     fmt = body.output_config.format if body.output_config else None
+    tools = cast("list[ToolDef]", body.tools or [])  # Structs once decoded (CountTokensRequest.__post_init__)
+    named: dict[type, str] = {ToolChoiceAny: "required", ToolChoiceNone: "none"}
     return ChatRequest(
         messages=template_messages(body),
         sampling=body.params(max_tokens),
-        tools=[Tool(t.name, t.description, json.dumps(t.input_schema)) for t in body.tools or ()],
-        tool_choice={
-            ToolChoiceAny: "required",
-            ToolChoiceTool: getattr(choice, "name", None),
-            ToolChoiceNone: "none",
-        }.get(type(choice), "auto"),
+        tools=[Tool(t.name, t.description, json.dumps(t.input_schema)) for t in tools],
+        tool_choice=choice.name if isinstance(choice, ToolChoiceTool) else named.get(type(choice), "auto"),
         parallel_tool_calls=choice is None or not getattr(choice, "disable_parallel_tool_use", False),
         output=JsonOutput(fmt.schema) if fmt else None,
         thinking=None if body.thinking is None else not isinstance(body.thinking, ThinkingDisabled),

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError
-from cllm.core.protocol import PrefixCacheStats
+from cllm.core.protocol import ModelInfo, PrefixCacheStats
 from frontend_proc.core.pool import ModelPool
 from frontend_proc.doors.cllm import chat_page
 from frontend_proc.doors.cllm.schemas import (
@@ -48,7 +49,7 @@ async def health(request: Request) -> Response:
     healthy = all(c.info is not None for c in live)
     data = Health(
         healthy=healthy,
-        status="healthy" if healthy else "restarting" if any(c.ready.done() for c in live) else "starting",
+        status="healthy" if healthy else "restarting" if any(c.ready and c.ready.done() for c in live) else "starting",
         components=Components(frontend=True, tokenizer=True, engine=healthy),
     )
     stats = client.stats
@@ -58,7 +59,7 @@ async def health(request: Request) -> Response:
         data.restarts = Restarts(engine=client.generation, frontend=srv.generation)
         data.engines = _engines(pool)
         if client.info is not None:
-            data.engine = _engine_figures(client, srv.metrics, full=level == "full")
+            data.engine = _engine_figures(client, client.info, srv.metrics, full=level == "full")
     if level == "full" and client.info is not None:
         data.model = client.info
         cache = stats.prefix_cache if stats else PrefixCacheStats()
@@ -88,7 +89,9 @@ def _engines(pool: ModelPool) -> list[EngineStatus]:
             if not c.running:
                 continue
             stats = c.stats
-            status = "serving" if c.info is not None else "starting" if not c.ready.done() else "restarting"
+            status: Literal["serving", "starting", "restarting"] = (
+                "serving" if c.info is not None else "restarting" if c.ready and c.ready.done() else "starting"
+            )
             engines.append(
                 EngineStatus(
                     model.id,
@@ -104,9 +107,9 @@ def _engines(pool: ModelPool) -> list[EngineStatus]:
     return engines
 
 
-def _engine_figures(client: EngineClient, metrics: Metrics, full: bool) -> EngineFigures:
+def _engine_figures(client: EngineClient, info: ModelInfo, metrics: Metrics, full: bool) -> EngineFigures:
     """The engine as of its last EngineStats (at most a second old while busy)."""
-    info, stats = client.info, client.stats
+    stats = client.stats
     now = time.monotonic()
     kv_used = stats.kv_used if stats else 0
     figures = EngineFigures(

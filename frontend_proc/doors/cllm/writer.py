@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import Literal, cast
 
 from cllm.core.errors import ApiError
 from frontend_proc.core.generation import Choice, Generation
 from frontend_proc.doors.cllm.schemas import GenerateResult, StreamEvent
 from frontend_proc.http import lifecycle
 from frontend_proc.http.sse import sse
+
+Finish = Literal["stop", "length"]  # a choice's finish once it ends (the engine writes it as a string)
 
 
 def request_id(choice: Choice) -> str:
@@ -26,7 +29,7 @@ def result(gen: Generation, text: str, max_tokens: int) -> GenerateResult:
         generated_tokens=choice.n_tokens,
         prompt_tokens=gen.prompt_tokens,
         max_tokens=max_tokens,
-        finish_reason=choice.finish,
+        finish_reason=cast(Finish, choice.finish),
     )
 
 
@@ -41,7 +44,13 @@ class Stream(lifecycle.Stream):
 
     def end(self) -> bytes:
         return sse(
-            StreamEvent(self.rid, "", True, generated_tokens=self.choice.n_tokens, finish_reason=self.choice.finish)
+            StreamEvent(
+                self.rid,
+                "",
+                True,
+                generated_tokens=self.choice.n_tokens,
+                finish_reason=cast(Finish, self.choice.finish),
+            )
         )
 
     def error(self, e: ApiError) -> bytes:

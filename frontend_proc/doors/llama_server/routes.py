@@ -48,8 +48,8 @@ async def tokenize(request: Request) -> Response:
     tokenizer = state(request).tokenizer
     tokens = tokenizer.encode(body.content, body.add_special, body.parse_special)
     if not body.with_pieces:
-        return json_response(TokenizeResult(tokens))
-    pieces = []
+        return json_response(TokenizeResult(list[int | TokenPiece](tokens)))
+    pieces: list[int | TokenPiece] = []
     for t in tokens:
         raw = tokenizer.decode([t])
         try:
@@ -123,7 +123,9 @@ def _slot(slot_id: int, n_ctx: int, speculative: bool, rs: RequestStream | None)
     if rs is None:
         return entry
     n_decoded = len(rs.tokens)
-    params = summary(settings(rs.sampling))
+    sampling = rs.sampling
+    assert sampling is not None, "an embeddings request in a slot"  # a generation's stream has its sampling
+    params = summary(settings(sampling))
     return {
         **entry,
         "id_task": rs.id,
@@ -135,7 +137,7 @@ def _slot(slot_id: int, n_ctx: int, speculative: bool, rs: RequestStream | None)
             {
                 "has_next_token": rs.finish is None,
                 "has_new_line": False,  # not tracked per token: the text is made in the request's own task
-                "n_remain": max(rs.sampling.max_tokens - n_decoded, 0),
+                "n_remain": max(sampling.max_tokens - n_decoded, 0),
                 "n_decoded": n_decoded,
             }
         ],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cllm.core.errors import ApiError
 from cllm.core.protocol import SamplingParams
-from frontend_proc.core.generation import Choice, Generation
+from frontend_proc.core.generation import Choice, Generation, engine_limits
 from frontend_proc.core.state import ModelState
 from frontend_proc.doors.llama_server.schemas import CompletionFields
 from frontend_proc.http import lifecycle
@@ -115,7 +115,8 @@ class Answer:
     ):
         self.st, self.body, self.gen, self.prompts = st, body, gen, prompts
         applied = gen.choices[0].stream.sampling  # as the generation core submitted it, --max-tokens applied
-        self.settings = settings(applied, body, capped=applied.max_tokens != st.client.limits.asked(params.max_tokens))
+        assert applied is not None  # a generation's stream has its sampling
+        self.settings = settings(applied, body, capped=applied.max_tokens != engine_limits(st).asked(params.max_tokens))
         self.n = body.count
 
     def final(self, choice: Choice, text: str, new_line: bool | None = None) -> dict:
@@ -180,7 +181,7 @@ class Stream(lifecycle.Stream):
 
 def nothing(st: ModelState, body: CompletionFields, params: SamplingParams, prompts: list[list[int]]) -> list[dict]:
     """n_predict 0: every result empty, at once (the prompts are checked as any other)."""
-    st.client.limits.check(prompts, 0, body.count, "prompt")
+    engine_limits(st).check(prompts, 0, body.count, "prompt")
     zero = _timings(0, 0, 0.0, 0, 0.0)
     return [
         pick(

@@ -150,6 +150,7 @@ async def _respond(
     gen = await turn.start(st, req, prompt)
     writer, reply = Writer(body.model, isinstance(body, ChatBody)), prompt.reply()
     after = BackgroundTask(server(request).pool.unload, model, "keep-alive") if unloads(request, model, keep) else None
+    response: Response
     if body.stream:
         response = lifecycle.stream(gen, Stream(gen, reply, writer, t0, load_ns))
     else:

@@ -85,7 +85,7 @@ def _metadata(path: str, size: int, mtime_ns: int) -> dict:
             if len(value.encode()) >= _VALUE_BYTES:
                 continue
         if not key.startswith(_SKIPPED):
-            out[key] = _shortest(value) if kind == FLOAT32 else value
+            out[key] = _shortest(value) if kind == FLOAT32 and isinstance(value, float) else value
     out["cllm.fim"] = fim.pre >= 0 and fim.suf >= 0
     return out
 

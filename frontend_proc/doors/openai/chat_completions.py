@@ -141,7 +141,9 @@ async def chat_completions(request: Request) -> Response:
         if deltas and not opened[choice.index]:  # the role rides with the first token, as llama-server sends it
             opened[choice.index] = True
             deltas[0] = {"role": "assistant", **deltas[0]}
-        chunks = [{"index": choice.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+        chunks: list[dict] = [
+            {"index": choice.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas
+        ]
         if chunks:
             chunks[0]["logprobs"] = logprobs
             if text is None:

@@ -8,6 +8,7 @@ frontend_proc.doors.openai.writer.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -53,7 +54,9 @@ def _completion_prompts(st: ModelState, prompt: str | list) -> list[list[int]]:
     return prompts
 
 
-def _legacy_logprobs(st: ModelState, token_ids: list[int], entries: list[TokenLogprobs | None], offset: int) -> dict:
+def _legacy_logprobs(
+    st: ModelState, token_ids: list[int], entries: Sequence[TokenLogprobs | None], offset: int
+) -> dict:
     """Legacy completions logprobs of the tokens (None: a token without, the prompt's first); text_offset counts from
     offset."""
     token_str = st.tokenizer.token_str

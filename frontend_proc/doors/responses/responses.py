@@ -12,6 +12,7 @@ the next request continue its conversation with `previous_response_id`
 from __future__ import annotations
 
 import secrets
+from typing import cast
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,6 +29,7 @@ from frontend_proc.doors.responses.schemas import (
     FormatJsonSchema,
     FunctionCallItem,
     FunctionCallOutputItem,
+    FunctionTool,
     InputFile,
     InputImage,
     MessageItem,
@@ -104,7 +106,7 @@ def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatReques
     return ChatRequest(
         messages=([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation,
         sampling=body.params(body.max_output_tokens or REST),
-        tools=[tool(t.name, t.description, t.parameters) for t in body.tools or ()],
+        tools=[tool(t.name, t.description, t.parameters) for t in cast("list[FunctionTool]", body.tools or [])],
         tool_choice=body.tool_choice if isinstance(body.tool_choice, str) else body.tool_choice.name,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         output=output,

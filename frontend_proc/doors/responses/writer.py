@@ -5,6 +5,7 @@ or incomplete)."""
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import msgspec
 
@@ -18,7 +19,7 @@ from frontend_proc.core.state import ModelState
 from frontend_proc.doors.responses.schemas import ResponsesRequest
 from frontend_proc.doors.responses.store import ResponseStore, Stored
 from frontend_proc.http import lifecycle
-from frontend_proc.http.errors import error_body
+from frontend_proc.http.errors import OpenAIError, error_body
 from frontend_proc.http.sse import sse_event
 
 PATH = "/v1/responses"
@@ -73,6 +74,7 @@ def output_item(
             "content": [{"type": "reasoning_text", "text": text}],
         }
     if kind == CALL:
+        assert call is not None  # a call's item is opened with its call
         return {
             "id": f"fc_{rid[5:]}_{index}",
             "type": "function_call",
@@ -213,5 +215,5 @@ class Stream(lifecycle.Stream):
         return b"".join(out)
 
     def error(self, e: ApiError) -> bytes:
-        detail = error_body(PATH, e).error
+        detail = cast(OpenAIError, error_body(PATH, e)).error  # /v1/ answers in OpenAI's shape
         return self.items.ev("error", code=detail.code, message=detail.message, param=detail.param)
