@@ -62,7 +62,7 @@ NOT_EXTRA   := -m "not ray and not docker"
 # The unit layer loads no plugin of the fuzzing tools (hypothesis, schemathesis): their imports took longer than its tests.
 UNIT_LAYER  := $(PY) -m pytest -q -p no:schemathesis -p no:hypothesispytest -p no:anyio tests/unit $(NOT_EXTRA)
 # The model layer's files in worker processes (pytest-xdist), one file a worker so that a module's server stays
-# one: most of its tests wait on a server pinned to one or two threads, so two workers keep two cores busy. Files
+# one: most of its tests wait on a server pinned to one or two threads, so a worker keeps about a CPU busy. Files
 # go out in tests/conftest.py's order (the longest first), so both workers finish together.
 MODEL_LAYER := $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder tests --ignore=tests/unit --ignore=tests/browser $(NOT_EXTRA)
 
@@ -178,7 +178,7 @@ $(GEMMA):
 gpu-bundle: $(STAMP)
 	PYTHON=$(abspath $(PY)) bash perf/gpu_bundle.sh
 
-# .gpu/bundle/llama-cuda.tar.xz: that source compiled here with nvcc for sm_90 (~1 h on 2 cores), so the device
+# .gpu/bundle/llama-cuda.tar.xz: that source compiled here with nvcc for sm_90 (about an hour), so the device
 # only measures.
 gpu-prebuild: gpu-bundle
 	PYTHON=$(abspath $(PY)) bash perf/gpu_prebuild.sh
