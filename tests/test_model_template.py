@@ -5,13 +5,7 @@ from __future__ import annotations
 
 from cllm.core.model_file import resolve_model
 from frontend_proc.core.tokenizer import Tokenizer
-
-TURNS = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Hi"},
-    {"role": "assistant", "content": "Hello!"},
-    {"role": "user", "content": "Bye"},
-]
+from tests.unit.test_chat_template import TURNS  # a system prompt, then user, assistant, user
 
 
 def test_embedded_model_template_from_gguf_metadata():
