@@ -192,6 +192,22 @@ def host_per_step(timer: StepTimer | None, steps: int) -> dict[str, dict[str, fl
     return out
 
 
+def _timed(engine, records, concurrency: int, totals: dict, arrivals, profile: str | None) -> tuple:
+    """drive()'s steps, tokens and seconds, under cProfile (written to ``profile``) or else the engine's step timer,
+    which comes back with them."""
+    if profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        steps, tokens, seconds = drive(engine, records, concurrency, totals, arrivals)
+        profiler.disable()
+        profiler.dump_stats(profile)
+        return steps, tokens, seconds, None
+    timer = engine.timer = StepTimer()
+    steps, tokens, seconds = drive(engine, records, concurrency, totals, arrivals)
+    engine.timer = None
+    return steps, tokens, seconds, timer
+
+
 def bench(
     model: str,
     requests: int,
@@ -232,18 +248,8 @@ def bench(
         # Staggered: the first requests arrive spread over one mean generation length.
         arrivals = [k * gen_tokens // concurrency for k in range(concurrency)] if staggered else None
         totals: dict = defaultdict(float)
-        timer = None
         decode_steps, reused_steps = engine.decode_steps, engine.reused_steps
-        if profile:
-            profiler = cProfile.Profile()
-            profiler.enable()
-            steps, tokens, seconds = drive(engine, records, concurrency, totals, arrivals)
-            profiler.disable()
-            profiler.dump_stats(profile)
-        else:
-            timer = engine.timer = StepTimer()
-            steps, tokens, seconds = drive(engine, records, concurrency, totals, arrivals)
-            engine.timer = None
+        steps, tokens, seconds, timer = _timed(engine, records, concurrency, totals, arrivals, profile)
         decode_steps, reused_steps = engine.decode_steps - decode_steps, engine.reused_steps - reused_steps
         drafter = engine.drafter
         drafted, accepted = (drafter.drafted, drafter.accepted) if drafter else (0, 0)
