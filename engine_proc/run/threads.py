@@ -134,7 +134,7 @@ class Threads:
         seconds (``run``: busy(), or a stand-in) and the server's other processes take meanwhile (``server``:
         server_cpu(), or a stand-in). Beside one busy program a 4,000-token conversation's next turn
         on a restarted engine took 3-4x its time on the engine before, which had gone down to one thread
-        (perf/results/2026-11-27-restart-cache-session9.md)."""
+        (perf/results/2026-11-27-restart-cache-warming-beside-busy.md)."""
         if not self._follow:
             return
         before = server()
