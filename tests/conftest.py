@@ -326,6 +326,17 @@ def keyed() -> Iterator[Server]:
         yield srv
 
 
+def client_of(server: str):
+    """The `http` fixture of a module that starts a server of its own, the fixture named ``server``: a client of it."""
+
+    @pytest.fixture(scope="module")
+    def http(request) -> Iterator[httpx.Client]:
+        with request.getfixturevalue(server).client() as c:
+            yield c
+
+    return http
+
+
 @pytest.fixture(scope="session")
 def http(server) -> Iterator[httpx.Client]:
     with server.client() as c:

@@ -24,7 +24,7 @@ import pytest
 
 from cllm.core.model_file import resolve_model
 from perf import image_files, synth_mmproj
-from tests.conftest import Server, start_server
+from tests.conftest import Server, client_of, start_server
 from tests.llama_server import llama_server_on
 from tests.test_metrics import scrape, value
 
@@ -59,10 +59,7 @@ def vision(mmproj) -> Iterator[Server]:
         yield srv
 
 
-@pytest.fixture(scope="module")
-def http(vision) -> Iterator[httpx.Client]:
-    with vision.client() as c:
-        yield c
+http = client_of("vision")
 
 
 @pytest.fixture(scope="module")

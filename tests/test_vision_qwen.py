@@ -26,7 +26,7 @@ from cllm.core.image_grid import grid_tokens
 from cllm.core.protocol import ImageGrid
 from engine_proc.vision.projector import Vision
 from perf import image_files, synth_qwen2vl
-from tests.conftest import Server, start_server, wait_until
+from tests.conftest import Server, client_of, start_server, wait_until
 from tests.llama_server import llama_server_on
 from tests.test_metrics import scrape, value
 
@@ -144,10 +144,7 @@ def served(pair) -> Iterator[Server]:
         yield srv
 
 
-@pytest.fixture(scope="module")
-def http(served) -> Iterator[httpx.Client]:
-    with served.client() as c:
-        yield c
+http = client_of("served")
 
 
 @pytest.fixture(scope="module")
