@@ -16,10 +16,9 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import msgspec
 import psutil
 import pytest
 
@@ -101,26 +100,26 @@ def pytest_runtest_makereport(item, call):
 def model_info(**changes) -> ModelInfo:
     """The ModelInfo an engine of a small llama-family model would send, with ``changes``: for the frontend's own
     tests, with no engine behind them."""
-    info = ModelInfo(
-        model_path="m.gguf",
-        model_name="m",
-        model_family="llama",
-        quantization="Q4_1",
-        vocab_size=100,
-        num_layers=2,
-        n_params=135_000_000,
-        model_bytes=90 << 20,
-        n_ctx_train=2048,
-        ctx_size=8192,
-        kv_bytes=1 << 20,
-        seq_ctx=1024,
-        parallel=8,
-        batch_size=512,
-        threads=2,
-        gpu_layers=0,
-        use_mmap=True,
-    )
-    return msgspec.structs.replace(info, **changes)
+    fields: dict[str, Any] = {
+        "model_path": "m.gguf",
+        "model_name": "m",
+        "model_family": "llama",
+        "quantization": "Q4_1",
+        "vocab_size": 100,
+        "num_layers": 2,
+        "n_params": 135_000_000,
+        "model_bytes": 90 << 20,
+        "n_ctx_train": 2048,
+        "ctx_size": 8192,
+        "kv_bytes": 1 << 20,
+        "seq_ctx": 1024,
+        "parallel": 8,
+        "batch_size": 512,
+        "threads": 2,
+        "gpu_layers": 0,
+        "use_mmap": True,
+    }
+    return ModelInfo(**(fields | changes))
 
 
 def free_port() -> int:
