@@ -75,6 +75,7 @@ def main() -> None:
     log: list[str] = []
 
     def read() -> None:
+        assert proc.stdout is not None
         for line in proc.stdout:
             log.append(line)
             now = time.monotonic() - t0
