@@ -22,6 +22,9 @@ class Drafting:
     misses: int = 0  # drafts in a row that failed outright
     recalled: bool = False  # its draft in this step is an earlier answer, from the memory
     recall: float = 1.0  # the share of its drafts from the memory kept, recent ones weighing most
+    # Its next draft from the memory at most (0: --draft-max): after one that failed, what it kept, doubling while
+    # kept whole, so that text parting from an earlier answer does not throw away a long draft every time.
+    recall_want: int = 0
     drafted: int = 0  # tokens, over the request, for its timings (llama-server's draft_n)
     accepted: int = 0
 

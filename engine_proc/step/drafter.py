@@ -131,7 +131,7 @@ class Drafter:
             if trusted >= TRUSTED_RUN:
                 if d.recall >= need:
                     d.recalled = True
-                    return np.array(recalled[:trusted], np.int32)
+                    return np.array(recalled[: min(trusted, d.recall_want or trusted)], np.int32)
                 d.recall += (1 - d.recall) / 8  # drift back, as rate does
         d.recalled = False
         if d.rest:
@@ -156,6 +156,10 @@ class Drafter:
         d.accepted += accepted
         if d.recalled:  # the memory's: how much of it held says how far to trust it, not how the text copies
             d.recall = RATE_MEMORY * d.recall + (1 - RATE_MEMORY) * accepted / drafted
+            if accepted < drafted:
+                d.recall_want = max(accepted, FIRST_DRAFT)
+            elif d.recall_want:
+                d.recall_want = min(2 * d.recall_want, self.draft_max)
             return
         d.rate = RATE_MEMORY * d.rate + (1 - RATE_MEMORY) * accepted / drafted
         if accepted == drafted:

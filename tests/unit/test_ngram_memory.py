@@ -123,3 +123,13 @@ def test_the_context_is_what_the_hash_spans():
     changed = PROMPT.copy()
     changed[-CONTEXT - 1] += 1  # before it: the window is the same
     assert memory.chain(changed, 11, 8)[0] == ANSWER[:8].tolist()
+
+
+def test_after_a_recalled_draft_failed_the_next_is_what_it_kept_then_doubles():
+    drafter = drafter_of(TEXT, greedy=True)
+    seq = sequence(SamplingParams(max_tokens=500, temperature=0), 11)
+    assert len(step(drafter, seq).draft) == 64
+    drafter.verified(seq, 64, 10)  # the text parted from the remembered answer after 10 tokens (it goes on here)
+    assert len(step(drafter, seq).draft) == 10
+    drafter.verified(seq, 10, 10)
+    assert len(step(drafter, seq).draft) == 20
