@@ -254,9 +254,14 @@ def speculation(args, model: str, record) -> None:
             )
         clients = {label: httpx.Client(base_url=s.url, timeout=REQUEST_TIMEOUT) for label, s in zip(labels, started)}
         opts = argparse.Namespace(
-            concurrency=[1, 8] if not DRY else [1], rounds=1 if DRY else 2, max_tokens=16 if DRY else 256
+            concurrency=[1, 8] if not DRY else [1],
+            rounds=1 if DRY else 2,
+            max_tokens=16 if DRY else 256,
+            ordinary_tokens=16 if DRY else 128,
+            workloads=["copy", "ordinary"],
         )
-        record({"system": "speculation", "table": speculative.run_copy(clients, labels, opts)})
+        got, _ = speculative.measure(clients, labels, opts)
+        record({"system": "speculation", "table": speculative.table(got, labels)})
     finally:
         for s in started:
             stop(s)
