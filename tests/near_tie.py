@@ -40,28 +40,37 @@ def greedy(
     until: str | None = None,
     margin: float = MARGIN,
 ) -> Greedy:
-    """``body`` (a chat or completions request) asked greedily with top-2 logprobs and end-of-generation ignored, so
-    the row where the reply would end shows its runner-up too. Each token up to that end (or up to and including
-    the one that completes ``until``) must lead the next likeliest by ``margin``, else AssertionError names the tie.
+    """``body`` (a chat or completions request) asked greedily with top-2 logprobs; where it ends, asked again to one
+    token past its end with end-of-generation ignored, so the row where the reply ends shows its runner-up too. Each
+    token up to that end (or up to and including the one that completes ``until``) must lead the next likeliest by
+    ``margin``, else AssertionError names the tie.
 
     The logprobs are the model's, before any grammar: a request with a grammar has no check here.
     """
     chat = path == "/v1/chat/completions"
-    asked = {**body, "temperature": 0, "ignore_eos": True, "stream": False}
-    asked.update({"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2})
-    r = http.post(path, json=asked)
-    assert r.status_code == 200, r.text
-    logprobs = r.json()["choices"][0]["logprobs"]
-    if chat:
-        rows = [
-            (t["token"], t["logprob"], [(b["token"], b["logprob"]) for b in t["top_logprobs"]])
-            for t in logprobs["content"]
-        ]
-    else:
-        rows = [
-            (t, lp, sorted(top.items(), key=lambda kv: -kv[1]))
-            for t, lp, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"])
-        ]
+
+    def rows_of(extra: dict) -> tuple[list[Row], str]:
+        asked = {**body, "temperature": 0, "stream": False, **extra}
+        asked.update({"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2})
+        r = http.post(path, json=asked)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        logprobs = choice["logprobs"]
+        if chat:
+            rows = [
+                (t["token"], t["logprob"], [(b["token"], b["logprob"]) for b in t["top_logprobs"]])
+                for t in logprobs["content"]
+            ]
+        else:
+            rows = [
+                (t, lp, sorted(top.items(), key=lambda kv: -kv[1]))
+                for t, lp, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"])
+            ]
+        return rows, choice["finish_reason"]
+
+    rows, finish = rows_of({})
+    if finish == "stop":  # asked again one token past its end, which shows the end's row and its runner-up
+        rows, _ = rows_of({"ignore_eos": True, "max_tokens": len(rows) + 1})
     return clear(rows, until, margin)
 
 
