@@ -124,7 +124,7 @@ def test_bench_http_measures_the_server_and_its_processes(server):
     assert r["ttft"]["p50"] is not None and r["ttft"]["p50"] <= r["latency"]["p50"]
     # what harnesses report of a stream: the gaps between its events with text, the time per token after the
     # first, and how many tokens an event carries (one each: two streams are never held back in the engine)
-    assert 0 < r["itl"]["p50"] <= r["itl"]["p99"] < r["latency"]["p50"] and 0 < r["tpot"]["p50"]
+    assert 0 < r["itl"]["p50"] <= r["itl"]["p99"] < r["latency"]["p50"] and r["tpot"]["p50"] > 0
     assert 1 <= r["tokens_per_event"] <= 1.25
     assert {"engine", "frontend"} <= r["cpu_seconds"].keys()
 
