@@ -1,14 +1,15 @@
-"""The engine: one step = schedule (and draft), run (llama_decode, sample), postprocess (record, retire).
+"""The engine: one step = schedule, run (llama_decode, sample), record, retire.
 
 ``step()`` yields StepResults: the first tokens of streamed prompts as soon
 as their llama_decode call ends (engine_proc/run/prefill_runs.py), then the step's own
 result, with its embeddings and whether the frontend must wake for it.
 
-The parts live beside it: the tokens recorded (engine_proc/step/recorder.py),
-requests with images made ready (engine_proc/vision/image_intake.py), and with
-steady steps the decode run one step ahead, its tokens recorded, and
-written to the ring, while llama.cpp computes (engine_proc/step/ahead.py,
-run by _step_ahead).
+Its parts are plugged in where they apply: how the decode batch runs
+(engine_proc/step/decoding.py: plainly, with drafts, or in steady steps one
+step ahead), requests with images (engine_proc/step/images.py; with a
+projector, engine_proc/vision/), embeddings (engine_proc/run/embedder.py)
+and the step timer (engine_proc/step/timer.py). A run's tokens are recorded
+by engine_proc/step/runs.py and engine_proc/step/recorder.py.
 """
 
 from __future__ import annotations
@@ -30,17 +31,19 @@ from engine_proc.run.embedder import Embedder
 from engine_proc.run.model_runner import ModelRunner
 from engine_proc.run.prefill_runs import prefill_runs
 from engine_proc.sampling.sampler import GrammarError, Sampler
-from engine_proc.scheduler import Scheduler
+from engine_proc.scheduler import Scheduler, SchedulerSettings, Step
 from engine_proc.sequence import Chunk, ImageSpan, Sequence
 from engine_proc.step.ahead import Ahead, StepAhead
+from engine_proc.step.decoding import Decoding, PlainDecoding, SteadyDecoding, Turn
 from engine_proc.step.drafter import make_drafter
+from engine_proc.step.images import Images, NoImages
 from engine_proc.step.recorder import Recorder
-from engine_proc.step.timer import StepTimer
+from engine_proc.step.runs import Runs
+from engine_proc.step.timer import NO_TIMER, StepTimer, Timer
 
 if TYPE_CHECKING:
-    from engine_proc.vision.image_intake import ImageIntake
+    from engine_proc.vision.projector import Vision
 
-NO_PROJECTOR = "this model takes no images: start it with --mmproj (a vision projector)"
 # While sequences decode, embeddings get at most this fraction (1/n) of a step's budget.
 EMBED_SHARE = 4
 # Streams in a step from which their tokens may wait for the next ones, where llama.cpp's threads fill the CPUs
@@ -58,60 +61,45 @@ class StepResult:
 
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig, server: int | None = None):
-        self.runner = ModelRunner(model_path, config, server)  # server: see ModelRunner
-        self.images: ImageIntake | None = None
+        self.runner = r = ModelRunner(model_path, config, server)  # server: see ModelRunner
+        self.images: Images = NoImages()
+        self.vision: Vision | None = None  # the projector, for tests and tools
         if config.mmproj:  # engine_proc/vision/ is imported only here: a text model's engine loads none of it
             from engine_proc.vision.image_intake import ImageIntake
 
-            self.images = ImageIntake(self.runner, config)
-        self.vision = self.images.vision if self.images is not None else None  # the projector, for tests and tools
+            intake = ImageIntake(r, config.mmproj, config.n_threads)
+            self.images, self.vision = intake, intake.vision
         # Sampling on the device: with --device-sampling on, or auto and GPU layers; never beside drafts, whose rows
         # are verified one by one.
-        device = config.device_sampling == "on" or (
-            config.device_sampling == "auto" and self.runner.info.gpu_layers > 0
-        )
-        device = device and config.spec_type == "none"
-        self.sampler = Sampler(self.runner.ctx, self.runner.vocab, self.runner.n_vocab, self.runner.eog_tokens, device)
-        disk = open_disk_cache(model_path, config, self.runner)  # None without --cache-dir
-        self.scheduler = Scheduler(
-            config.parallel,
-            config.kv_streams,
-            self.runner.token_budget,
-            self.runner.seq_ctx,
-            self.runner,
-            config.prefix_cache,
-            config.prefix_cache_exact,
-            config.cache_ram << 20,
-            config.admit_per_step,
-            disk,
-        )
+        device = config.device_sampling == "on" or (config.device_sampling == "auto" and r.info.gpu_layers > 0)
+        self.sampler = Sampler(r.ctx, r.vocab, r.n_vocab, r.eog_tokens, device and config.spec_type == "none")
+        self.drafter = make_drafter(config, model_path, r.seq_ctx)
+        disk = open_disk_cache(model_path, config, r)  # None without --cache-dir
+        self.scheduler = Scheduler(self._scheduler_settings(config), r, disk)
         # llama-server's slot actions, their files keyed as the disk cache's (with or without --cache-dir)
-        r = self.runner
         ident = identity(model_path, config, r.seq_ctx, r.token_budget, r.info.gpu_layers, r.n_streams)
-        self.slots = SlotFiles(config.parallel, self.scheduler.cache, self.runner, fingerprint(ident))
-        self.drafter = make_drafter(config, model_path, self.runner.seq_ctx)
-        # Steady decode batches where a reused graph pays: on a GPU (CUDA graphs), and never beside drafts,
-        # whose verification changes the batch's shape every step. On the CPU a parked row costs what a
-        # sequence's token does, and a rebuilt graph little (perf/results/2026-11-27-engine-step-cpu.md).
-        steady = config.steady_steps == "on" or (config.steady_steps == "auto" and self.runner.info.gpu_layers > 0)
-        self.scheduler.steady = steady and self.drafter is None
-        self.embedder = Embedder(self.runner)
-        self.recorder = Recorder(self.runner, self.sampler, self.scheduler, self.drafter)
-        self.lookahead = StepAhead(self.runner, self.sampler, self.scheduler, self.recorder)
+        self.slots = SlotFiles(config.parallel, self.scheduler.cache, r, fingerprint(ident))
+        self.embedder = Embedder(r)
+        self.recorder = Recorder(r, self.sampler, self.scheduler, self.drafter)
+        self.runs = Runs(r, self.sampler, self.recorder)
+        self.lookahead = StepAhead(r, self.sampler, self.scheduler, self.recorder)
+        self.decoding: Decoding = (
+            SteadyDecoding(self.runs, self.lookahead, self.scheduler, self.recorder)
+            if self.scheduler.steady
+            else PlainDecoding(self.runs, self.drafter, r.token_budget)
+        )
         self.info: ModelInfo = replace(
-            self.runner.info,
+            r.info,
             spec_type=config.spec_type,
             draft_max=config.draft_max,
             embedding_dim=self.embedder.dim,
             max_embedding_tokens=self.embedder.max_tokens,
             mmproj=config.mmproj or "",
-            image_tokens=self.images.image_tokens if self.images is not None else 0,
-            image_grid=self.images.image_grid if self.images is not None else None,
+            image_tokens=self.images.image_tokens,
+            image_grid=self.images.image_grid,
         )
-        self.timer: StepTimer | None = None  # set, it sums the time of each part of every step
+        self._timer: Timer = NO_TIMER
         self.steps = 0
-        self.decode_steps = 0  # llama_decode calls of decoding sequences' tokens
-        self.reused_steps = 0  # of those, the ones whose compute graph llama.cpp reused from the call before
         self.stream_interval = config.stream_interval_ms / 1000
         cpu_bound = self.runner.info.gpu_layers == 0 and self.runner.threads.most >= (os.cpu_count() or 1)
         self.coalesce_streams = COALESCE_STREAMS if cpu_bound else float("inf")
@@ -122,12 +110,49 @@ class LLMEngine:
         self.step_seconds: list[float] = []
         self.batch_sizes: list[int] = []
 
+    def _scheduler_settings(self, config: ServeConfig) -> SchedulerSettings:
+        r = self.runner
+        # Steady decode batches where a reused graph pays: on a GPU (CUDA graphs), and never beside drafts,
+        # whose verification changes the batch's shape every step. On the CPU a parked row costs what a
+        # sequence's token does, and a rebuilt graph little.
+        steady = config.steady_steps == "on" or (config.steady_steps == "auto" and r.info.gpu_layers > 0)
+        return SchedulerSettings(
+            parallel=config.parallel,
+            slots=config.kv_streams,
+            token_budget=r.token_budget,
+            seq_ctx=r.seq_ctx,
+            prefix_cache=config.prefix_cache,
+            exact=config.prefix_cache_exact,
+            host_bytes=config.cache_ram << 20,
+            admit_per_step=config.admit_per_step,
+            steady=steady and self.drafter is None,
+        )
+
+    @property
+    def timer(self) -> Timer:
+        return self._timer
+
+    @timer.setter
+    def timer(self, timer: StepTimer | None) -> None:
+        """Set, it sums the time of each part of every step (`cllm bench engine`); None: no timing."""
+        if timer is not None:
+            timer.synchronize = self.runner.synchronize
+        self._timer = self.runs.timer = timer if timer is not None else NO_TIMER
+
+    @property
+    def decode_steps(self) -> int:
+        return self.runs.decode_steps
+
+    @property
+    def reused_steps(self) -> int:
+        return self.runs.reused_steps
+
     def add(self, req: Submit) -> SeqOutput | None:
         """Queue a request; the output that ends it at once if the engine refuses it."""
-        if req.images:  # made ready in the encoder's thread first, queued by a step once they are
-            if why := self.images.refuse(req) if self.images is not None else NO_PROJECTOR:
+        if req.images:  # made ready beside the steps first, queued by a step once they are
+            if why := self.images.refuse(req):
                 return SeqOutput(req.id, finish="error", error=why)
-            self.images.encoder.add(req)
+            self.images.add(req)
             return None
         return self._queue(req, np.array(req.prompt, np.int32))
 
@@ -143,8 +168,8 @@ class LLMEngine:
         return None
 
     def wake_fds(self) -> tuple[int, ...]:
-        """What the idle engine waits on besides requests: the encoder's signal that images are ready."""
-        return (self.images.encoder.armed(),) if self.images is not None else ()
+        """What the idle engine waits on besides requests: the signal that images are ready."""
+        return self.images.wake_fds()
 
     def embed(self, req: Embed) -> None:
         self.embedder.add(req)
@@ -155,123 +180,91 @@ class LLMEngine:
         self.lookahead.abort(gone)
         self.recorder.release(self.scheduler.remove(gone))
         self.embedder.abort(gone)
-        if self.images is not None:
-            self.images.encoder.abort(gone)
+        self.images.abort(gone)
 
     def drop_all(self) -> None:
         self.slots.pending.clear()
         self.abort(
             [s.id for s in (*self.scheduler.running, *self.scheduler.waiting)]
             + [j.id for j in self.embedder.jobs]
-            + list(self.images.encoder.pending if self.images is not None else ())
+            + list(self.images.pending())
         )
 
     def has_work(self) -> bool:
-        """Sequences or embeddings to step, or requests whose images are ready; images still being encoded are not
-        (the idle engine waits for them on wake_fds). Outputs an abort recorded go out in a step too."""
-        return (
-            self.scheduler.has_work()
-            or bool(self.embedder.jobs or self.lookahead.landed)
-            or (self.images is not None and self.images.encoder.ready())
-        )
+        """Sequences or embeddings to step, or requests whose images are ready; images still being made ready are
+        not (the idle engine waits for them on wake_fds). Outputs an abort recorded go out in a step too."""
+        return self.scheduler.has_work() or bool(self.embedder.jobs or self.lookahead.landed) or self.images.ready()
 
     def step(self) -> Iterator[StepResult]:
-        """Schedule, run, postprocess: one step. Yields a result for each group of streamed prompts'
-        first tokens as it is ready (last=False), then the step's own result (last=True)."""
-        timer = self.timer
-        if timer:
-            timer.start()
-        t0 = time.perf_counter()
+        """Schedule, run, record, retire: one step. Yields a result for each group of streamed prompts' first
+        tokens as it is ready (last=False), then the step's own result (last=True)."""
+        timer, turn = self._timer, Turn(time.perf_counter())
+        timer.start()
         self._settle()
-        ahead, self.lookahead.ahead = self.lookahead.ahead, None
-        images = self.images is not None and bool(self.images.encoder.pending)
-        ready = images and self.images.encoder.ready()  # requests whose images are ready start in a wave
-        following = self.lookahead.go_on(ahead) if ahead is not None and not (self.embedder.jobs or ready) else None
-        if following is not None:
-            yield from self._step_ahead(ahead, *following, t0)
+        going = self.decoding.going_on(self.images.ready() or bool(self.embedder.jobs), turn)
+        if going is not None:  # a steady batch goes on unchanged: see _step_ahead
+            yield from self._step_ahead(*going, turn)
             return
-        # The decode that ran ahead was this step's: its tokens are recorded first, as a steady step's decode's are.
-        outputs, self.lookahead.landed = self.lookahead.landed, []
-        parked = sum(o.finish is not None for o in outputs)  # sequences that finished in a steady decode
-        if ahead is not None:
-            parked += self.lookahead.land(ahead, outputs)
-        refused = len(outputs)
-        if images:
-            for req, prompt, spans in self.images.take(outputs):
-                if (error := self._queue(req, prompt, spans)) is not None:
-                    outputs.append(error)
-        refused = len(outputs) > refused
+        with timer.part("schedule"):
+            step = self._schedule(turn)
+        yield from self._run(step, turn)  # the runs record their tokens
+        with timer.part("retire"):
+            self._retire(turn.done)
+        result = self._result(step, turn)
+        if not self.decoding.launch(bool(self.embedder.jobs)):
+            self._ended(turn.t1 - turn.t0)
+            yield result
+            return
+        yield result  # while the decode launched ahead runs
+        timer.start()
+        self._collect(turn.t0)
+
+    def _schedule(self, turn: Turn) -> Step:
+        turn.refused = self.images.admit(turn.outputs, self._queue)  # requests whose images are ready
         step = self.scheduler.schedule()
         self.recorder.free_left()
-        # Drafts only in steps without prompt work: those are compute-bound already.
-        drafting = self.drafter is not None and bool(step.decode) and not step.prefill
-        if drafting:
-            self.drafter.draft(step.decode, self.runner.token_budget - len(step.decode))
-        if timer:
-            timer.lap("schedule")
-        done: list[Sequence] = []
-        steady = self.scheduler.steady
-        if steady:  # the decode first, in the shape of the step before; then the wave's admissions (Scheduler.wave)
-            if step.decode and ahead is None:
-                self._run(step.decode, outputs, done, plain=True)
-                self._count_decode()
-                parked += len(done)
-                self.recorder.park(done)
-            step.prefill += self.scheduler.wave()
-            self.recorder.free_left()
-            if timer:
-                timer.lap("schedule")
+        self.decoding.plan(step)
+        return step
+
+    def _run(self, step: Step, turn: Turn) -> Iterator[StepResult]:
+        """The step's llama_decode calls, their tokens recorded: the first tokens of streamed prompts are yielded
+        as their run ends (see prefill_runs)."""
+        self.decoding.first(step, turn)
         first, later = prefill_runs(step.prefill, self.scheduler.exact)
-        for chunks in first:  # their tokens go now: see prefill_runs
+        for chunks in first:
             sent: list[SeqOutput] = []
-            self._run(chunks, sent, done)
+            self.runs.run(chunks, sent, turn.done)
             self.generated_tokens += len(sent)
-            if timer:
-                timer.lap("other")
+            self._timer.lap("other")
             yield StepResult(sent, last=False)
-            if timer:
-                timer.start()
-        if step.decode and not steady:
-            t_decode = time.perf_counter()
-            self._run(step.decode, outputs, done, plain=not drafting)
-            self._count_decode()
-            if drafting:
-                self.drafter.end_step(len(step.decode), time.perf_counter() - t_decode)
+            self._timer.start()
+        self.decoding.decode(step, turn)
         for chunks in later:
-            self._run(chunks, outputs, done)
+            self.runs.run(chunks, turn.outputs, turn.done)
+
+    def _retire(self, done: list[Sequence]) -> None:
         if done:
             self.recorder.release(self.scheduler.remove({s.id for s in done}))
-            if timer:
-                timer.lap("retire")
-        embeddings: list[Embeddings] = []
-        if self.embedder.jobs:  # in what the generation left of the budget
-            used = len(step.decode) + sum(c.end - c.start for c in step.prefill)
-            budget = self.runner.token_budget - used
-            if step.decode:  # embedding is prefill work: a full budget of it beside decoding streams slows them ~15x
-                budget = min(budget, self.runner.token_budget // EMBED_SHARE)
-            embeddings = self.embedder.step(budget)
-        t1 = time.perf_counter()
-        # The last parked sequences may leave in a step of their own: the engine's final figures go with it.
-        urgent = bool(done or parked or refused) or any(c.samples for c in step.prefill) or not self.has_work()
-        wake = self._wake(urgent, step.decode, t1 - t0, t1)
-        self.steps += 1
-        self.generated_tokens += len(outputs)
-        self.batch_sizes.append(len(step.decode) + len({id(c.seq) for c in step.prefill}))
-        if timer:
-            timer.lap("other")
-        chunks = self.lookahead.next_decode(bool(self.embedder.jobs)) if steady else None
-        if chunks is None:
-            self._step_wall = t1 - t0
-            self.step_seconds.append(t1 - t0)
-            yield StepResult(outputs, embeddings, wake)
-            return
-        self.lookahead.launch(chunks)
-        if timer:
-            timer.lap("batch")
-        yield StepResult(outputs, embeddings, wake)
-        if timer:
-            timer.start()
-        self._collect(t0)
+
+    def _result(self, step: Step, turn: Turn) -> StepResult:
+        """The step's embeddings, in what its generation left of the budget; its figures, and whether the frontend
+        wakes for its result."""
+        with self._timer.part("other"):
+            embeddings = self.embedder.step(self._embedding_budget(step)) if self.embedder.jobs else []
+            turn.t1 = t1 = time.perf_counter()
+            # The last parked sequences may leave in a step of their own: the engine's final figures go with it.
+            urgent = bool(turn.done or turn.parked or turn.refused) or any(c.samples for c in step.prefill)
+            wake = self._wake(urgent or not self.has_work(), step.decode, t1 - turn.t0, t1)
+            self.steps += 1
+            self.generated_tokens += len(turn.outputs)
+            self.batch_sizes.append(len(step.decode) + len({id(c.seq) for c in step.prefill}))
+        return StepResult(turn.outputs, embeddings, wake)
+
+    def _embedding_budget(self, step: Step) -> int:
+        budget = self.runner.token_budget - len(step.decode) - sum(c.end - c.start for c in step.prefill)
+        if step.decode:  # embedding is prefill work: a full budget of it beside decoding streams slows them ~15x
+            budget = min(budget, self.runner.token_budget // EMBED_SHARE)
+        return budget
 
     def _wake(self, urgent: bool, decode: list[Chunk], took: float, now: float) -> bool:
         """Whether the frontend wants this step's outputs now: if a request begins (its first token
@@ -285,7 +278,7 @@ class LLMEngine:
         self._woke = now
         return True
 
-    def _step_ahead(self, ahead: Ahead, chunks: list[Chunk], tokens: list[int], t0: float) -> Iterator[StepResult]:
+    def _step_ahead(self, ahead: Ahead, chunks: list[Chunk], tokens: list[int], turn: Turn) -> Iterator[StepResult]:
         """A steady step whose decode batch is the one before it a position on (StepAhead.go_on).
 
         On the step's critical path: the batch written and launched on the
@@ -296,25 +289,20 @@ class LLMEngine:
         last token is still in the batch launched: it decodes a token more,
         which a parked sequence does anyway (Scheduler.park).
         """
-        timer = self.timer
-        if timer:
-            timer.lap("schedule")
-        self.lookahead.launch(chunks, tokens)
-        if timer:
-            timer.lap("batch")
-        outputs: list[SeqOutput] = []
-        parked = self.lookahead.land(ahead, outputs)
-        t1 = time.perf_counter()
-        wake = self._wake(bool(parked), chunks, self._step_wall, t1)
-        self.steps += 1
-        self.generated_tokens += len(outputs)
-        self.batch_sizes.append(len(chunks))
-        if timer:
-            timer.lap("overlapped")
-        yield StepResult(outputs, [], wake)
-        if timer:
-            timer.start()
-        self._collect(t0)
+        timer = self._timer
+        timer.lap("schedule")
+        with timer.part("batch"):
+            self.lookahead.launch(chunks, tokens)
+        with timer.part("overlapped"):
+            parked = self.lookahead.land(ahead, turn.outputs)
+            t1 = time.perf_counter()
+            wake = self._wake(bool(parked), chunks, self._step_wall, t1)
+            self.steps += 1
+            self.generated_tokens += len(turn.outputs)
+            self.batch_sizes.append(len(chunks))
+        yield StepResult(turn.outputs, [], wake)
+        timer.start()
+        self._collect(turn.t0)
 
     def _settle(self) -> None:
         """A decode launched by a step that was left before its end (the process stopping) ends before the
@@ -324,55 +312,14 @@ class LLMEngine:
 
     def _collect(self, t0: float) -> None:
         """Wait for the decode launched ahead and sample its rows (StepAhead.collect); the step's figures."""
-        self.lookahead.collect(self.timer)
-        self._count_decode()
-        self._step_wall = time.perf_counter() - t0
-        self.step_seconds.append(self._step_wall)
-        if self.timer:
-            self.timer.lap("sampling")
+        self.lookahead.collect(self._timer)
+        self.runs.counted()
+        self._ended(time.perf_counter() - t0)
+        self._timer.lap("sampling")
 
-    def _count_decode(self) -> None:
-        self.decode_steps += 1
-        self.reused_steps += self.runner.reused
-
-    def _run(self, chunks: list[Chunk], outputs: list[SeqOutput], done: list[Sequence], plain: bool = False) -> None:
-        """One llama_decode, then a token for each chunk that ends its sequence's known tokens.
-
-        ``plain``: the chunks are the decode batch without drafts (see Batch.fill).
-        """
-        timer = self.timer
-        if self.sampler.device:
-            for c in chunks:
-                if c.samples:
-                    self.sampler.attach(c.seq.sampler, c.seq.slot)
-        if chunks[0].image is not None:  # alone in its call (engine_proc/run/prefill_runs.py)
-            c = chunks[0]
-            rows: list[int | None] = [-1 if c.samples else None]
-            k0, k1 = c.start - c.image.start, c.end - c.image.start
-            pos = c.image.positions(k0, k1, c.seq.position(c.image.start))
-            self.runner.decode_rows(c.image.rows[k0:k1], pos, c.seq.slot, c.samples, c.image.non_causal)
-        else:
-            rows = self.runner.fill(chunks, plain)
-            if timer:
-                timer.lap("batch")
-            self.runner.decode()
-        if timer:  # on a GPU the wait would otherwise count as sampling, where the outputs are first read
-            self.runner.synchronize()
-            timer.lap("llama_decode")
-        if plain:
-            tokens = self.sampler.sample_rows([c.seq.sampler for c in chunks], rows)
-        else:  # for the chunks Recorder.record takes a sampled token for
-            picks = [
-                (c.seq.sampler, row)
-                for c, row in zip(chunks, rows)
-                if c.draft is None and c.samples and not (c.scores and c.seq.params.max_tokens == 0)
-            ]
-            tokens = self.sampler.sample_rows([s for s, _ in picks], [row for _, row in picks]) if picks else []
-        if timer:
-            timer.lap("sampling")
-        self.recorder.record(chunks, rows, tokens, outputs, done)
-        if timer:
-            timer.lap("retire")
+    def _ended(self, seconds: float) -> None:
+        self._step_wall = seconds
+        self.step_seconds.append(seconds)
 
     def slot_actions(self) -> list[SlotDone]:
         """The pending slot actions whose streams no sequence runs in, done (SlotFiles.run)."""
@@ -421,6 +368,5 @@ class LLMEngine:
         if self.drafter is not None:
             self.drafter.close()
         self.embedder.close()
-        if self.images is not None:
-            self.images.close()
+        self.images.close()
         self.runner.close()

@@ -86,37 +86,42 @@ class Step:
     prefill: list[Chunk]  # prompt blocks, a llama_decode each, in order
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    parallel: int  # sequences that may run at once
+    slots: int  # KV streams: one for each running sequence, and those that only keep cache entries
+    token_budget: int  # tokens a step decodes (n_batch)
+    seq_ctx: int  # KV cells a sequence may fill
+    prefix_cache: bool = True
+    exact: bool = False  # --prefix-cache-exact: fixed prefill blocks (see the module's docstring)
+    host_bytes: int = 0  # host RAM the cache may keep entries in (--cache-ram)
+    admit_per_step: int = 0  # new requests a step may start; 0: see the module's docstring
+    steady: bool = False  # steady steps (see the module's docstring)
+
+
 class Scheduler:
-    def __init__(
-        self,
-        parallel: int,
-        slots: int,
-        token_budget: int,
-        seq_ctx: int,
-        kv: KvStreams,
-        prefix_cache: bool,
-        exact: bool,
-        host_bytes: int = 0,
-        admit_per_step: int = 0,
-        disk: DiskCache | None = None,
-    ):
-        self.parallel = parallel
-        self.admit_per_step = admit_per_step  # new requests a step may start; 0: see the module's docstring
-        self.token_budget = token_budget
-        self.seq_ctx = seq_ctx
-        self.block = min(PREFILL_BLOCK, token_budget)
+    def __init__(self, settings: SchedulerSettings, kv: KvStreams, disk: DiskCache | None = None):
+        self.parallel = settings.parallel
+        self.admit_per_step = settings.admit_per_step
+        self.token_budget = settings.token_budget
+        self.seq_ctx = settings.seq_ctx
+        self.block = min(PREFILL_BLOCK, settings.token_budget)
         # Fixed prefill blocks without the cache too: a server with it off is
         # what exact mode must match bit for bit.
-        self.exact = exact or not prefix_cache
+        self.exact = settings.exact or not settings.prefix_cache
         self.kv = kv
-        self.cache = PrefixCache(self.block if exact else 1, host_bytes, disk) if prefix_cache else None
-        self.slots = Slots(slots, kv, self.cache, self.exact, self.block)
+        self.cache = (
+            PrefixCache(self.block if settings.exact else 1, settings.host_bytes, disk)
+            if settings.prefix_cache
+            else None
+        )
+        self.slots = Slots(settings.slots, kv, self.cache, self.exact, self.block)
         self.steps = 0  # schedule() calls
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in slot order after every schedule()
         self._ordered = True  # running is in slot order
         # Steady steps (see the module's docstring): finished sequences parked in the decode batch until a wave.
-        self.steady = False
+        self.steady = settings.steady
         self.parked = 0
         self.left: list[Sequence] = []  # parked sequences that left, whose chains on the device the engine frees
         self._pending_since: int | None = None  # the step since which a wave has had something to do

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import select
+import subprocess
+import sys
 import time
 
 import llama_cpp as L
@@ -28,6 +30,7 @@ from engine_proc.run.model_runner import ModelLoadError
 from perf import image_files as F
 from perf import synth_mmproj
 from perf.vision_parity import prefill
+from tests.conftest import ROOT
 
 N_IMAGE = synth_mmproj.Tower().n_patches  # positions an image takes with the made projector (it adds no text)
 USER = "<|im_start|>user\n"
@@ -49,6 +52,27 @@ def test_the_engine_loads_the_projector_and_counts_an_images_positions(mmproj):
             image.close()
     finally:
         engine.close()
+
+
+def test_a_text_models_engine_loads_nothing_of_vision():
+    """engine_proc/vision/ is optional: a text model's engine, made and stepped in a fresh interpreter, imports
+    none of it (tests/unit/test_engine_layers.py reads the same from the source's imports)."""
+    code = (
+        "import sys\n"
+        "from cllm.core.config import ServeConfig\n"
+        "from cllm.core.model_file import resolve_model\n"
+        "from cllm.core.protocol import SamplingParams, Submit\n"
+        "from engine_proc.engine import LLMEngine\n"
+        "engine = LLMEngine(resolve_model(None), ServeConfig(parallel=1, ctx_size=512, threads=1))\n"
+        "engine.add(Submit(1, [1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0)))\n"
+        "while engine.has_work():\n"
+        "    list(engine.step())\n"
+        "engine.close()\n"
+        "print(engine.generated_tokens, sorted(m for m in sys.modules if m.startswith('engine_proc.vision')))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "2 []"
 
 
 def test_a_projector_that_cannot_serve_stops_the_engine(tmp_path):

@@ -15,7 +15,7 @@ reader that sleeps as the frontend does).
 
 Where a step's time goes comes from the engine's own timing hooks (a
 StepTimer set on it for the timed run: the step marks where each part
-ends, and with no timer set makes no such call): wall clock and the engine
+ends, and with no timer set its marks do nothing): wall clock and the engine
 thread's CPU time of schedule, batch fill, llama_decode, sampling, retire
 and the rest of the step. It also counts the decode steps whose compute
 graph llama.cpp reused from the step before (llama_perf_context's

@@ -1,2 +1,3 @@
-"""The parts of a step around the scheduler: the sampled tokens recorded into their sequences (recorder), a
-steady decode run one step ahead (ahead), speculative drafts (drafter), and where a step's time goes (timer)."""
+"""The parts of a step around the scheduler: a run of a step's chunks, its rows sampled and its tokens recorded
+(runs, recorder); how the decode batch runs, plainly with speculative drafts (drafter) or in steady steps one step
+ahead (decoding, ahead); requests with images as a step sees them (images); where a step's time goes (timer)."""

@@ -6,7 +6,7 @@ on), so it is launched on the decode thread (engine_proc/run/decode_thread.py),
 and while llama.cpp computes the engine records the tokens before and writes
 its result to the ring. What this holds between steps: the decode in flight,
 and the one collected (waited for and sampled) whose tokens are not recorded
-yet. LLMEngine.step runs it (LLMEngine._step_ahead).
+yet. LLMEngine.step runs it (engine_proc/step/decoding.py: SteadyDecoding, and LLMEngine._step_ahead).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from engine_proc.sampling.sampler import Sampler
 from engine_proc.scheduler import Scheduler
 from engine_proc.sequence import Chunk, Sequence
 from engine_proc.step.recorder import Recorder
-from engine_proc.step.timer import StepTimer
+from engine_proc.step.timer import Timer
 
 
 @dataclass(slots=True)
@@ -69,13 +69,12 @@ class StepAhead:
         self.runner.launch()
         self.inflight = chunks
 
-    def collect(self, timer: StepTimer | None) -> None:
+    def collect(self, timer: Timer) -> None:
         """Wait for the decode launched and sample its rows: the next step records the tokens."""
         chunks, self.inflight = self.inflight, None
         assert chunks is not None
-        self.runner.wait()
-        if timer:
-            timer.lap("llama_decode")
+        with timer.part("llama_decode"):
+            self.runner.wait()
         tokens = self.sampler.sample_rows([c.seq.sampler for c in chunks], list(range(-len(chunks), 0)))
         self.ahead = Ahead(chunks, tokens)
 

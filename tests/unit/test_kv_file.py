@@ -23,7 +23,7 @@ import pytest
 from cllm.core.protocol import SamplingParams
 from engine_proc.kv import kv_file
 from engine_proc.kv.disk_cache import HOLD_WRITES, SUFFIX, DiskCache, fingerprint
-from engine_proc.scheduler import Scheduler
+from engine_proc.scheduler import Scheduler, SchedulerSettings
 from engine_proc.sequence import Sequence
 from tests.conftest import wait_until
 from tests.unit.test_scheduler import run
@@ -166,7 +166,9 @@ def test_a_prompt_whose_best_file_is_dropped_is_served_as_if_it_had_never_been_t
     damage(path, *places(path)["cells middle"])
     kv = TokenFiles(2)
     sched = Scheduler(
-        2, 2, 64, 4096, kv, prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 64 * MIB, IDENT)
+        SchedulerSettings(2, 2, 64, 4096, prefix_cache=True, exact=False),
+        kv,
+        disk=DiskCache(str(tmp_path), 64 * MIB, IDENT),
     )
     turn = Sequence(0, np.concatenate((conv, np.array([7, 8, 9], np.int32))), SamplingParams(max_tokens=2), None)
     run(sched, kv, [turn], random.Random(1))

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from cllm.core.protocol import SamplingParams
-from engine_proc.scheduler import MAX_WAIT, Scheduler
+from engine_proc.scheduler import MAX_WAIT, Scheduler, SchedulerSettings
 from engine_proc.sequence import ImageSpan, Sequence
 
 
@@ -139,12 +139,14 @@ def prefilled_by_step(sched: Scheduler, kv: FakeStreams, steps: int) -> list[lis
 
 def test_a_step_starts_at_most_admit_per_step_new_requests():
     kv = FakeStreams(4)
-    sched = Scheduler(4, 4, 512, 4096, kv, prefix_cache=True, exact=False, admit_per_step=1)
+    sched = Scheduler(SchedulerSettings(4, 4, 512, 4096, prefix_cache=True, exact=False, admit_per_step=1), kv)
     for i in range(3):
         sched.add(Sequence(i, np.arange(100 * i, 100 * i + 20, dtype=np.int32), SamplingParams(max_tokens=8), None))
     assert prefilled_by_step(sched, kv, 3) == [[0], [1], [2]]
     # A burst: one a step, then every request that has waited MAX_WAIT steps at once.
-    burst = Scheduler(8, 8, 512, 4096, FakeStreams(8), prefix_cache=True, exact=False, admit_per_step=1)
+    burst = Scheduler(
+        SchedulerSettings(8, 8, 512, 4096, prefix_cache=True, exact=False, admit_per_step=1), FakeStreams(8)
+    )
     for i in range(8):
         burst.add(Sequence(i, np.arange(100 * i, 100 * i + 20, dtype=np.int32), SamplingParams(max_tokens=50), None))
     counts = []
@@ -154,7 +156,7 @@ def test_a_step_starts_at_most_admit_per_step_new_requests():
         for chunk in step.prefill:
             chunk.seq.n_cached = chunk.end
     assert counts == [1] * MAX_WAIT + [8 - MAX_WAIT]
-    unbounded = Scheduler(4, 4, 512, 4096, FakeStreams(4), prefix_cache=True, exact=False)
+    unbounded = Scheduler(SchedulerSettings(4, 4, 512, 4096, prefix_cache=True, exact=False), FakeStreams(4))
     for i in range(3):
         unbounded.add(Sequence(i, np.arange(100 * i, 100 * i + 20, dtype=np.int32), SamplingParams(max_tokens=8), None))
     assert [c.seq.id for c in unbounded.schedule().prefill] == [0, 1, 2]
@@ -164,7 +166,7 @@ def test_a_step_starts_one_request_that_continues_a_cache_entry():
     """Chat turns that arrive together start a step apart, so the conversations drift apart; others do not wait."""
     rng = random.Random(3)
     kv = FakeStreams(16)
-    sched = Scheduler(8, 16, 512, 4096, kv, prefix_cache=True, exact=False)
+    sched = Scheduler(SchedulerSettings(8, 16, 512, 4096, prefix_cache=True, exact=False), kv)
     firsts = [
         Sequence(i, np.arange(100 * i, 100 * i + 40, dtype=np.int32), SamplingParams(max_tokens=5), None)
         for i in range(6)
@@ -201,7 +203,7 @@ def test_running_sequences_stay_in_one_run_of_slots_moving_as_few_streams_as_it_
     closed by the fewest moves: a move copies a stream's cells through host memory, twice with an entry in
     the way."""
     kv = FakeStreams(8)
-    sched = Scheduler(8, 8, 512, 4096, kv, prefix_cache=True, exact=False)
+    sched = Scheduler(SchedulerSettings(8, 8, 512, 4096, prefix_cache=True, exact=False), kv)
     moves = recorded(kv, "copy", "swap")
 
     def seq(i):
@@ -232,7 +234,7 @@ def test_running_sequences_stay_in_one_run_of_slots_moving_as_few_streams_as_it_
 def test_steady_steps_change_the_decode_batch_only_in_waves_and_keep_the_books():
     rng = random.Random(7)
     kv = FakeStreams(20)
-    sched = Scheduler(16, 20, 256, 4096, kv, prefix_cache=True, exact=False)
+    sched = Scheduler(SchedulerSettings(16, 20, 256, 4096, prefix_cache=True, exact=False), kv)
     sched.steady = True
     seqs = [
         Sequence(
@@ -286,7 +288,9 @@ def test_an_images_positions_are_decoded_apart_in_pieces_and_reused_whole(exact)
     """An image's rows: chunks of their own within the budget, each its sequence's last of a step (text after it
     waits a step); a cached prefix is reused up to an image's edge only, so another image never matches."""
     kv = FakeStreams(4)
-    sched = Scheduler(2, 4, 16, 512, kv, prefix_cache=True, exact=exact)  # blocks of 16 in exact mode
+    sched = Scheduler(
+        SchedulerSettings(2, 4, 16, 512, prefix_cache=True, exact=exact), kv
+    )  # blocks of 16 in exact mode
 
     def with_image(first_id, seq_id):
         prompt = np.concatenate((np.arange(10), np.arange(first_id, first_id + 40), np.arange(20, 50))).astype(np.int32)

@@ -17,7 +17,7 @@ from cllm.core.protocol import SamplingParams
 from engine_proc.kv import host_cache
 from engine_proc.kv.disk_cache import DiskCache
 from engine_proc.kv.host_cache import HEAD, MIN_CELLS, HostCache
-from engine_proc.scheduler import Scheduler
+from engine_proc.scheduler import Scheduler, SchedulerSettings
 from engine_proc.sequence import Sequence, common_prefix, starts_with
 from tests.unit.test_scheduler import FakeStreams, recorded, run
 
@@ -42,7 +42,9 @@ def test_books_stay_right_through_conversations_outnumbering_the_streams(host_by
     rng = random.Random(1)
     parallel, slots = 3, 6
     kv = FakeStreams(slots, host_streams)
-    sched = Scheduler(parallel, slots, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes)
+    sched = Scheduler(
+        SchedulerSettings(parallel, slots, 64, 4096, prefix_cache=True, exact=False, host_bytes=host_bytes), kv
+    )
     ids = iter(range(10**6))
     convs = conversation_turns(rng, 8, 5)
     for turn in range(5):
@@ -60,7 +62,7 @@ def test_books_stay_right_through_conversations_outnumbering_the_streams(host_by
 def test_a_conversation_continued_reuses_its_reply():
     rng = random.Random(2)
     kv = FakeStreams(4)
-    sched = Scheduler(2, 4, 64, 4096, kv, prefix_cache=True, exact=False)
+    sched = Scheduler(SchedulerSettings(2, 4, 64, 4096, prefix_cache=True, exact=False), kv)
     first = Sequence(1, np.arange(50, dtype=np.int32), SamplingParams(max_tokens=10), None)
     run(sched, kv, [first], rng)
     history = first.known(len(first.prompt) + len(first.output))
@@ -75,7 +77,7 @@ def test_a_prompt_asked_again_with_the_same_reply_moves_no_cells():
     """Greedy asks of one prompt leave the same tokens behind: the third on, the entry in the slot
     the request takes serves it in place, and the one it displaces is let go, held by another."""
     kv = FakeStreams(4)
-    sched = Scheduler(2, 4, 64, 4096, kv, prefix_cache=True, exact=False)
+    sched = Scheduler(SchedulerSettings(2, 4, 64, 4096, prefix_cache=True, exact=False), kv)
     moves = recorded(kv, "copy", "swap", "save", "restore")
     prompt = np.arange(50, dtype=np.int32)
     for i in range(4):
@@ -89,7 +91,7 @@ def test_a_prompt_asked_again_with_the_same_reply_moves_no_cells():
 def test_exact_mode_reuses_only_whole_prompt_blocks():
     rng = random.Random(3)
     kv = FakeStreams(2)
-    sched = Scheduler(1, 2, 512, 4096, kv, prefix_cache=True, exact=True)
+    sched = Scheduler(SchedulerSettings(1, 2, 512, 4096, prefix_cache=True, exact=True), kv)
     run(sched, kv, [Sequence(1, np.arange(300, dtype=np.int32), SamplingParams(max_tokens=5), None)], rng)
     before = sched.cache.stats().hit_tokens
     run(sched, kv, [Sequence(2, np.arange(310, dtype=np.int32), SamplingParams(max_tokens=5), None)], rng)
@@ -107,7 +109,7 @@ def test_conversations_outnumbering_every_stream_keep_their_turns_in_host_ram(ho
     monkeypatch.setattr(host_cache, "MIN_CELLS", min_cells)
     rng = random.Random(4)
     kv = FakeStreams(3)
-    sched = Scheduler(2, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=host_bytes)
+    sched = Scheduler(SchedulerSettings(2, 3, 64, 4096, prefix_cache=True, exact=False, host_bytes=host_bytes), kv)
     saves = []
     kv.save = lambda slot, save=kv.save: saves.append(slot) or save(slot)
     history = [np.array([rng.randrange(100) for _ in range(40)], np.int32) for _ in range(6)]
@@ -138,7 +140,7 @@ def test_an_entry_back_from_host_ram_lands_in_its_sequences_slot_when_streams_mo
     monkeypatch.setattr(host_cache, "MIN_CELLS", HEAD)
     rng = random.Random(7)
     kv = FakeStreams(2, host_streams)
-    sched = Scheduler(1, 2, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=1 << 20)
+    sched = Scheduler(SchedulerSettings(1, 2, 64, 4096, prefix_cache=True, exact=False, host_bytes=1 << 20), kv)
     ids = iter(range(10**6))
     first, *others = [
         Sequence(next(ids), np.arange(300, dtype=np.int32) + 1000 * c, SamplingParams(max_tokens=4), None)
@@ -188,7 +190,11 @@ def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_device_strea
     ident = {"model": "fake"}
     convs = three_files(tmp_path, ident)
     kv = TokenFiles(2)
-    sched = Scheduler(2, 2, 64, 4096, kv, prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 1 << 30, ident))
+    sched = Scheduler(
+        SchedulerSettings(2, 2, 64, 4096, prefix_cache=True, exact=False),
+        kv,
+        disk=DiskCache(str(tmp_path), 1 << 30, ident),
+    )
     assert sched.warm() and sched.warm() and not sched.warm()
     assert {slot: int(e.tokens[0]) for slot, e in sched.cache.entries.items()} == {1: 2000, 0: 1000}
     assert kv.held(1) == convs[2].tolist() and kv.held(0) == convs[1].tolist()
@@ -204,14 +210,8 @@ def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_device_strea
 
     # Warmed streams no prompt reuses make way for others without a copy to host RAM: their files hold them.
     fresh = Scheduler(
-        2,
-        2,
-        64,
-        4096,
+        SchedulerSettings(2, 2, 64, 4096, prefix_cache=True, exact=False, host_bytes=1 << 30),
         TokenFiles(2),
-        prefix_cache=True,
-        exact=False,
-        host_bytes=1 << 30,
         disk=DiskCache(str(tmp_path), 1 << 30, ident),
     )
     while fresh.warm():
@@ -224,7 +224,9 @@ def test_a_new_engine_warms_the_newest_files_into_its_highest_empty_device_strea
     assert not any(e.warmed for e in fresh.cache.entries.values()) and fresh.cache.host.bytes == 0
 
     later = Scheduler(
-        2, 2, 64, 4096, TokenFiles(2), prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 1 << 30, ident)
+        SchedulerSettings(2, 2, 64, 4096, prefix_cache=True, exact=False),
+        TokenFiles(2),
+        disk=DiskCache(str(tmp_path), 1 << 30, ident),
     )
     run(later, later.kv, [Sequence(next(ids), np.arange(5, dtype=np.int32), SamplingParams(max_tokens=1), None)], rng)
     assert not later.warm() and not any(e.warmed for e in later.cache.entries.values())
@@ -238,7 +240,11 @@ def test_with_streams_in_host_memory_files_are_read_into_the_stream_each_turn_ta
     ident = {"model": "fake"}
     convs = three_files(tmp_path, ident)
     kv = TokenFiles(2, host=True)
-    sched = Scheduler(2, 2, 64, 4096, kv, prefix_cache=True, exact=False, disk=DiskCache(str(tmp_path), 1 << 30, ident))
+    sched = Scheduler(
+        SchedulerSettings(2, 2, 64, 4096, prefix_cache=True, exact=False),
+        kv,
+        disk=DiskCache(str(tmp_path), 1 << 30, ident),
+    )
     assert not sched.warm() and not sched.cache.entries
     assert sched.cache.persist_wait() is None  # nothing to warm: the idle engine sleeps
     moves = recorded(kv, "copy", "swap", "restore")
@@ -256,7 +262,7 @@ def test_a_short_entry_goes_to_host_ram_rather_than_pushing_a_longer_one_there(m
     monkeypatch.setattr(host_cache, "MIN_CELLS", HEAD)
     rng = random.Random(6)
     kv = FakeStreams(3)
-    sched = Scheduler(1, 3, 64, 4096, kv, prefix_cache=True, exact=False, host_bytes=1 << 20)
+    sched = Scheduler(SchedulerSettings(1, 3, 64, 4096, prefix_cache=True, exact=False, host_bytes=1 << 20), kv)
     saved = []  # cells of each copy out
 
     def save(slot: int, _save=kv.save) -> np.ndarray:
