@@ -148,8 +148,8 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "KV cache type of V, as `--cache-type-k`; a quantized V needs flash attention (llama.cpp's rule: refused with "
         "`--flash-attn off`)", ENGINE, per_model=True,
     )] = "f16"
-    # Off by default: the per-sequence device chains made a GPU step slower than host sampling
-    # (perf/results/2026-11-26-gpu-h100.md).
+    # Off by default: a chain per sequence on the device made a step slower than the host's batched sampling of
+    # its rows (engine_proc/sampling/sampler.py).
     device_sampling: Annotated[DeviceSampling, setting(
         "`on`: sample inside llama_decode where a request allows (no grammar, penalties, logit bias or logprobs), so "
         "only token ids leave the device; `auto`: on when layers are offloaded to a GPU; `off`: always on the host "

@@ -72,7 +72,7 @@ def write_file(
         with open(tmp, "wb") as f:
             f.write(head)
             f.write(tokens.tobytes())
-            f.write(memoryview(data))
+            f.write(data.data)
             f.flush()
             os.fsync(f.fileno())
         if before_rename is not None:

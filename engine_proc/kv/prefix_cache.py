@@ -219,7 +219,7 @@ class PrefixCache:
         shared = prefix_lengths(prompt, heads_of(arrays), arrays).tolist() if entries else []
         candidates = [(slot, e.tokens, True, n) for (slot, e), n in zip(entries, shared)]
         candidates += [(slot, tokens, False, n) for slot, tokens, n in running.prefixes(prompt)]
-        src, best = -1, (0,)
+        src, best = -1, (0, False, False, 0)
         for slot, tokens, is_entry, shared_n in candidates:
             n = min(shared_n, longest) // self.unit * self.unit
             rank = (n, is_entry, slot == into, -len(tokens))

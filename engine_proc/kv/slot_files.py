@@ -87,7 +87,7 @@ class SlotFiles:
         elif msg.action == "erase":
             entry = cache.entries.pop(msg.slot, None)
             self.kv.clear(msg.slot)
-            tokens, n_bytes = (entry.tokens if entry is not None else ()), 0
+            tokens, n_bytes = (entry.tokens if entry is not None else np.empty(0, np.int32)), 0
         else:
             return SlotDone(msg.id, status=400, error="Invalid action")
         return SlotDone(msg.id, len(tokens), n_bytes, (time.perf_counter() - t0) * 1000)

@@ -94,8 +94,7 @@ class Slots:
         goes into an empty stream (PrefixCache.warm). Once requests have run, the files left serve lookups
         from disk; with streams in host memory they always do, as _fetch restores a file straight into the
         stream its sequence takes, where a warmed stream would trade places with it: a save and a restore
-        of each, through scratch pages a new process has yet to touch, for a turn no faster on 2 CPU cores
-        (perf/results/2026-11-27-restart-cache-warming-beside-busy.md)."""
+        of each, through scratch pages a new process has yet to touch, cost that turn what the warming saved."""
         cache = self.cache
         if steps or self.kv.can_move_at_once(self.free):
             return cache.warm(self.kv, [])

@@ -91,6 +91,7 @@ class Embedder:
             self.jobs.clear()
             return failed
         b = self._b
+        assert b is not None  # made with the context
         n = n_seqs = 0
         runs: list[list] = []  # [job, first input, inputs] in the decode, in order
         for job, i in self._pending():

@@ -46,6 +46,20 @@ class ModelLoadError(RuntimeError):
     pass
 
 
+def _context_params(config: ServeConfig, token_budget: int, n_ubatch: int, n_streams: int):
+    cparams = L.llama_context_default_params()
+    cparams.n_ctx = config.kv_cells
+    cparams.n_batch = token_budget
+    cparams.n_ubatch = n_ubatch
+    cparams.n_seq_max = n_streams
+    cparams.n_threads = cparams.n_threads_batch = config.n_threads
+    cparams.kv_unified = False
+    cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
+    cparams.type_k, cparams.type_v = CACHE_TYPES[config.cache_type_k], CACHE_TYPES[config.cache_type_v]
+    cparams.no_perf = True
+    return cparams
+
+
 class ModelRunner:
     def __init__(self, model_path: str, config: ServeConfig, server: int | None = None):
         """``server``: the pid of the process that started this one; it and its other children are the server's
@@ -62,20 +76,12 @@ class ModelRunner:
         # A step always has room for one token of every running sequence.
         self.token_budget = max(config.batch_size, config.parallel)
 
-        cparams = L.llama_context_default_params()
         # --ctx-size is shared by the running sequences; the cache's slots get
         # as much each, and so does the scratch stream the scheduler swaps through.
         self.scratch = config.kv_streams
-        self.n_streams = n_streams = config.kv_streams + config.prefix_cache
-        cparams.n_ctx = config.kv_cells
-        cparams.n_batch = self.token_budget
-        cparams.n_ubatch = self.n_ubatch = min(self.token_budget, 512)
-        cparams.n_seq_max = n_streams
-        cparams.n_threads = cparams.n_threads_batch = config.n_threads
-        cparams.kv_unified = False
-        cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
-        cparams.type_k, cparams.type_v = CACHE_TYPES[config.cache_type_k], CACHE_TYPES[config.cache_type_v]
-        cparams.no_perf = True
+        self.n_streams = config.kv_streams + config.prefix_cache
+        self.n_ubatch = min(self.token_budget, 512)
+        cparams = _context_params(config, self.token_budget, self.n_ubatch, self.n_streams)
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             L.llama_model_free(self.model)
@@ -92,8 +98,6 @@ class ModelRunner:
         self._e: EmbdBatch | None = None  # an image's rows, made at the first
         self._n = 0  # tokens in the batch
         self._thread = DecodeThread(self.decode)  # launch() and wait(): decode() while the engine's Python runs
-        # llama.cpp's count of ubatches that reused the previous one's compute graph (PR 14482: same token
-        # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
         self._moving: set[int] = set()  # streams a copy asked since the last llama_decode reads or writes
         # The host buffers at-once copies go through, kept from one to the next: a new
         # one's pages fault in as they are written, which costs many times the copy into a used one.

@@ -132,9 +132,8 @@ class Threads:
     ) -> None:
         """Judge the threads before the engine serves, on the CPU that as many busy threads get over PROBE
         seconds (``run``: busy(), or a stand-in) and the server's other processes take meanwhile (``server``:
-        server_cpu(), or a stand-in). Beside one busy program a 4,000-token conversation's next turn
-        on a restarted engine took 3-4x its time on the engine before, which had gone down to one thread
-        (perf/results/2026-11-27-restart-cache-warming-beside-busy.md)."""
+        server_cpu(), or a stand-in): a restarted engine's first request, often a long history's next turn, then
+        runs on the threads the CPUs give, not at the shared speed until a WINDOW of decodes has judged them."""
         if not self._follow:
             return
         before = server()

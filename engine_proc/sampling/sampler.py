@@ -29,7 +29,8 @@ Logprobs are computed with numpy from the logits row, and only for the
 sequences that ask.
 
 Sampling on the device (``device``: --device-sampling on, or auto with GPU
-layers; off by default, measured slower on an H100: docs/internals.md): a
+layers; off by default: a chain per sequence on the device made a step
+slower than these batched passes over the host's rows, docs/internals.md): a
 request whose chain llama.cpp can run inside llama_decode (greedy,
 temperature, top-k, top-p, min-p, the seeded draw, and the EOS ban of
 ignore_eos) gets its chain attached to its KV stream's seq_id with

@@ -112,9 +112,9 @@ class Encoder:
             self._wake(None)
         return self.wake_r
 
-    def take(self) -> list[tuple[Submit, list[Pieces] | Exception]]:
+    def take(self) -> list[tuple[Submit, list[Pieces] | BaseException]]:
         """The requests whose images are ready, with their pieces, or the error that ends them."""
-        out: list[tuple[Submit, list[Pieces] | Exception]] = []
+        out: list[tuple[Submit, list[Pieces] | BaseException]] = []
         for id_, (req, future) in list(self.pending.items()):
             if future.done():
                 del self.pending[id_]
@@ -136,7 +136,7 @@ class Encoder:
             finally:
                 image.close()
             with chunks:
-                out.append([self._encoded(c) if c.is_image else c.tokens.copy() for c in chunks])
+                out.append([c.tokens.copy() if c.tokens is not None else self._encoded(c) for c in chunks])
         return out
 
     def _encoded(self, chunk) -> Encoded:

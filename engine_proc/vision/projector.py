@@ -208,7 +208,9 @@ class Vision:
         kind = meta.get("clip.vision.projector_type", meta.get("clip.projector_type", (0, "")))[1]
         grid = None
         if kind in SIZED:
-            align = int(meta["clip.vision.patch_size"][1]) * int(meta.get("clip.vision.spatial_merge_size", (0, 2))[1])
+            patch, merge = meta["clip.vision.patch_size"][1], meta.get("clip.vision.spatial_merge_size", (0, 2))[1]
+            assert isinstance(patch, int) and isinstance(merge, int)  # GGUF's integer types read as ints
+            align = patch * merge
             fewest, most = SIZED[kind]
             grid = ImageGrid(align, fewest * align * align, most * align * align)
         sizes = [*PROBE_SIZES, (1, 1)]
