@@ -81,7 +81,7 @@ Row = tuple[str, float, list[tuple[str, float]]]
 def clear(rows: list[Row], until: str | None = None, margin: float = MARGIN) -> Greedy:
     """The reply of ``rows`` (a greedy run's, end-of-generation ignored) up to where it ends, or to ``until``; each of
     those tokens must lead the next likeliest by ``margin``, else AssertionError names the tie."""
-    text, tokens = "", []
+    text, tokens = "", list[str]()
     for i, (token, logprob, best) in enumerate(rows):
         (first, lp1), (second, lp2) = best[:2]
         assert lp1 - lp2 >= margin, (
