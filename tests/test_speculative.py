@@ -149,8 +149,10 @@ def test_concurrent_requests_give_the_same_text(servers):
     with ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(lambda p: chat(on, p, max_tokens=96, **TOP2), prompts))
     for a, p in zip(together, prompts):
-        if p is ORDINARY:  # in a batch of four its story parts from the one-row run at a near tie at token 19
-            greedy_picks(a)  # (0.5 of the reply is not agreed): each token must still be its row's likeliest
+        # Free text parts from the one-row run at early near ties in a batch of four (the story at token 19, the
+        # quote at token 8, in make test): each of its tokens must still be its row's likeliest. Copies agree whole.
+        if p is ORDINARY or p is QUOTE:
+            greedy_picks(a)
             continue
         same_or_parted_at_a_near_tie(a, off.reply(p, 96))
 
