@@ -6,8 +6,9 @@ it, refs/main holding the commit; other tools that use the cache (huggingface_hu
 files, and cllm finds theirs. huggingface_hub does the talking: HF_ENDPOINT, HF_TOKEN, the hub's redirects,
 error codes and ETags, retries that resume a cut download. cllm adds what its hf_hub_download does not do:
 the partial file keeps one name between runs (blobs/<sha256>.incomplete), so a pull that was stopped resumes
-where it stopped, and a finished file is hashed before it enters the cache: one whose size or sha256 is not
-the hub's is removed, never served.
+where it stopped, and a finished file is hashed, and a GGUF checked (cllm/core/gguf_check.py), before it enters
+the cache: one whose size or sha256 is not the hub's, or whose counts and offsets do not fit in it, is removed,
+never served.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
+from cllm.core.gguf_check import GGUFError, check
 from cllm.hub.names import RepoFile, choose, parse_name
 from cllm.hub.progress import progress_class
 from cllm.hub.store import REVISION, Model, StoreError, default_cache, find, repo_folder
@@ -190,6 +192,7 @@ class Hub:
                     f"{label} of {repo} does not match the hub's checksum ({got} bytes, {kind} {digest}, expected "
                     f"{size} bytes, {etag}); it was removed and not served, pull again"
                 )
+            _check_gguf(repo, label, part)
             os.replace(part, blob)
             return got - have
 
@@ -247,6 +250,17 @@ def _check_path(repo: str, path: str) -> None:
     parts = path.split("/")
     if path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
         raise HubError(f"the hub lists a file of {repo} with an unsafe name ({path!r}); refused")
+
+
+def _check_gguf(repo: str, label: str, part: str) -> None:
+    """A GGUF from the network is held against its own counts and offsets before it enters the cache."""
+    if not label.endswith(".gguf"):
+        return
+    try:
+        check(part)
+    except GGUFError as e:
+        _remove(part)
+        raise HubError(f"{label} of {repo} is not a sound GGUF file: {e}; it was removed and not served") from None
 
 
 def _digest(path: str, etag: str) -> str:

@@ -14,18 +14,25 @@ import termios
 
 import pytest
 
+from cllm.core.gguf_meta import STRING
 from cllm.hub.pull import Hub, HubError
 from cllm.hub.store import repo_folder
+from perf.gguf_io import header
 from tests.conftest import ROOT
 from tests.hub_server import TOKEN, FakeHub, Repo
+from tests.unit.test_gguf_check import BAD
 
 MIB = 1 << 20
+I8 = 24  # GGML_TYPE_I8
+CRAFTED = ("cut in the data", "offset past the end", "absurd tensor count", "overlap")
 
 
 def gguf(tag: str, size: int = 3 * MIB) -> bytes:
-    """Bytes that start like a GGUF file, different for every tag."""
+    """A sound GGUF file of `size` bytes (one int8 tensor filling it), different for every tag."""
     seed = hashlib.sha256(tag.encode()).digest()
-    return b"GGUF" + (seed * (size // len(seed) + 1))[: size - 4]
+    n = size - len(header({"general.name": (STRING, tag)}, [("data", (0,), I8, 0)])[0])
+    head, _ = header({"general.name": (STRING, tag)}, [("data", (n,), I8, n)])
+    return head + (seed * (n // len(seed) + 1))[:n]
 
 
 TINY = {
@@ -48,6 +55,7 @@ def hub(monkeypatch):
         "cllm-test/tiny-GGUF": Repo(dict(TINY)),
         "cllm-test/private-GGUF": Repo(dict(TINY), private=True),
         "cllm-test/gated-GGUF": Repo(dict(TINY), gated=True),
+        **{f"cllm-test/crafted-{i}-GGUF": Repo({"x-Q4_K_M.gguf": bytes(BAD[c][0]())}) for i, c in enumerate(CRAFTED)},
     }
     with FakeHub(repos) as h:
         yield h
@@ -145,6 +153,16 @@ def test_a_corrupted_or_short_file_is_refused_and_removed_never_served(hub, tmp_
         Hub(cache_dir=h.cache_dir, offline=True).pull("cllm-test/tiny-GGUF:Q8_0")
     setattr(hub, fault, False)
     assert read(h.pull("cllm-test/tiny-GGUF:Q8_0").path) == TINY["tiny-Q8_0.gguf"]
+
+
+@pytest.mark.parametrize("case", range(len(CRAFTED)))
+def test_a_crafted_gguf_is_refused_with_its_reason_and_removed(hub, tmp_path, case):
+    """The hub's checksum fits these files: only the GGUF check stands between them and llama.cpp's loader."""
+    h = client(hub, tmp_path)
+    with pytest.raises(HubError, match=f"x-Q4_K_M.gguf of .* is not a sound GGUF file: .*{BAD[CRAFTED[case]][1]}"):
+        h.pull(f"cllm-test/crafted-{case}-GGUF:Q4_K_M")
+    folder = repo_folder(h.cache_dir, f"cllm-test/crafted-{case}-GGUF")
+    assert not [n for _, _, names in os.walk(folder) for n in names]
 
 
 def test_a_gated_repo_says_to_accept_its_terms(hub, tmp_path):
