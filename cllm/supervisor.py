@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -43,17 +44,33 @@ from cllm.core.config import ServeConfig
 from cllm.core.launch import (
     EXIT_LOAD_FAILED,
     OUTPUT_RING_BYTES,
+    PULL_SLOTS,
     EngineRings,
     Launch,
     ModelSlot,
+    SpareSlot,
     close_quietly,
     request_ring_bytes,
 )
 from cllm.core.log import setup_logging
-from cllm.core.protocol import Control, EngineExited, LoadModel
-from cllm.core.registry import ModelSpec
+from cllm.core.protocol import (
+    Control,
+    DeleteEnded,
+    DeleteModel,
+    EngineExited,
+    LoadModel,
+    Notice,
+    PullEnded,
+    PullModel,
+    PullProgress,
+    UnloadModel,
+)
+from cllm.core.registry import ModelSpec, pulled_spec
 from cllm.core.ring import Ring
 from cllm.spawn import spawn_engine, spawn_frontend
+
+if TYPE_CHECKING:
+    from cllm.hub.jobs import HubJobs
 
 ENGINE_EXIT_GRACE = 5.0
 MAX_RESTARTS = 5  # of one child within RESTART_WINDOW seconds; more is a crash loop
@@ -96,6 +113,8 @@ class Supervisor:
         self.frontend = Child("frontend")
         self.engines: dict[tuple[str, int], Engine] = {}
         self.frontend_fds: tuple[int, ...] = ()  # its lifeline's write end, its ready and control read ends
+        self.spare: list[list[tuple[Ring, Ring]] | None] = []  # rings for models pulled while serving; None: taken
+        self.jobs: HubJobs | None = None  # with --allow-pull: the pulls and deletions clients ask for
         self._control_buf = b""
 
     def run(self) -> int:
@@ -112,9 +131,19 @@ class Supervisor:
             for r in range(spec.replicas):
                 rings = (Ring.create(request_ring_bytes(spec.config)), Ring.create(OUTPUT_RING_BYTES))
                 self.engines[spec.id, r] = Engine(f"engine {spec.id}#{r}", spec=spec, replica=r, rings=rings)
+        if self.config.pulled and self.config.allow_pull:
+            size = request_ring_bytes(msgspec.structs.replace(self.config, mmproj="any"))  # a pull may bring one
+            self.spare = [
+                [(Ring.create(size), Ring.create(OUTPUT_RING_BYTES)) for _ in range(self.config.replicas)]
+                for _ in range(PULL_SLOTS)
+            ]
         self.engine_lifeline = os.pipe()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
+        if self.config.allow_pull:
+            from cllm.hub.jobs import HubJobs  # here: only a server that allows pulls loads the hub's client
+
+            self.jobs = HubJobs(wake_w, self.config.offline)
         signal.set_wakeup_fd(wake_w)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_stop_signal)
@@ -130,10 +159,8 @@ class Supervisor:
             self._close_frontend_fds()
             for fd in (*self.engine_lifeline, wake_r, wake_w):
                 close_quietly(fd)
-            for engine in self.engines.values():
-                for ring in engine.rings:
-                    ring.close()
-                    ring.close_fds()
+            for rings in [e.rings for e in self.engines.values()] + [r for s in self.spare if s for r in s]:
+                _close(rings)
 
     def _start_engine(self, engine: Engine) -> None:
         rings = EngineRings(*(ring.spec for ring in engine.rings))
@@ -161,9 +188,16 @@ class Supervisor:
             )
             for spec in self.models
         ]
+        spare = [
+            SpareSlot(index=i, rings=[EngineRings(req.spec, out.spec) for req, out in rings])
+            for i, rings in enumerate(self.spare)
+            if rings is not None
+        ]
         launch = Launch(
             config=msgspec.structs.replace(self.config, api_key=None),
             models=slots,
+            spare=spare,
+            hub_cache=self.jobs.cache_dir if self.jobs is not None else "",
             lifeline=lifeline_r,
             listen=self.listener.fileno(),
             ready=ready_w,
@@ -208,6 +242,8 @@ class Supervisor:
                     return 1
             stopping = [e.stop_by for e in self.engines.values() if e.stop_by is not None]
             timeout = max(0.0, min(stopping) - time.monotonic()) if stopping else None
+            if self.jobs is not None:
+                self._on_jobs()
             for key, _ in self.sel.select(timeout):
                 data = os.read(key.fd, 4096)
                 if key.fd == wake_r:
@@ -278,10 +314,59 @@ class Supervisor:
             msg = _control.decode(line)
             if type(msg) is LoadModel:
                 self._load(msg.model)
-            else:
+            elif type(msg) is UnloadModel:
                 self._unload(msg.model)
+            elif type(msg) is PullModel and self.jobs is not None:  # (the frontend asks only with --allow-pull)
+                self.jobs.pull(msg.name)
+            elif type(msg) is DeleteModel:
+                self._delete(msg.name)
 
-    def _notify_frontend(self, notice: EngineExited) -> None:
+    def _on_jobs(self) -> None:
+        """What the pulls have to say: progress goes to the frontend; a pulled model joins the registry."""
+        assert self.jobs is not None
+        for item in self.jobs.drain():
+            if isinstance(item, PullProgress):
+                self._notify_frontend(item)
+            elif item.model is None:
+                self._notify_frontend(PullEnded(item.name, error=item.error))
+            else:
+                self._notify_frontend(self._join(item.name, item.model.name, item.model.path, item.model.mmproj))
+
+    def _join(self, name: str, model: str, path: str, mmproj: str | None) -> PullEnded:
+        """With --pulled a pulled model joins the registry on spare rings (the frontend was launched with them)."""
+        free = [i for i, rings in enumerate(self.spare) if rings is not None]
+        if not self.config.pulled or any(m.id == model for m in self.models):
+            return PullEnded(name, model)
+        if not free:
+            return PullEnded(
+                name,
+                model,
+                f"{model} is in the cache, but this server has added the {PULL_SLOTS} models it can "
+                "while serving; a restart serves it",
+            )
+        spec = pulled_spec(self.config, model, path, mmproj)
+        rings, self.spare[free[0]] = self.spare[free[0]], None
+        assert rings is not None
+        self.models.append(spec)
+        for r, pair in enumerate(rings):
+            self.engines[spec.id, r] = Engine(f"engine {spec.id}#{r}", spec=spec, replica=r, rings=pair)
+        log.info("added %s to the registry", spec.id)
+        return PullEnded(name, model, spec=spec, spare=free[0])
+
+    def _delete(self, name: str) -> None:
+        """A pulled model leaves the registry (its engines are gone: the frontend unloaded it) and the cache."""
+        if self.jobs is None:
+            return self._notify_frontend(DeleteEnded(name, "this server was not started with --allow-pull"))
+        mine = [(k, e) for k, e in self.engines.items() if k[0] == name]
+        if any(e.proc is not None for _, e in mine):
+            return self._notify_frontend(DeleteEnded(name, f"{name} is still running"))
+        self.models = [m for m in self.models if m.id != name]
+        for key, engine in mine:
+            del self.engines[key]
+            _close(engine.rings)
+        self._notify_frontend(self.jobs.delete(name))
+
+    def _notify_frontend(self, notice: Notice) -> None:
         try:
             os.write(self.frontend_fds[0], msgspec.json.encode(notice) + b"\n")
         except OSError:
@@ -315,6 +400,12 @@ class Supervisor:
 
 
 _control = msgspec.json.Decoder(Control)
+
+
+def _close(rings: tuple[Ring, Ring]) -> None:
+    for ring in rings:
+        ring.close()
+        ring.close_fds()
 
 
 def _exit_status(code: int) -> str:

@@ -20,11 +20,12 @@ import uvicorn
 from starlette.applications import Starlette
 
 from cllm.core.config import ServeConfig
-from cllm.core.launch import Launch, from_argv
+from cllm.core.launch import Launch, ModelSlot, from_argv
 from cllm.core.log import setup_logging
-from cllm.core.protocol import EngineExited
+from cllm.core.protocol import EngineExited, Notice
 from cllm.core.registry import is_pool
 from frontend_proc.core.pool import ModelPool
+from frontend_proc.core.pulls import Pulls
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Tokenizer
 from frontend_proc.engine.client import EngineClient
@@ -64,10 +65,13 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
     config = launch.config
     metrics = Metrics()
     ids = itertools.count(1)
-    clients = [
-        [EngineClient(slot.spec.config, rings, metrics, slot.spec.id, r, ids) for r, rings in enumerate(slot.rings)]
-        for slot in launch.models
-    ]
+
+    def clients_for(slot: ModelSlot) -> list[EngineClient]:
+        return [
+            EngineClient(slot.spec.config, rings, metrics, slot.spec.id, r, ids) for r, rings in enumerate(slot.rings)
+        ]
+
+    clients = [clients_for(slot) for slot in launch.models]
     default = launch.models[0].spec
     tokenizer = Tokenizer(default.path)
     default_state = ModelState(
@@ -77,7 +81,9 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         chat_template=tokenizer.chat_template(_read(config.chat_template_file)),
         model_id=default.id,
     )
-    pool = ModelPool(launch.models, default_state, clients, launch.control, metrics, multi=is_pool(config))
+    pool = ModelPool(
+        launch.models, default_state, clients, launch.control, metrics, multi=is_pool(config), clients_for=clients_for
+    )
     if len(clients[0]) > 1:
         default_state.client = cast(EngineClient, pool.default.client)  # a ReplicaSet has an EngineClient's face
     srv = ServerState(
@@ -86,6 +92,7 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         pool=pool,
         api_key=os.environ.pop("CLLM_API_KEY", None),
         generation=launch.generation,
+        pulls=Pulls(config, pool, launch.spare, launch.hub_cache),
     )
 
     @contextlib.asynccontextmanager
@@ -95,7 +102,7 @@ def build(launch: Launch) -> tuple[Starlette, ModelPool]:
         # on first use: done now, not in the first streamed request's time.
         anyio.get_cancelled_exc_class()
         pool.start()
-        loop.add_reader(launch.lifeline, _on_lifeline, launch.lifeline, pool)
+        loop.add_reader(launch.lifeline, _Lifeline(launch.lifeline, srv).read)
         if pool.default.loading is not None:
             await pool.default.loading
         yield
@@ -140,20 +147,32 @@ def _read(path: str | None) -> str | None:
         return f.read()
 
 
-_notice = msgspec.json.Decoder(EngineExited)
+_notice = msgspec.json.Decoder(Notice)
 
 
-def _on_lifeline(fd: int, pool: ModelPool) -> None:
-    """The supervisor writes notices here; EOF means it died."""
-    data = os.read(fd, 4096)
-    for line in data.splitlines():
-        pool.engine_exited(_notice.decode(line))
-    if data:
-        return
-    asyncio.get_running_loop().remove_reader(fd)
-    if pool.default.loading is not None:
-        pool.default.loading.cancel()
-    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
+class _Lifeline:
+    """The supervisor writes notices here, one JSON line each (a pulled model's may take several reads); EOF
+    means it died."""
+
+    def __init__(self, fd: int, srv: ServerState):
+        self.fd, self.srv, self.buf = fd, srv, b""
+
+    def read(self) -> None:
+        data = os.read(self.fd, 1 << 16)
+        *lines, self.buf = (self.buf + data).split(b"\n")
+        pool, pulls = self.srv.pool, self.srv.pulls
+        for line in lines:
+            notice = _notice.decode(line)
+            if isinstance(notice, EngineExited):
+                pool.engine_exited(notice)
+            elif pulls is not None:
+                pulls.on_notice(notice)
+        if data:
+            return
+        asyncio.get_running_loop().remove_reader(self.fd)
+        if pool.default.loading is not None:
+            pool.default.loading.cancel()
+        os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
 
 
 if __name__ == "__main__":

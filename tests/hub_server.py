@@ -13,7 +13,8 @@ It answers the routes huggingface_hub 2.x requests for a pull, in the hub's shap
   without a token, 401 "Invalid credentials in Authorization header" for a bad token, 404 RepoNotFound for a
   missing repo asked with one, 404 EntryNotFound for a missing file.
 Faults a test turns on: `cut_after` closes the first download after that many body bytes, `corrupt` flips
-one byte of every download (same length), `short` sends one byte less (and says so in Content-Length); a
+one byte of every download (same length), `short` sends one byte less (and says so in Content-Length), `pace`
+spreads each download's body over that many seconds; a
 `gated` repo refuses its files with 403 GatedRepo. `log` records every request (method, path, Range).
 """
 
@@ -23,6 +24,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -67,6 +69,7 @@ class FakeHub:
         self.cut_after: int | None = None
         self.corrupt = False
         self.short = False  # downloads one byte short, with a Content-Length that agrees
+        self.pace = 0.0  # seconds each download's body takes
         self.sent = 0  # body bytes of downloads sent
         self._blobs: dict[str, tuple[Repo, str]] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -226,7 +229,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
-        self.wfile.write(part)
+        pieces = 20 if self.hub.pace else 1
+        for i in range(pieces):  # `pace`: the body takes that many seconds, in even pieces
+            self.wfile.write(part[i * len(part) // pieces : (i + 1) * len(part) // pieces])
+            self.wfile.flush()
+            time.sleep(self.hub.pace / pieces)
         self.hub.sent += len(part)
 
     def _send(self, status: int, data: bytes, headers: dict, body: bool) -> None:

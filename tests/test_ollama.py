@@ -200,9 +200,9 @@ def test_num_ctx_beyond_the_slot_is_clamped_and_said(server, client):
         ("/api/generate", {"model": NAME, "prompt": "def f(", "suffix": "return 1"}, 400, "fill-in-the-middle"),
         ("/api/generate", {"model": NAME, "prompt": "Hi " * 600, "raw": True}, 400, "prompt"),
         ("/api/embed", {"model": NAME, "input": []}, 400, "input"),
-        ("/api/pull", {"model": "llama3"}, 400, "--models-dir"),
+        ("/api/pull", {"model": "llama3"}, 403, "--allow-pull"),
         ("/api/create", {"model": "x", "from": "y"}, 400, "--models-dir"),
-        ("/api/copy", {"source": NAME, "destination": "y"}, 400, "--models-dir"),
+        ("/api/copy", {"source": NAME, "destination": "y"}, 403, "--allow-pull"),
         ("/api/push", {"model": NAME}, 400, "--models-dir"),
         ("/api/blobs/sha256:00", None, 400, "--models-dir"),
     ],
@@ -213,7 +213,10 @@ def test_bad_requests_get_ollamas_error_shape(http, path, body, status, says):
 
 
 def test_other_errors_take_the_shape_too(http):
-    assert http.request("DELETE", "/api/delete", json={"model": NAME}).json()["error"].startswith("cllm does not pull")
+    r = http.request("DELETE", "/api/delete", json={"model": NAME})
+    assert r.status_code == 403 and r.json()["error"].startswith(
+        "pulling, deleting and copying models over HTTP is off"
+    )
     r = http.post("/api/chat", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and list(r.json()) == ["error"]
     r = http.get("/api/nothing")

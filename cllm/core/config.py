@@ -31,6 +31,8 @@ SpecType = Literal["none", "ngram"]
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 NonNegative = Annotated[int, Meta(ge=0)]
 HF_NAME = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(:[A-Za-z0-9_]+)?$"  # org/repo[:QUANT]; cllm/hub/names.py checks the rest
+HF_REPO = r"[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*/[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*"  # the hub's rule for a repo id
+HF_QUANT = r"[A-Za-z0-9_]+"
 
 # The headings of docs/configuration.md and of `cllm serve --help`, in order, with the docs' line under each.
 LISTEN = "Listening and the model"
@@ -220,7 +222,14 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     )] = None
     pulled: Annotated[bool, setting(
         "serve every model in the Hugging Face cache too (what `cllm pull` fetched), each by its name "
-        "`org/repo:QUANT`, loaded on demand", MODELS,
+        "`org/repo:QUANT`, loaded on demand; with `--allow-pull` it starts on the default model when the cache is "
+        "empty and grows as models are pulled", MODELS,
+    )] = False
+    # Off by default: pulling over HTTP writes to the disk and loads files from the network (docs/hub.md).
+    allow_pull: Annotated[bool, setting(
+        "let clients pull models from the Hugging Face hub and delete pulled ones over HTTP (Ollama's `/api/pull`, "
+        "`/api/delete`, `/api/copy`; `/models/load` of a model not pulled yet); with `--pulled` they are served at "
+        "once (docs/hub.md: Pulling over HTTP)", MODELS,
     )] = False
     default_model: Annotated[str | None, setting(
         "the model of requests that name none", MODELS, metavar="ID",

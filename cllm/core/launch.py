@@ -15,6 +15,9 @@ from cllm.core.ring import RingSpec
 REQUEST_RING_BYTES = 8 << 20  # holds hundreds of long prompts
 OUTPUT_RING_BYTES = 4 << 20  # holds thousands of steps
 EXIT_LOAD_FAILED = 3  # an engine that could not load its model: starting it again would not help
+# Models a server with --pulled --allow-pull may add while it serves: each gets rings made at start-up (anonymous
+# memory, only touched once used), as the rings of every process are made by the supervisor alone.
+PULL_SLOTS = 8
 
 
 def request_ring_bytes(config: ServeConfig) -> int:
@@ -41,6 +44,13 @@ class ModelSlot(msgspec.Struct, kw_only=True):
     loaded: bool = False  # its engines run (or start) as the frontend starts
 
 
+class SpareSlot(msgspec.Struct, kw_only=True):
+    """Rings for a model pulled while serving (sized for a projector), one pair per replica."""
+
+    index: int
+    rings: list[EngineRings]
+
+
 class Launch(msgspec.Struct, kw_only=True):
     config: ServeConfig  # without the API key, which goes in the frontend's environment
     # An engine's: its model and rings (replica `replica` of model `model_id`).
@@ -50,6 +60,8 @@ class Launch(msgspec.Struct, kw_only=True):
     replica: int = 0
     # The frontend's: every model, the default first.
     models: list[ModelSlot] = []
+    spare: list[SpareSlot] = []  # with --pulled --allow-pull: rings for the models pulls add
+    hub_cache: str = ""  # with --allow-pull: the Hugging Face cache, where the models it may delete are
     # Read end of a pipe only the supervisor writes: EOF means it is gone. The
     # frontend's also carries notices (EngineExited, one JSON line each).
     lifeline: int
@@ -59,7 +71,11 @@ class Launch(msgspec.Struct, kw_only=True):
     control: int = -1  # the frontend asks for models to be loaded and unloaded here (JSON lines)
 
     def fds(self) -> tuple[int, ...]:
-        rings = [self.rings] if self.rings is not None else [r for m in self.models for r in m.rings]
+        rings = (
+            [self.rings]
+            if self.rings is not None
+            else [r for rings in [m.rings for m in self.models] + [s.rings for s in self.spare] for r in rings]
+        )
         fds = tuple(fd for r in rings for fd in r.fds()) + (self.lifeline,)
         return fds + tuple(fd for fd in (self.listen, self.ready, self.control) if fd >= 0)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from cllm.core.registry import ModelSpec
+
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     max_tokens: int = 100
@@ -244,7 +246,7 @@ FromEngine = EngineReady | StepOutputs | EngineStats | Embeddings | SlotDone
 # ---- supervisor -> frontend (one JSON line each, on the frontend's lifeline) --
 
 
-class EngineExited(msgspec.Struct):
+class EngineExited(msgspec.Struct, tag="exited"):
     """The engine of this generation died (or was stopped); restarting: the supervisor starts the next."""
 
     generation: int
@@ -252,6 +254,38 @@ class EngineExited(msgspec.Struct):
     replica: int = 0
     restarting: bool = True
     reason: str = ""  # why it is not restarted: unloaded, could not load its model, crash loop
+
+
+class PullProgress(msgspec.Struct, tag="progress"):
+    """Bytes of one file of a pull the frontend asked for (at most every 0.1 s a file)."""
+
+    name: str  # as the frontend asked for it
+    path: str  # the file in the repo
+    digest: str  # its sha256
+    total: int
+    completed: int
+
+
+class PullEnded(msgspec.Struct, tag="pulled"):
+    """A pull ended: the registry's name of the model, or why it failed; with --pulled the model's spec and the
+    spare rings it joined on."""
+
+    name: str
+    model: str = ""
+    error: str = ""
+    spec: ModelSpec | None = None
+    spare: int = -1
+
+
+class DeleteEnded(msgspec.Struct, tag="deleted"):
+    """A deletion ended; error: why not, missing: the cache had no such model."""
+
+    name: str
+    error: str = ""
+    missing: bool = False
+
+
+Notice = EngineExited | PullProgress | PullEnded | DeleteEnded
 
 
 # ---- frontend -> supervisor (one JSON line each, on the frontend's control pipe)
@@ -269,4 +303,18 @@ class UnloadModel(msgspec.Struct, tag="unload"):
     model: str
 
 
-Control = LoadModel | UnloadModel
+class PullModel(msgspec.Struct, tag="pull"):
+    """Pull `org/repo[:QUANT]` into the Hugging Face cache (the supervisor runs `cllm pull`'s code); with --pulled the
+    model joins the registry. PullProgress and PullEnded answer."""
+
+    name: str
+
+
+class DeleteModel(msgspec.Struct, tag="delete"):
+    """Remove a pulled model from the registry (its engines are gone: the frontend unloaded it first) and from the
+    cache. DeleteEnded answers."""
+
+    name: str
+
+
+Control = LoadModel | UnloadModel | PullModel | DeleteModel

@@ -60,8 +60,8 @@ def hf_name(config: ServeConfig) -> str | None:
 
 
 def asks_hub(config: ServeConfig) -> bool:
-    """Whether the settings name a model on the Hugging Face hub or in its cache."""
-    return bool(hf_name(config) or config.pulled or any(m.hf_repo for m in config.models))
+    """Whether the settings name a model on the Hugging Face hub or in its cache, or let clients pull one."""
+    return bool(hf_name(config) or config.pulled or config.allow_pull or any(m.hf_repo for m in config.models))
 
 
 def is_pool(config: ServeConfig) -> bool:
@@ -75,6 +75,8 @@ def build_registry(config: ServeConfig, hub: HubModels | None = None) -> list[Mo
     base = msgspec.structs.replace(config, models=[], api_key=None, mmproj=None)
     own = _split_threads(msgspec.structs.replace(base, mmproj=config.mmproj))
     specs: list[ModelSpec] = []
+    if config.allow_pull:
+        _hub(hub)  # pulls run in the supervisor, which a Ray deployment has not
     if config.hf_repo is not None and config.model is not None:
         raise ConfigError("--model and --hf-repo both name the model to serve: give one")
     if (hub_name := hf_name(config)) is not None:
@@ -94,7 +96,10 @@ def build_registry(config: ServeConfig, hub: HubModels | None = None) -> list[Mo
         taken = {n for s in specs for n in (s.id, *s.aliases)}
         for name, path, mmproj in _hub(hub).listed():
             if name not in taken:
-                specs.append(ModelSpec(id=name, path=resolve_model(path), config=_beside(_split_threads(base), mmproj)))
+                specs.append(pulled_spec(config, name, path, mmproj))
+        if not specs and config.allow_pull:  # an empty cache: serve the default model until pulls arrive
+            path = resolve_model(None)
+            specs.append(ModelSpec(id=_stem(path), path=path, config=own))
     _check_names(specs)
     if config.default_model is not None:
         default = [s for s in specs if config.default_model in (s.id, *s.aliases)]
@@ -107,6 +112,12 @@ def build_registry(config: ServeConfig, hub: HubModels | None = None) -> list[Mo
             raise ConfigError(f"--models-dir {config.models_dir} holds no .gguf file")
         raise ConfigError("the Hugging Face cache holds no model (`cllm pull org/repo:QUANT` fetches one)")
     return specs
+
+
+def pulled_spec(config: ServeConfig, name: str, path: str, mmproj: str | None) -> ModelSpec:
+    """A model of the Hugging Face cache as --pulled serves it: the top-level settings, its repo's projector."""
+    base = msgspec.structs.replace(config, models=[], api_key=None, mmproj=None)
+    return ModelSpec(id=name, path=resolve_model(path), config=_beside(_split_threads(base), mmproj))
 
 
 def _hub(hub: HubModels | None) -> HubModels:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cllm.core.config import HF_QUANT, HF_REPO
+
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 _SIDECARS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")  # GGUFs that are not a model
 _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 # Hub repo ids: word characters, with single '.', '-' or '/' between them; exactly one '/'.
-_REPO = re.compile(r"^[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*/[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*$")
-_QUANT = re.compile(r"^[A-Za-z0-9_]+$")
+_REPO = re.compile(f"^{HF_REPO}$")
+_QUANT = re.compile(f"^{HF_QUANT}$")
 
 
 class HubNameError(ValueError):

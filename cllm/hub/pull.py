@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Callable
 
 import httpx2
 from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_url
@@ -56,11 +57,14 @@ class Hub:
         cache_dir: str | None = None,
         token: str | bool | None = None,
         offline: bool | None = None,
+        progress: Callable[[str], type] | None = None,
     ):
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
         self.cache_dir = cache_dir or default_cache()
         self.token = token  # None: HF_TOKEN, else the one `hf auth login` stored; False: none
         self.offline = constants.HF_HUB_OFFLINE if offline is None else offline
+        # The sha256 of a file about to download -> what draws its progress (tqdm's face); None: a bar or lines
+        self.progress = progress
 
     def pull(self, name: str) -> Model:
         """The model `name` means, downloaded unless the cache has it; HubNameError or HubError say why not."""
@@ -170,7 +174,7 @@ class Hub:
                         headers=build_hf_headers(token=self.token),
                         expected_size=size,
                         displayed_filename=label,
-                        tqdm_class=progress_class(),
+                        tqdm_class=self.progress(etag) if self.progress else progress_class(),
                     )
             except OSError as e:  # http_get's size check (no errno), or the disk
                 if isinstance(e, HfHubHTTPError):

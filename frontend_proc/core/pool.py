@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import msgspec
@@ -26,7 +27,7 @@ from cllm.core.errors import RETRY_AFTER, ApiError
 from cllm.core.launch import ModelSlot
 from cllm.core.model_file import model_bytes
 from cllm.core.model_meta import kv_cache_bytes
-from cllm.core.protocol import EngineExited, LoadModel, UnloadModel
+from cllm.core.protocol import Control, EngineExited, LoadModel, UnloadModel
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Tokenizer
 from frontend_proc.engine.client import EngineClient
@@ -75,6 +76,7 @@ class ModelPool:
         control_fd: int,
         metrics: Metrics,
         multi: bool,
+        clients_for: Callable[[ModelSlot], list[EngineClient]] | None = None,
     ):
         self.models = [Model(slot, c) for slot, c in zip(slots, clients)]
         self.default = self.models[0]
@@ -86,6 +88,7 @@ class ModelPool:
         self._config = default.config
         self._control = control_fd
         self._slots = slots
+        self._clients_for = clients_for  # a model that joins while serving (a pull) gets its clients from here
         self._tasks: set[asyncio.Task] = set()
 
     @property
@@ -119,6 +122,25 @@ class ModelPool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def add(self, slot: ModelSlot) -> Model:
+        """A model that joins while serving (pulled): attached to its rings, unloaded until asked for."""
+        assert self._clients_for is not None
+        model = Model(slot, self._clients_for(slot))
+        for client in model.clients:
+            client.start(running=False)
+        self.models.append(model)
+        self._slots.append(slot)
+        self.by_name.update({name: model for name in (model.id, *model.spec.aliases)})
+        return model
+
+    def remove(self, model: Model) -> None:
+        """A model that leaves while serving (deleted), its engines gone."""
+        for client in model.clients:
+            client.stop()
+        index = self.models.index(model)
+        del self.models[index], self._slots[index]
+        self.by_name = {name: m for name, m in self.by_name.items() if m is not model}
 
     # ---- the routes' lookup --------------------------------------------------
 
@@ -175,7 +197,7 @@ class ModelPool:
             model.stopped.clear()
             for client in model.clients:
                 client.hello()
-            self._send(LoadModel(model.id))
+            self.send(LoadModel(model.id))
             log.info(
                 "loading model %s", model.id, extra={"fields": {"model": model.id, "replicas": len(model.clients)}}
             )
@@ -260,7 +282,7 @@ class ModelPool:
     def _request_unload(self, model: Model, reason: str) -> None:
         model.status = "unloading"
         model.unloading_since = time.monotonic()
-        self._send(UnloadModel(model.id))
+        self.send(UnloadModel(model.id))
         self.metrics.unloads.labels(model.id, reason).inc()
         log.info("unloading model %s (%s)", model.id, reason, extra={"fields": {"model": model.id, "reason": reason}})
 
@@ -274,7 +296,9 @@ class ModelPool:
 
     def engine_exited(self, notice: EngineExited) -> None:
         """The supervisor's word on an engine: restarted (its requests failed), or gone for good."""
-        model = self.by_name[notice.model] if notice.model else self.default
+        model = self.by_name.get(notice.model) if notice.model else self.default
+        if model is None:
+            return  # a model deleted since
         model.clients[notice.replica].engine_exited(notice.generation, notice.restarting, notice.reason)
         if isinstance(model.client, ReplicaSet):
             model.client.forget(notice.replica)
@@ -314,7 +338,8 @@ class ModelPool:
         if self.multi and seconds > 0 and self._expiring is None:
             self._expiring = self._spawn(self._expire())
 
-    def _send(self, msg: LoadModel | UnloadModel) -> None:
+    def send(self, msg: Control) -> None:
+        """A line to the supervisor on the control pipe."""
         os.write(self._control, msgspec.json.encode(msg) + b"\n")
 
 

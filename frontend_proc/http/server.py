@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from cllm.core.config import ServeConfig
 from frontend_proc.core.pool import ModelPool
+from frontend_proc.core.pulls import Pulls
 from frontend_proc.engine.metrics import Metrics
 from frontend_proc.http.openapi import Operation
 
@@ -25,3 +26,4 @@ class ServerState:
     started_at: float = field(default_factory=time.monotonic)
     operations: list[Operation] = field(default_factory=list)  # every route and what the OpenAPI document says of it
     openapi: bytes = b""  # the document, built on first request
+    pulls: Pulls | None = None  # models pulled and deleted over HTTP (frontend_proc/core/pulls.py)

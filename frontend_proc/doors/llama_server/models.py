@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from cllm.core.errors import ApiError
 from frontend_proc.core.pool import Model, ModelPool, card
+from frontend_proc.core.pulls import Pull
 from frontend_proc.http.app import server
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
@@ -32,14 +33,31 @@ def _model(pool: ModelPool, name: str) -> Model:
     return pool.find(name)
 
 
+def _pulling(pull: Pull) -> dict:
+    """A model being pulled, or whose pull failed, as the router lists one it is downloading."""
+    status: dict = {"value": pull.status}
+    if pull.status == "failed":
+        status.update(failed=True, error=pull.error)
+    else:
+        status.update(progress=pull.progress())
+    return {"id": pull.name, "object": "model", "owned_by": "cllm", "aliases": [], "status": status}
+
+
 async def list_models(request: Request) -> Response:
-    return json_response({"object": "list", "data": [card(m, True) for m in server(request).pool.models]})
+    srv = server(request)
+    data = [card(m, True) for m in srv.pool.models]
+    if srv.pulls is not None:
+        data += [_pulling(p) for p in (*srv.pulls.running(), *srv.pulls.failed.values())]
+    return json_response({"object": "list", "data": data})
 
 
 async def load(request: Request) -> Response:
-    pool = server(request).pool
-    model = _model(pool, (await decode_body(request, ModelRequest)).model)
-    await pool.load(model)
+    srv = server(request)
+    name = (await decode_body(request, ModelRequest)).model
+    _model(srv.pool, srv.pool.default.id)  # a single-model server refuses before any pull
+    assert srv.pulls is not None  # made with the server
+    model = await srv.pulls.model(name)
+    await srv.pool.load(model)
     return json_response({"success": True})
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frontend_proc.doors.ollama import embeddings, generate, loading, models
+from frontend_proc.doors.ollama import embeddings, generate, manage, models
 from frontend_proc.http.app import Door
 
-door = Door([*models.operations, *generate.operations, *embeddings.operations, *loading.operations])
+door = Door([*models.operations, *generate.operations, *embeddings.operations, *manage.operations])

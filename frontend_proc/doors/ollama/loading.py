@@ -1,5 +1,4 @@
-"""The model an Ollama request names: loaded, kept or let go as keep_alive says; and the routes that would
-fetch or take model files, refused (cllm serves the GGUF files it was started with)."""
+"""The model an Ollama request names: loaded, kept or let go as keep_alive says."""
 
 from __future__ import annotations
 
@@ -8,19 +7,13 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cllm.core.errors import ApiError, invalid
+from cllm.core.errors import invalid
 from frontend_proc.core.pool import Model
 from frontend_proc.core.state import ModelState
 from frontend_proc.doors.ollama.models import now
 from frontend_proc.doors.ollama.schemas import seconds
 from frontend_proc.http.app import server
 from frontend_proc.http.errors import json_response
-from frontend_proc.http.openapi import Operation
-
-_NO_FILES = (
-    "cllm does not pull, push, create, copy or delete models, nor take model files over HTTP: it serves the GGUF files"
-    " it was started with (--model, a --models-dir directory, or the models: list of a --config YAML registry)"
-)
 
 
 def keep_alive(value) -> float | None:
@@ -58,30 +51,3 @@ async def load_only(request: Request, model: Model, keep: float | None, name: st
     out = {"model": name, "created_at": now(), "done": True, "done_reason": reason}
     out.update({"message": {"role": "assistant", "content": ""}} if chat_route else {"response": ""})
     return json_response(out)
-
-
-async def no_files(request: Request) -> Response:
-    """Nothing is fetched, and no body read: the request is refused as it arrives."""
-    raise ApiError(400, "not supported", _NO_FILES)
-
-
-operations = [
-    *(
-        Operation(
-            method,
-            path,
-            no_files,
-            f"Ollama: {what} (refused: cllm serves the files it was started with)",
-            errors=(400,),
-        )
-        for method, path, what in (
-            ("POST", "/api/pull", "pull a model"),
-            ("POST", "/api/push", "push a model"),
-            ("POST", "/api/create", "create a model"),
-            ("POST", "/api/copy", "copy a model"),
-            ("DELETE", "/api/delete", "delete a model"),
-            ("POST", "/api/blobs/{digest}", "upload a blob"),
-            ("HEAD", "/api/blobs/{digest}", "check a blob"),
-        )
-    ),
-]

@@ -54,8 +54,10 @@ def not_found(name: str) -> ApiError:
 
 
 def find(request: Request, name: str) -> Model:
-    """The model an Ollama name means: a registry id or alias, with or without `:latest`; else a 404."""
+    """The model an Ollama name means: a registry id or alias, with or without `:latest` (a Hugging Face model's
+    with or without `hf.co/`); else a 404."""
     by_name = server(request).pool.by_name
+    name = name.removeprefix("hf.co/")
     model = by_name.get(name)
     if model is None and name.endswith(":latest"):
         model = by_name.get(name[: -len(":latest")])
