@@ -3,7 +3,8 @@
 The agents send their own sampling settings (Claude Code temperature 1), so
 what they get back would differ from run to run; the proxy sets temperature 0
 and a seed on every generation request, and writes one fixed date where their
-prompts carry today's and fixed stand-ins for the run's directories, making
+prompts carry today's, fixed stand-ins for the run's directories and for the
+chunk id and time above Codex's tool output, making
 each turn the same every run, any day. In a turn that is to use a tool
 (``call_tool``), the request that carries no tool result yet asks for a call
 (Anthropic's tool_choice "any", the Responses API's "required"), one, and
@@ -27,11 +28,16 @@ import httpx
 
 GREEDY = {"temperature": 0, "seed": 1}
 GENERATES = ("/v1/messages", "/v1/responses")  # count_tokens and the rest pass unchanged
-# Today's date as each writes it in its prompt (Claude Code's system prompt, Codex's environment context).
-DATES = (
+# What changes from run to run in their prompts: today's date as each writes it (Claude Code's system prompt, Codex's
+# environment context), Codex's tool output header.
+RUN_SPECIFIC = (
     (re.compile(r"Today's date is \d{4}-\d{2}-\d{2}"), "Today's date is 2026-11-26"),
     (re.compile(r"<current_date>[^<]*</current_date>"), "<current_date>2026-11-26</current_date>"),
-    (re.compile(r"\bDate: \d{4}-\d{2}-\d{2}"), "Date: 2026-11-26"),  # Claude Code's --bare prompt
+    # Claude Code's --bare prompt, after "\n" as JSON writes it (where \b found no word boundary: the date went through)
+    (re.compile(r"Date: \d{4}-\d{2}-\d{2}"), "Date: 2026-11-26"),
+    # What Codex writes above a command's output: a random chunk id and the time it took.
+    (re.compile(r"Chunk ID: [0-9a-f]+"), "Chunk ID: 000000"),
+    (re.compile(r"Wall time: [0-9.]+ seconds"), "Wall time: 0.0000 seconds"),
 )
 # One call (several in parallel ran the 135M model to its length limit), then an answer: offered its tools again,
 # the model called one after another and Codex, which sets no limit on turns, ran each.
@@ -148,7 +154,7 @@ class Proxy:
             route = path.split("?")[0]
             must = self._choice(route, body) if self.call_tool else {}
             text = json.dumps({**body, **GREEDY, **must})
-            for today, fixed in DATES:
+            for today, fixed in RUN_SPECIFIC:
                 text = today.sub(fixed, text)
             for own, stand_in in self.paths.items():
                 text = text.replace(own, stand_in)

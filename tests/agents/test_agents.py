@@ -16,10 +16,13 @@ each request and reply. A plain turn must exit 0, every request answered 200,
 its last reply ended by the model (end of sequence, not its length limit), and
 the CLI must print that reply. In a tools turn the proxy asks for one tool
 call (tool_choice), then for an answer; the reply must call a tool, a later
-request carry that call's result (for Claude Code the `ls` it ran, naming the
-project's one file), and the server read that result: emptied, the same request counts
-fewer prompt tokens. `make test-agents` installs the CLIs and runs this;
-without CLLM_TEST_AGENTS=1 it is skipped.
+request carry that call's result (the `ls` it ran, naming the project's one
+file), and the server read that result: emptied, the same request counts fewer
+prompt tokens. The answer to that result must be the greedy reply to that
+request, clear of near ties (tests/near_tie.py, asked again as the chat request
+it means), ended by the model and printed, and the CLI exit 0. `make
+test-agents` installs the CLIs and runs this; without CLLM_TEST_AGENTS=1 it is
+skipped.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import subprocess
 import httpx
 import pytest
 
+from tests.agents.chat_bodies import anthropic_chat_body, chat_body
 from tests.agents.proxy import Exchange, Proxy, tool_results, without_results
+from tests.near_tie import Greedy, greedy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(HERE, "node_modules", ".bin")
@@ -50,12 +55,16 @@ CLAUDE_ENV = {
     "API_TIMEOUT_MS": str(RUN_TIMEOUT * 1000),
     "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
 }
+ANSWER_LIMIT = 256  # tokens: Claude Code's limit above, within the server's --max-tokens 512
 # Its scripted mode (--bare: no hooks, plugins or CLAUDE.md, a one-line system prompt) with Bash its one tool: a
 # ~700-token prompt where the default one is ~12k, past the 135M model's 8k training context (where greedy decoding
 # wrote no end) and a prefill of ~15 min on two busy cores.
 CLAUDE_ARGS = ("--bare", "--tools", "Bash")
 PLAIN = "Say hello."
-TOOLS = "Run the command ls."
+# After the `ls` result, greedy SmolLM2 writes the call again as text (tool_choice "none": text) and ends there, each
+# token ahead by >= 0.84 nats for either CLI; after "Run the command ls." it wrote about ls to the output limit (Claude
+# Code then exits 1), and each free-text answer tried had a near tie on its way.
+TOOLS = "Run ls. Answer in one word."
 # Its own instructions in a file of one line, and no web search, sub-agents or goals: ~2.5k tokens where its default
 # prompt is ~10k, past the model's training context.
 CODEX_INSTRUCTIONS = "You are Codex, a coding agent. Answer briefly.\n"
@@ -125,8 +134,9 @@ def check_plain(done: subprocess.CompletedProcess, proxy: Proxy, route: str, bef
 
 
 def check_tools(done: subprocess.CompletedProcess, proxy: Proxy, route: str, before: int, listed: str) -> None:
-    """A reply that called a tool, then a request carrying that call's result (holding ``listed``), and that result
-    in the prompt the server read: emptied, the same request counts fewer prompt tokens."""
+    """A reply that called a tool, then a request carrying that call's result (holding ``listed``), that result in
+    the prompt the server read (emptied, the same request counts fewer prompt tokens), and the answer to it: the
+    greedy one, clear of near ties, ended by the model, printed, the CLI exiting 0."""
     seen = exchanges(proxy, route, before)
     output = done.stdout + done.stderr
     called = [(i, call) for i, e in enumerate(seen) for call in e.reply().calls]
@@ -137,6 +147,18 @@ def check_tools(done: subprocess.CompletedProcess, proxy: Proxy, route: str, bef
     follow_up = carried[0][0].body
     read, emptied = prompt_size(proxy, route, follow_up), prompt_size(proxy, route, without_results(follow_up))
     assert read > emptied, (read, emptied)
+    answer, expected = carried[0][0].reply(), greedy_answer(proxy, route, follow_up)
+    assert expected.ended and answer.text == expected.text, (answer, expected, output)
+    assert done.returncode == 0, output
+    assert answer.end == "stop" and answer.text.strip() in done.stdout, (answer, done.stdout)
+
+
+def greedy_answer(proxy: Proxy, route: str, body: dict) -> Greedy:
+    """The greedy reply to ``body`` asked as the chat request it means (tool_choice "none", as the proxy asked), each
+    token to its end clear of a near tie."""
+    chat = (anthropic_chat_body if route == "/v1/messages" else chat_body)(body)
+    with httpx.Client(base_url=proxy.upstream, timeout=RUN_TIMEOUT) as http:
+        return greedy(http, {**chat, "tool_choice": "none", "max_tokens": ANSWER_LIMIT})
 
 
 def prompt_size(proxy: Proxy, route: str, body: dict) -> int:
