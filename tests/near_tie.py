@@ -69,7 +69,10 @@ def greedy(
         return rows, choice["finish_reason"]
 
     rows, finish = rows_of({})
-    if finish == "stop":  # asked again one token past its end, which shows the end's row and its runner-up
+    reached = until is not None and until in "".join(row[0] for row in rows)
+    # Asked again one token past its end, which shows the end's row and its runner-up (not needed where the reply
+    # reached ``until`` before its end: a request with tools may not ignore end-of-generation).
+    if finish == "stop" and not reached:
         rows, _ = rows_of({"ignore_eos": True, "max_tokens": len(rows) + 1})
     return clear(rows, until, margin)
 

@@ -107,18 +107,21 @@ def greedy_rows(engine, tok, submit: Submit) -> list[Row]:
 
 def test_lazy_grammar_applies_from_its_trigger_on(engine, tok):
     """Free text until a trigger matches; from the trigger on, the grammar."""
-    # Its greedy reply reaches " blue" clear of a tie ("The sky is indeed blue"); asked only the colour of the sky,
-    # it wrote "The sky is a beautiful shade of blue", " a" 0.30 nats ahead of " often", " shade" 0.24 of " and".
+    # Its greedy reply's six tokens "The sky is indeed blue." are each clear of a tie (the seventh is not: " This"
+    # 0.16 nats ahead of " In"), so the reply the untriggered grammar must leave alone is compared over those six;
+    # asked only the colour of the sky, it wrote "The sky is a beautiful shade of blue", " a" 0.30 nats ahead of
+    # " often", " shade" 0.24 of " and".
     prompt = tok.encode(
         "<|im_start|>user\nThe sky is blue. What color is the sky?<|im_end|>\n<|im_start|>assistant\n",
         add_special=False,
     )
-    plain = SamplingParams(max_tokens=12, temperature=0)
-    clear(greedy_rows(engine, tok, Submit(39, prompt, msgspec.structs.replace(plain, logprobs=2))), until=" blue")
-    fires = msgspec.structs.replace(plain, grammar='root ::= " blue" " and green."', grammar_triggers=["( blue)"])
+    plain = SamplingParams(max_tokens=6, temperature=0)
+    clear(greedy_rows(engine, tok, Submit(39, prompt, msgspec.structs.replace(plain, logprobs=2))))
+    longer = msgspec.structs.replace(plain, max_tokens=12)
+    fires = msgspec.structs.replace(longer, grammar='root ::= " blue" " and green."', grammar_triggers=["( blue)"])
     # The greedy token " blue" runs past this trigger: llama.cpp would replay "ue" into the grammar
     # and abort the process on it, so the engine refuses that token and the model writes something else.
-    past = msgspec.structs.replace(plain, grammar='root ::= "bl" "ack."', grammar_triggers=["(bl)"])
+    past = msgspec.structs.replace(longer, grammar='root ::= "bl" "ack."', grammar_triggers=["(bl)"])
     never = msgspec.structs.replace(plain, grammar='root ::= "x"', grammar_triggers=["(never)"])
     submits = [
         Submit(40, prompt, plain),
