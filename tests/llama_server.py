@@ -28,13 +28,7 @@ def refused(r: httpx.Response, status: int, *words: str) -> dict:
 
 # Keys llama-server has that cLLM leaves out on purpose (docs/llama-server-api.md says why).
 ONLY_LLAMA_SERVER = {
-    "props": {
-        "ui",
-        "ui_settings",
-        "chat_template_caps",
-        "cors_proxy_enabled",
-        "chat_template_tool_use",
-    },
+    "props": set(),
     "settings": {
         "dynatemp_range",
         "dynatemp_exponent",

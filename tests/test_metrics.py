@@ -47,6 +47,7 @@ FAMILIES = {
     "cllm_model_loads": "counter",
     "cllm_model_load_seconds": "histogram",
     "cllm_model_unloads": "counter",
+    "cllm_model_wake_seconds": "histogram",
     "cllm_responses_stored": "gauge",
     "cllm_responses_stored_oldest_age_seconds": "gauge",
 }

@@ -357,6 +357,7 @@ def test_the_same_keys_and_types_as_llama_server(http, llama_server):
         "props",
         ONLY_LLAMA_SERVER["props"],
     )
+    assert ours["chat_template_caps"] == theirs["chat_template_caps"]  # the same probes of the same template
     same_shape(
         ours["default_generation_settings"]["params"],
         theirs["default_generation_settings"]["params"],

@@ -250,6 +250,12 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     keep_alive: Annotated[float, setting(
         "seconds a model may stay idle before it is unloaded", MODELS, per_model=True, default_text="0 (never)", ge=0,
     )] = 0.0
+    sleep_idle_seconds: Annotated[float, setting(
+        "seconds a model may stay idle before it sleeps: its engines stop, freeing its weights and KV cache (the "
+        "prefix cache's files in `--cache-dir` stay), `/props` says `is_sleeping`, and the next request wakes it "
+        "(that wait counted in its time to first token); each model sleeps on its own, a single model too",
+        MODELS, per_model=True, metavar="N", default_text="0 (never)", ge=0,
+    )] = 0.0
     load_timeout: Annotated[float, setting(
         "seconds a request waits for its model to load before 503", MODELS, gt=0,
     )] = 120.0

@@ -27,7 +27,7 @@ from cllm.core.errors import RETRY_AFTER, ApiError
 from cllm.core.launch import ModelSlot
 from cllm.core.model_file import model_bytes
 from cllm.core.model_meta import kv_cache_bytes
-from cllm.core.protocol import Control, EngineExited, LoadModel, UnloadModel
+from cllm.core.protocol import Control, EngineExited, LoadModel, ModelInfo, UnloadModel
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Tokenizer
 from frontend_proc.engine.client import EngineClient
@@ -55,6 +55,8 @@ class Model:
         self.unloading_since = 0.0
         self.kept: float | None = None  # seconds idle before unloading, as the last request asked (Ollama's keep_alive)
         self.loading: asyncio.Task | None = None
+        self.asleep = False  # stopped for being idle (--sleep-idle-seconds): the next request wakes it
+        self.info: ModelInfo | None = None  # what its engines said when they last served: /props answers it asleep
         self.stopped = asyncio.Event()  # every engine process is gone
         self.stopped.set()
 
@@ -62,6 +64,11 @@ class Model:
     def keep_alive(self) -> float:
         """Seconds idle before the model is unloaded; 0: never."""
         return self.spec.config.keep_alive if self.kept is None else self.kept
+
+    @property
+    def sleep_after(self) -> float:
+        """Seconds idle before the model sleeps; 0: never."""
+        return self.spec.config.sleep_idle_seconds
 
     def idle(self) -> bool:
         return self.client.in_flight == 0
@@ -107,7 +114,9 @@ class ModelPool:
                 model.loading = self._spawn(
                     self._await_ready(model, None)
                 )  # started by the supervisor: no duration to measure
-        if self.multi and any(m.keep_alive for m in self.models):
+            elif model.sleep_after and not self.multi:  # the one model, asleep before this frontend started
+                model.status, model.asleep = "sleeping", True
+        if (self.multi and any(m.keep_alive for m in self.models)) or any(m.sleep_after for m in self.models):
             self._expiring = self._spawn(self._expire())
 
     def stop(self) -> None:
@@ -158,7 +167,7 @@ class ModelPool:
         """The state of the model a request names (absent: the default), loading it if need be."""
         model = self.find(name)
         model.last_used = time.monotonic()
-        if model.status != "loaded" and self.multi:
+        if model.status != "loaded" and (self.multi or model.asleep):
             await self.load(model)
             model.last_used = time.monotonic()  # idle from when it serves: a slow load must not eat its keep-alive
         assert model.state is not None  # made by its first load
@@ -230,11 +239,15 @@ class ModelPool:
             raise error from None
         model.loading = None
         model.status = "loaded"
+        model.info = model.client.info
         self.metrics.loads.labels(model.id, "ok").inc()
         if t0 is None:
             return
         seconds = time.monotonic() - t0
         self.metrics.load_seconds.labels(model.id).observe(seconds)
+        if model.asleep:
+            model.asleep = False
+            self.metrics.wake_seconds.labels(model.id).observe(seconds)
         log.info(
             "model %s loaded in %.2f s",
             model.id,
@@ -307,7 +320,7 @@ class ModelPool:
             self.metrics.unloads.labels(model.id, "failed").inc()
         if notice.restarting or any(c.running for c in model.clients):
             return
-        model.status = "failed" if model.error else "unloaded"
+        model.status = "failed" if model.error else "sleeping" if model.asleep else "unloaded"
         model.stopped.set()
         for client in model.clients:
             self.metrics.engine_gone(model.id, client.replica)
@@ -320,17 +333,22 @@ class ModelPool:
         model.unloading_since = 0.0
 
     async def _expire(self) -> None:
-        """Unload models idle past their keep-alive; a model serving a request is never idle."""
+        """Unload models idle past their keep-alive, put those idle past --sleep-idle-seconds to sleep; a model
+        serving a request is never idle."""
         while True:
-            await asyncio.sleep(max(0.2, min((m.keep_alive for m in self.models if m.keep_alive), default=1.0) / 4))
+            periods = [p for m in self.models for p in (m.keep_alive if self.multi else 0, m.sleep_after) if p]
+            await asyncio.sleep(max(0.2, min(periods, default=1.0) / 4))
             now = time.monotonic()
             for model in self.models:
-                if model.status != "loaded" or not model.keep_alive:
+                if model.status != "loaded":
                     continue
                 if not model.idle():
                     model.last_used = now
-                elif now - model.last_used > model.keep_alive:
+                elif self.multi and model.keep_alive and now - model.last_used > model.keep_alive:
                     self._request_unload(model, "keep-alive")
+                elif model.sleep_after and now - model.last_used > model.sleep_after:
+                    model.asleep = True
+                    self._request_unload(model, "sleep")
 
     def keep(self, model: Model, seconds: float) -> None:
         """Keep the model loaded this long once idle (negative: for good), in place of its registry's keep-alive."""

@@ -8,6 +8,7 @@ blocks, `raise_exception` for templates that validate the conversation, and
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from datetime import datetime
@@ -64,6 +65,43 @@ class ChatTemplate:
         self.renders_tools = self._renders("cllm_probe_tool", [{"role": "user", "content": "hi"}], [tool])
         result = {"role": "tool", "content": "cllm_probe_result", "tool_call_id": "call_0"}
         self.renders_tool_role = self._renders("cllm_probe_result", [{"role": "user", "content": "hi"}, result])
+
+    @functools.cached_property
+    def caps(self) -> dict[str, bool]:
+        """What the template renders, by llama.cpp's names (common/jinja/caps.cpp, llama-server's
+        chat_template_caps), found out as it does: by trying."""
+        user = {"role": "user", "content": "hi"}
+
+        def call(name: str, arguments: object = "{}") -> dict:
+            return {"id": f"call_{name}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+        def said(**message) -> list[dict]:
+            return [user, {"role": "assistant", "content": "", **message}, user]
+
+        return {
+            "supports_string_content": self._renders(
+                "cllm_probe_text", [{"role": "user", "content": "cllm_probe_text"}]
+            ),
+            "supports_typed_content": self._renders(
+                "cllm_probe_text", [{"role": "user", "content": [{"type": "text", "text": "cllm_probe_text"}]}]
+            ),
+            "supports_tools": self.renders_tools,
+            "supports_tool_calls": self._renders("cllm_probe_a", said(tool_calls=[call("cllm_probe_a")])),
+            "supports_parallel_tool_calls": all(
+                self._renders(name, said(tool_calls=[call("cllm_probe_a"), call("cllm_probe_b")]))
+                for name in ("cllm_probe_a", "cllm_probe_b")
+            ),
+            "supports_system_role": self._renders(
+                "cllm_probe_system", [{"role": "system", "content": "cllm_probe_system"}, user]
+            ),
+            "supports_preserve_reasoning": self._renders(
+                "cllm_probe_thought", said(reasoning_content="cllm_probe_thought")
+            ),
+            "supports_reasoning_effort": "reasoning_effort" in self.source,
+            "supports_object_arguments": self._renders(
+                "cllm_probe_argument", said(tool_calls=[call("cllm_probe_a", {"cllm_probe_argument": 1})])
+            ),
+        }
 
     def _renders(self, probe: str, messages: list[dict], tools: list[dict] | None = None) -> bool:
         try:

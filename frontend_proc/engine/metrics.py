@@ -197,6 +197,13 @@ class Metrics:
         buckets=LOAD_BUCKETS,
     )
     unloads = Family(Counter, "cllm_model_unloads_total", "Models unloaded, by reason", ("model", "reason"))
+    wake_seconds = Family(
+        Histogram,
+        "cllm_model_wake_seconds",
+        "From a request reaching a sleeping model (--sleep-idle-seconds) to its engines serving again",
+        ("model",),
+        buckets=LOAD_BUCKETS,
+    )
 
     def __init__(self):
         self.registry = CollectorRegistry()

@@ -46,6 +46,8 @@ async def health(request: Request) -> Response:
         raise ApiError(400, "invalid request", f"level must be basic, detailed or full, not {level!r}")
     client = st.client
     live = [c for m in pool.models if m.status == "loaded" for c in m.clients] if pool.multi else [client]
+    if pool.default.status == "sleeping":  # --sleep-idle-seconds: asleep is not down, the next request wakes it
+        live = [c for c in live if c not in pool.default.clients]
     healthy = all(c.info is not None for c in live)
     data = Health(
         healthy=healthy,

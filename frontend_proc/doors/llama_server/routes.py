@@ -22,6 +22,8 @@ from starlette.responses import Response
 from cllm.core.errors import ApiError
 from frontend_proc.chat.images import SHOWN_MARKER
 from frontend_proc.core import generation
+from frontend_proc.core.pool import Model
+from frontend_proc.core.state import ModelState
 from frontend_proc.doors.llama_server.completion import default_settings, settings, summary
 from frontend_proc.doors.llama_server.schemas import (
     DetokenizeRequest,
@@ -37,7 +39,7 @@ from frontend_proc.doors.llama_server.schemas import (
     TokenPiece,
 )
 from frontend_proc.engine.request_stream import RequestStream
-from frontend_proc.http.app import state
+from frontend_proc.http.app import server, state
 from frontend_proc.http.body import decode_body
 from frontend_proc.http.errors import json_response
 from frontend_proc.http.openapi import Operation
@@ -78,9 +80,18 @@ def _replicas(st) -> list:
     return getattr(st.client, "replicas", [st.client])
 
 
+async def _named(request: Request) -> tuple[Model, ModelState]:
+    """The model `?model=` names (else the default), as llama-server's router takes it; a sleeping one stays asleep,
+    one never loaded is loaded."""
+    pool = server(request).pool
+    model = pool.find(request.query_params.get("model"))
+    st = model.state if model.state is not None else await pool.state_for(model.id)
+    return model, st
+
+
 async def get_props(request: Request) -> Response:
-    st = state(request)
-    info = generation.engine_info(st)
+    model, st = await _named(request)
+    info = model.info if model.status == "sleeping" and model.info is not None else generation.engine_info(st)
     template = st.chat_template
     return json_response(
         {
@@ -94,11 +105,15 @@ async def get_props(request: Request) -> Response:
             "endpoint_slots": True,
             "endpoint_props": False,
             "endpoint_metrics": True,
+            "ui": True,  # cllm's chat page, at / in a browser
+            "ui_settings": {},
             "chat_template": template.source,
+            "chat_template_caps": template.caps,
             "bos_token": template.bos_token,
             "eos_token": template.eos_token,
             "build_info": f"cllm {_version()} (llama-cpp-python {L.__version__})",
-            "is_sleeping": False,
+            "is_sleeping": model.status == "sleeping",
+            "cors_proxy_enabled": False,  # no proxy for the web UI's MCP servers
         }
     )
 
@@ -147,7 +162,7 @@ def _slot(slot_id: int, n_ctx: int, speculative: bool, rs: RequestStream | None)
 async def slots(request: Request) -> Response:
     """One entry per slot of each engine. cLLM does not pin requests to slots: an engine's requests in flight
     fill its slots in arrival order (the engine admits them so), the rest wait."""
-    st = state(request)
+    _, st = await _named(request)
     info = generation.engine_info(st)
     out: list[dict] = []
     for client in _replicas(st):

@@ -1,0 +1,69 @@
+"""--sleep-idle-seconds: an idle model's engines stop (its weights and KV cells freed), /props says is_sleeping,
+the prefix cache's files stay, and the next request wakes it and is answered, its wait in its TTFT and in
+cllm_model_wake_seconds; with several models each sleeps on its own."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from cllm.core.model_file import embedded_model_path
+from tests.conftest import child, family, start_server, wait_until
+from tests.test_disk_cache import ARGS, blocks, complete, encode, files
+from tests.test_prefix_cache_exact import doc
+
+SLEEP = "3"
+
+
+def engines(srv) -> list:
+    return [p for p in family(srv.proc)[1:] if "engine_proc" in " ".join(p.cmdline())]
+
+
+def metric(http, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", http.get("/metrics").text, re.M)
+    return float(found[1]) if found else 0.0
+
+
+def test_an_idle_model_sleeps_keeps_its_cache_files_and_wakes_for_the_next_request(tmp_path):
+    cache = tmp_path / "kv"
+    with start_server(*ARGS, "--cache-dir", str(cache), "--sleep-idle-seconds", SLEEP) as srv, srv.client() as http:
+        prompt = encode(http, doc("harbour", 10))
+        text, _ = complete(http, prompt)
+        assert http.get("/props").json()["is_sleeping"] is False
+        engine = child(srv, "engine_proc")
+        wait_until(lambda: http.get("/props").json()["is_sleeping"], 60)
+        assert not engine.is_running() or engine.status() == "zombie"
+        assert engines(srv) == [] and files(cache)  # weights and KV gone with the engine; its cache on disk stays
+        assert http.get("/health").status_code == 200  # asleep is not down
+        stderr_before = len(srv.stderr_lines)
+        again, cached = complete(http, prompt)  # wakes it
+        assert again == text and cached == blocks(prompt)  # the same answer, its prompt read from the files
+        assert http.get("/props").json()["is_sleeping"] is False and len(engines(srv)) == 1
+        assert metric(http, "cllm_model_wake_seconds_count") == 1
+        woke = metric(http, "cllm_model_wake_seconds_sum")
+        (line,) = [ln for ln in srv.stderr_lines[stderr_before:] if "route=/v1/completions" in ln]
+        assert float(re.search(r"ttft=([0-9.]+)", line)[1]) >= woke > 0
+
+
+def test_each_model_sleeps_on_its_own(tmp_path):
+    for name in ("a", "b"):
+        os.symlink(embedded_model_path(), tmp_path / f"{name}.gguf")
+    args = ("--models-dir", str(tmp_path), "--parallel", "1", "--ctx-size", "512", "--sleep-idle-seconds", SLEEP)
+    with start_server(*args) as srv, srv.client() as http:
+        ask = {"prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
+        for name in ("a", "b"):
+            assert http.post("/v1/completions", json={**ask, "model": name}).status_code == 200
+
+        def statuses() -> dict:
+            return {m["id"]: m["status"]["value"] for m in http.get("/models").json()["data"]}
+
+        def b_asleep() -> bool:
+            assert http.post("/v1/completions", json={**ask, "model": "a"}).status_code == 200  # a is kept busy
+            return statuses()["b"] == "sleeping"
+
+        wait_until(b_asleep, 60, interval=0.5)
+        assert statuses() == {"a": "loaded", "b": "sleeping"}
+        assert http.get("/props", params={"model": "b"}).json()["is_sleeping"] is True
+        assert http.get("/props", params={"model": "a"}).json()["is_sleeping"] is False
+        assert http.post("/v1/completions", json={**ask, "model": "b"}).status_code == 200
+        assert statuses()["b"] == "loaded"
