@@ -156,9 +156,20 @@ def default_settings() -> dict:
     return summary(settings(plain_sampling(body, REST), body))
 
 
+_NOT_SUMMED = (
+    "stop",
+    "logit_bias",
+    "grammar",
+    "grammar_lazy",
+    "grammar_triggers",
+    "preserved_tokens",
+    "dry_sequence_breakers",
+)
+
+
 def summary(settings: dict) -> dict:
     """Settings as llama-server's /props and /slots show them: without stop strings, logit bias or grammar."""
-    return {k: v for k, v in settings.items() if k not in ("stop", "logit_bias", "grammar")}
+    return {k: v for k, v in settings.items() if k not in _NOT_SUMMED}
 
 
 async def answer(

@@ -15,6 +15,38 @@ from frontend_proc.http.sse import sse
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED, what llama-server reports for seed -1
 SAMPLERS = ["top_k", "penalties", "top_p", "min_p", "temperature"]  # cLLM's chain, in llama-server's names
 PENALTY_LAST_N = 64  # the engine's (engine_proc.sampling.sampler): tokens the penalties look back over
+# llama-server's samplers and options that cLLM does not run (a request's fields for them are accepted and ignored:
+# schemas.IGNORED), at the values that mean "off" there: what every request gets here. /completion's raw prompt
+# comes back as content alone, reasoning unparsed; no LoRA, no context shift.
+NOT_RUN = {
+    "dynatemp_range": 0.0,
+    "dynatemp_exponent": 1.0,
+    "top_n_sigma": -1.0,
+    "xtc_probability": 0.0,
+    "xtc_threshold": 0.1,
+    "typical_p": 1.0,
+    "dry_multiplier": 0.0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": 64,
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
+    "n_keep": 0,
+    "n_discard": 0,
+    "min_keep": 0,
+    "chat_format": "Content-only",
+    "reasoning_format": "none",
+    "reasoning_in_content": False,
+    "generation_prompt": "",
+    "timings_per_token": False,
+    "post_sampling_probs": False,
+    "backend_sampling": False,
+}
+DRY_BREAKERS = ["\n", ":", '"', "*"]  # llama.cpp's default, shown though DRY is off
+PATTERN = 2  # llama.cpp's COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN: a regex over the text so far, as cLLM's triggers are
 
 
 def settings(params: SamplingParams, body: CompletionFields | None = None, capped: bool = False) -> dict:
@@ -38,6 +70,12 @@ def settings(params: SamplingParams, body: CompletionFields | None = None, cappe
         "n_probs": params.logprobs or 0,
         "grammar": params.grammar or "",
         "samplers": SAMPLERS,
+        **NOT_RUN,
+        "lora": [],
+        "dry_sequence_breakers": DRY_BREAKERS,
+        "grammar_lazy": params.grammar_triggers is not None,
+        "grammar_triggers": [{"type": PATTERN, "value": t} for t in params.grammar_triggers or []],
+        "preserved_tokens": [],
     }
     if body is not None:
         out["stop"], out["stream"] = body.stops, body.stream
