@@ -47,7 +47,7 @@ def test_tags_show_and_ps_describe_the_model_alike(client):
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.embedding_length"] == 576
     # the slot's (8192 cells / 16), not the 8192 it was trained on
     assert shown.modelinfo["llama.context_length"] == 512
-    assert "completion" in shown.capabilities and "tools" in shown.capabilities
+    assert "completion" in shown.capabilities and "tools" in shown.capabilities and "vision" not in shown.capabilities
     assert "im_start" in shown.template and shown.details.family == "llama"
     assert client.show("SmolLM2-135M-Instruct.Q4_1").details.format == "gguf"  # the tag may be left out
     (running,) = client.ps().models

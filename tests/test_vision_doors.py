@@ -141,6 +141,7 @@ def test_anthropic_image_in_a_tool_result(vision):
 
 def test_ollama_chat_and_generate_with_an_image(vision, theirs):
     client = ollama.Client(host=vision.url)
+    assert "vision" in client.show("SmolLM2-135M-Instruct.Q4_1").capabilities
     r = client.chat(
         model="SmolLM2-135M-Instruct.Q4_1",
         messages=[{"role": "user", "content": QUESTION, "images": [PNG]}],

@@ -223,6 +223,8 @@ async def show(request: Request) -> Response:
         capabilities.append("thinking")
     if meta.get("cllm.fim"):
         capabilities.append("insert")
+    if model.spec.config.mmproj:
+        capabilities.append("vision")  # a projector beside the model: images in chat and generate
     return json_response(
         {
             "modelfile": f"# cllm serves this GGUF file as it is\nFROM {model.spec.path}\n",
