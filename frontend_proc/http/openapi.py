@@ -20,6 +20,7 @@ from frontend_proc.http.errors import AnthropicError, Error, LlamaServerError, O
 ERRORS = {
     400: "Bad input; the message names the field",
     401: "Missing or wrong API key",
+    403: "Not allowed on this server: a model management route without --allow-pull",
     404: "No such model",
     408: "The request ran past --request-timeout",
     413: "The body is over --max-body-bytes",
