@@ -30,7 +30,7 @@ def refused(r: httpx.Response, status: int, *words: str) -> dict:
 ONLY_LLAMA_SERVER = {
     "props": set(),
     "settings": {"speculative.types"},  # cLLM drafts per engine (--spec-type), not per request
-    "slot": {"prompt", "generated"},
+    "slot": set(),  # its prompt and generated text only with LLAMA_SERVER_SLOTS_DEBUG set
 }
 
 
