@@ -72,8 +72,8 @@ class LLMEngine:
         # Sampling on the device: with --device-sampling on, or auto and GPU layers; never beside drafts, whose rows
         # are verified one by one.
         device = config.device_sampling == "on" or (config.device_sampling == "auto" and r.info.gpu_layers > 0)
-        self.sampler = Sampler(r.ctx, r.vocab, r.n_vocab, r.eog_tokens, device and config.spec_type == "none")
-        self.drafter = make_drafter(config, model_path, r.seq_ctx)
+        self.sampler = Sampler(r.ctx, r.vocab, r.n_vocab, r.eog_tokens, device and not config.spec_types)
+        self.drafter = make_drafter(config, r)
         disk = open_disk_cache(model_path, config, r)  # None without --cache-dir
         self.scheduler = Scheduler(self._scheduler_settings(config), r, disk)
         # llama-server's slot actions, their files keyed as the disk cache's (with or without --cache-dir)
@@ -90,7 +90,7 @@ class LLMEngine:
         )
         self.info: ModelInfo = replace(
             r.info,
-            spec_type=config.spec_type,
+            spec_type=",".join(config.spec_types) or "none",
             draft_max=config.draft_max,
             embedding_dim=self.embedder.dim,
             max_embedding_tokens=self.embedder.max_tokens,

@@ -305,6 +305,15 @@ def mmproj(tmp_path_factory) -> str:
     return synth_mmproj.write(str(tmp_path_factory.mktemp("vision") / "mmproj.gguf"), width)
 
 
+@pytest.fixture(scope="session")
+def smollm2_f16() -> str:
+    """The embedded model's weights in F16 (perf/models.py makes it once, into perf/cache): a draft model's target,
+    the embedded Q4_1 its draft."""
+    from perf.models import f16_copy
+
+    return f16_copy()
+
+
 SHARED = ("--parallel", "16", "--ctx-size", "8192")  # 16 sequences at once, 512 KV cells each
 
 

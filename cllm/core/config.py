@@ -26,8 +26,9 @@ MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the pref
 CacheType = Literal["f32", "f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
 DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/sampling/sampler.py)
 SteadySteps = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/scheduler.py)
-# llama-server's --spec-type names; ngram: prompt lookup and a memory of earlier answers (engine_proc/step/drafter.py)
-SpecType = Literal["none", "ngram"]
+# llama-server's --spec-type names that cllm implements, a comma list combining them; ngram: prompt lookup and a
+# memory of earlier answers (engine_proc/step/drafter.py), draft-simple: a draft model (engine_proc/step/draft_model.py)
+SpecType = Annotated[str, Meta(pattern=r"^(none|ngram|draft-simple)(,(ngram|draft-simple))*$")]
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 NonNegative = Annotated[int, Meta(ge=0)]
 HF_NAME = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(:[A-Za-z0-9_]+)?$"  # org/repo[:QUANT]; cllm/hub/names.py checks the rest
@@ -199,13 +200,37 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     # Off by default: it lost at 8 copy-type streams (perf/results/2026-11-23-speculative.md).
     spec_type: Annotated[SpecType, setting(
         "`ngram` drafts tokens by matching a sequence's last tokens against its own prompt and output and against "
-        "earlier answers (`--spec-memory`), and verifies the draft in the step's batch; `none` turns it off "
-        "(docs/internals.md: Speculative decoding)", SPECULATIVE,
-        per_model=True,
+        "earlier answers (`--spec-memory`), `draft-simple` with the draft model (`--model-draft`), and the step's "
+        "batch verifies the drafts; `ngram,draft-simple`: the draft model where n-grams find none; `none` turns it "
+        "off (docs/internals.md: Speculative decoding)", SPECULATIVE,
+        per_model=True, metavar="TYPE[,TYPE]",
     )] = "none"
     draft_max: Annotated[int, setting(
         "most tokens one sequence drafts in a step", SPECULATIVE, per_model=True, ge=1, le=MAX_DRAFT,
     )] = 64
+    model_draft: Annotated[str | None, setting(
+        "a draft model GGUF, as llama-server's `-md`: it drafts every decoding sequence's next tokens, all of them "
+        "in one batch a draft token, in a context of its own in the engine, and the model verifies the drafts; "
+        "its vocabulary must serve the model's (llama.cpp's rules), else the server does not start; implies "
+        "`--spec-type draft-simple` where no type is given (docs/internals.md: Draft model)", SPECULATIVE,
+        metavar="FILE", flags=("-md", "--spec-draft-model"), per_model=True,
+    )] = None
+    hf_repo_draft: Annotated[Annotated[str, Meta(pattern=HF_NAME)] | None, setting(
+        "the draft model by its Hugging Face name, as llama-server's `-hfd`: pulled into the Hugging Face cache "
+        "unless there (docs/hub.md)", SPECULATIVE, metavar="ORG/REPO[:QUANT]",
+        flags=("-hfd", "-hfrd", "--spec-draft-hf"),
+    )] = None
+    spec_draft_n_max: Annotated[int, setting(
+        "most tokens the draft model drafts for a sequence in a step (llama-server's default)", SPECULATIVE,
+        per_model=True, ge=1, le=MAX_DRAFT,
+    )] = 3
+    spec_draft_n_min: Annotated[int, setting(
+        "a draft model's draft shorter than this is dropped", SPECULATIVE, per_model=True, ge=0, le=MAX_DRAFT,
+    )] = 0
+    spec_draft_p_min: Annotated[float, setting(
+        "the draft model stops a draft at a token it gives less probability than this (among its 10 likeliest, "
+        "as llama-server)", SPECULATIVE, per_model=True, ge=0.0, le=1.0,
+    )] = 0.0
     spec_memory: Annotated[int, setting(
         "MiB of the memory of earlier answers that `ngram` also drafts from: a request whose text an earlier answer "
         "had gets that answer back in long drafts; kept in a file in `--cache-dir` across restarts; 0: none",
@@ -365,6 +390,12 @@ class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="k
     @property
     def n_threads(self) -> int:
         return self.threads or os.cpu_count() or 1
+
+    @property
+    def spec_types(self) -> tuple[str, ...]:
+        """The kinds of speculation on, in order; a draft model without --spec-type is draft-simple, as llama-server."""
+        types = tuple(t for t in self.spec_type.split(",") if t != "none")
+        return ("draft-simple",) if not types and self.model_draft is not None else types
 
     @property
     def kv_streams(self) -> int:

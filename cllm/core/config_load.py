@@ -45,6 +45,10 @@ def load_config(
         if not os.path.isfile(config.mmproj):
             raise ConfigError(f"--mmproj {config.mmproj}: no such file")
         config.mmproj = os.path.abspath(config.mmproj)  # the engines find it wherever they run
+    if config.model_draft is not None:
+        if not os.path.isfile(config.model_draft):
+            raise ConfigError(f"--model-draft {config.model_draft}: no such file")
+        config.model_draft = os.path.abspath(config.model_draft)  # the engines find it wherever they run
     if config.chat_template_file is not None:
         if not os.path.isfile(config.chat_template_file):
             raise ConfigError(f"--chat-template-file {config.chat_template_file}: no such file")
@@ -64,3 +68,5 @@ def check_engine(config: ServeConfig, where: str) -> None:
         raise ConfigError(
             f"{where}cache-type-v {config.cache_type_v} needs flash attention (llama.cpp quantizes V only with it)"
         )
+    if "draft-simple" in config.spec_types and config.model_draft is None and config.hf_repo_draft is None:
+        raise ConfigError(f"{where}{opt}spec-type draft-simple needs a draft model: {opt}model-draft FILE or -hfd")

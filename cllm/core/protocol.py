@@ -130,7 +130,7 @@ class ModelInfo(msgspec.Struct, gc=False):
     cache_type_v: str = "f16"
     embedding_dim: int = 0  # length of an /v1/embeddings vector
     max_embedding_tokens: int = 0  # most tokens of one embeddings input: what one embeddings decode holds
-    spec_type: str = "none"  # speculative decoding: none, or ngram (prompt lookup)
+    spec_type: str = "none"  # speculative decoding: none, or --spec-type's kinds (ngram, draft-simple), comma-separated
     draft_max: int = 0  # most tokens a sequence drafts in a step
     mmproj: str = ""  # the projector's file: the engine takes images
     # Prompt tokens (KV cells) one image takes, its projector's begin/end text included; with an image_grid, those

@@ -61,7 +61,13 @@ def hf_name(config: ServeConfig) -> str | None:
 
 def asks_hub(config: ServeConfig) -> bool:
     """Whether the settings name a model on the Hugging Face hub or in its cache, or let clients pull one."""
-    return bool(hf_name(config) or config.pulled or config.allow_pull or any(m.hf_repo for m in config.models))
+    return bool(
+        hf_name(config)
+        or config.hf_repo_draft
+        or config.pulled
+        or config.allow_pull
+        or any(m.hf_repo for m in config.models)
+    )
 
 
 def is_pool(config: ServeConfig) -> bool:
@@ -71,9 +77,14 @@ def is_pool(config: ServeConfig) -> bool:
 
 def build_registry(config: ServeConfig, hub: HubModels | None = None) -> list[ModelSpec]:
     """Every model, the default one first; ConfigError (or ModelFileError, or the hub's error) says what is wrong."""
-    # --mmproj is the one model's: a pool's other files are other models (an entry of `models:` may give its own)
-    base = msgspec.structs.replace(config, models=[], api_key=None, mmproj=None)
-    own = _split_threads(msgspec.structs.replace(base, mmproj=config.mmproj))
+    # --mmproj and the draft model are the one model's: a pool's other files are other models (an entry of `models:`
+    # may give its own)
+    base = msgspec.structs.replace(config, models=[], api_key=None, mmproj=None, model_draft=None, hf_repo_draft=None)
+    own = _split_threads(msgspec.structs.replace(base, mmproj=config.mmproj, model_draft=config.model_draft))
+    if config.hf_repo_draft is not None:  # llama-server's -hfd
+        if config.model_draft is not None:
+            raise ConfigError("--model-draft and -hfd both name the draft model: give one")
+        own = msgspec.structs.replace(own, model_draft=resolve_model(_hub(hub).resolve(config.hf_repo_draft)[1]))
     specs: list[ModelSpec] = []
     if config.allow_pull:
         _hub(hub)  # pulls run in the supervisor, which a Ray deployment has not
@@ -141,6 +152,10 @@ def _entry(base: ServeConfig, entry: ModelEntry, hub: HubModels | None) -> Model
         if not os.path.isfile(config.mmproj):
             raise ConfigError(f"model {entry.id or entry.hf_repo}: mmproj {config.mmproj}: no such file")
         config = msgspec.structs.replace(config, mmproj=os.path.abspath(config.mmproj))
+    if config.model_draft is not None:
+        if not os.path.isfile(config.model_draft):
+            raise ConfigError(f"model {entry.id or entry.hf_repo}: model-draft {config.model_draft}: no such file")
+        config = msgspec.structs.replace(config, model_draft=os.path.abspath(config.model_draft))
     if entry.hf_repo is not None:
         name, path, mmproj = _hub(hub).resolve(entry.hf_repo)
         config = _beside(config, mmproj)

@@ -46,7 +46,7 @@ class ModelLoadError(RuntimeError):
     pass
 
 
-def _context_params(config: ServeConfig, token_budget: int, n_ubatch: int, n_streams: int):
+def context_params(config: ServeConfig, token_budget: int, n_ubatch: int, n_streams: int):
     cparams = L.llama_context_default_params()
     cparams.n_ctx = config.kv_cells
     cparams.n_batch = token_budget
@@ -81,7 +81,7 @@ class ModelRunner:
         self.scratch = config.kv_streams
         self.n_streams = config.kv_streams + config.prefix_cache
         self.n_ubatch = min(self.token_budget, 512)
-        cparams = _context_params(config, self.token_budget, self.n_ubatch, self.n_streams)
+        cparams = context_params(config, self.token_budget, self.n_ubatch, self.n_streams)
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             L.llama_model_free(self.model)

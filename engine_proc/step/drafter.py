@@ -23,14 +23,23 @@ answer's next tokens whole, as far as the memory's marked entries go (its
 history says they hold), while the share such drafts kept pays; its guesses
 from other text go as prompt lookup's do. A seeded sampled request drafts
 from its own text only, so that its text repeats whatever came before it.
+
+With a draft model (`--spec-type draft-simple`, engine_proc/step/draft_model.py), a sequence that drafts by the
+same rules and finds nothing in text (or every one, without ngram) asks the model for up to --spec-draft-n-max
+tokens; the model's time counts in what a drafted token costs.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from cllm.core.config import ServeConfig
+from engine_proc.run.draft_runner import DraftRunner
+from engine_proc.run.model_runner import ModelRunner
 from engine_proc.sequence import FIRST_DRAFT, Chunk, Drafting, Sequence
+from engine_proc.step.draft_model import DraftModel
 from engine_proc.step.ngram_memory import NgramMemory, memory_path
 
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
@@ -48,15 +57,24 @@ RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its 
 TRUSTED_RUN = 8
 
 
-def make_drafter(config: ServeConfig, model_path: str, seq_ctx: int) -> Drafter | None:
-    """The engine's drafter (None without --spec-type ngram), its memory read from --cache-dir's file if there."""
-    if config.spec_type != "ngram":
+def make_drafter(config: ServeConfig, runner: ModelRunner) -> Drafter | None:
+    """The engine's drafter (None without --spec-type), its memory read from --cache-dir's file if there, its draft
+    model loaded beside the runner's (ModelLoadError if it cannot draft for it)."""
+    types = config.spec_types
+    if not types:
         return None
-    memory = NgramMemory(config.spec_memory) if config.spec_memory else None
+    model_path = runner.info.model_path
+    memory = NgramMemory(config.spec_memory) if config.spec_memory and "ngram" in types else None
     path = memory_path(config.cache_dir, model_path) if memory is not None and config.cache_dir else None
     if path is not None:
         memory.load(path)
-    return Drafter(config.draft_max, seq_ctx, memory, path, config.spec_memory_shared)
+    model = None
+    if "draft-simple" in types and config.model_draft is not None:
+        draft = DraftRunner(config.model_draft, runner, config)
+        model = DraftModel(draft, config.spec_draft_n_max, config.spec_draft_n_min, config.spec_draft_p_min)
+    drafter = Drafter(config.draft_max, runner.seq_ctx, memory, path, config.spec_memory_shared)
+    drafter.ngram, drafter.model = "ngram" in types, model
+    return drafter
 
 
 class Drafter:
@@ -81,6 +99,9 @@ class Drafter:
         self._drafted = self._accepted = 0  # this step's
         self.costs = StepCosts()
         self._unpaid = 0  # steps since drafting last paid or was tried
+        self.ngram = True  # drafts from text (--spec-type ngram)
+        self.model: DraftModel | None = None  # drafts by a draft model where text gives none (draft-simple)
+        self._model_seconds = 0.0  # this step's drafting by the model
 
     def draft(self, decode: list[Chunk], budget: int) -> None:
         """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
@@ -94,6 +115,7 @@ class Drafter:
             need = prior(n)  # now and then, to see whether drafting pays again
         self._unpaid = 0
         drafted: list[Chunk] = []
+        asks: list[tuple[Chunk, int]] = []  # chunks whose drafts the draft model makes, with their room
         for chunk in decode:
             seq = chunk.seq
             if not seq.params.speculative or seq.images or budget <= 0:  # an image's placeholders are no tokens
@@ -103,10 +125,15 @@ class Drafter:
                 d = seq.drafting = Drafting()
             room = min(self.draft_max, budget, seq.params.max_tokens - len(seq.output) - 1, self.seq_ctx - chunk.end)
             draft = self._draft(seq, d, room, need)
-            if draft is not None:
+            if isinstance(draft, int):
+                asks.append((chunk, draft))
+                budget -= draft
+            elif draft is not None:
                 chunk.draft = draft
                 budget -= len(draft)
                 drafted.append(chunk)
+        if asks:
+            drafted += self._ask_model(asks)
         # llama.cpp splits a batch of several KV streams into ubatches that take as many tokens from each stream:
         # drafts of one length keep the extra ubatches few. The length that drafts the most rows wins; longer drafts
         # are cut to it, shorter ones wait (a plain step of theirs costs what the extra ubatch would).
@@ -119,8 +146,19 @@ class Drafter:
         for c in drafted:
             c.end += len(c.draft)
 
-    def _draft(self, seq: Sequence, d: Drafting, room: int, need: float) -> np.ndarray | None:
-        """The sequence's draft: an earlier answer from the memory, else a guess from its own text or the memory's."""
+    def _ask_model(self, asks: list[tuple[Chunk, int]]) -> list[Chunk]:
+        """The chunks the draft model drafted for, in one batch a draft token (DraftModel.drafts)."""
+        assert self.model is not None
+        t = time.perf_counter()
+        drafts = self.model.drafts([(c.seq, room) for c, room in asks])
+        self._model_seconds += time.perf_counter() - t
+        for (c, _), draft in zip(asks, drafts):
+            c.draft = draft
+        return [c for c, _ in asks if c.draft is not None]
+
+    def _draft(self, seq: Sequence, d: Drafting, room: int, need: float) -> np.ndarray | int | None:
+        """The sequence's draft: an earlier answer from the memory, else a guess from its own text or the memory's,
+        else the room the draft model may draft in (an int)."""
         if room <= 0:
             return None
         text = seq.known(len(seq.prompt) + len(seq.output))
@@ -141,9 +179,11 @@ class Drafter:
             d.rate += (1 - d.rate) / 8  # drift back, to try again once the text may have turned to copying
             return None
         room = min(room, d.want)
-        draft = lookup(text, room)
+        draft = lookup(text, room) if self.ngram else None
         if draft is None and recalled:
             draft = np.array(recalled[:room], np.int32)
+        if draft is None and self.model is not None:
+            return min(room, self.model.n_max)
         return draft
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
@@ -174,8 +214,11 @@ class Drafter:
             d.rest = (1 << min(d.misses, 6)) - 1  # 1, 3, 7 ... 63 steps
 
     def remember(self, seq: Sequence) -> None:
-        """A sequence leaves: its text goes into the memory, its generated tokens marked if it decoded greedily
-        (without a grammar, biases or penalties, which make another request's greedy text differ)."""
+        """A sequence leaves: its draft model stream is free; its text goes into the memory, its generated tokens
+        marked if it decoded greedily (without a grammar, biases or penalties, which make another request's greedy
+        text differ)."""
+        if self.model is not None:
+            self.model.leave(seq)
         if self.memory is None or seq.images:
             return
         p = seq.params
@@ -193,9 +236,15 @@ class Drafter:
     def close(self) -> None:
         if self.memory is not None and self.memory_file is not None:
             self.memory.save(self.memory_file)
+        if self.model is not None:
+            self.model.runner.close()
 
     def end_step(self, n: int, seconds: float) -> None:
-        """The step's decode of ``n`` sequences (and the drafts) took ``seconds``."""
+        """The step's decode of ``n`` sequences (and the drafts) took ``seconds``, and the draft model's drafting
+        what it took: a drafted token's cost counts both."""
+        if self._drafted:
+            seconds += self._model_seconds
+        self._model_seconds = 0.0
         self.costs.observe(n, self._drafted, seconds)
         if self._drafted:
             self.drafted += self._drafted

@@ -110,3 +110,20 @@ def test_a_pulled_model_takes_the_projector_beside_it_unless_told_otherwise(tmp_
     assert [s.config.mmproj for s in specs] == [str(beside), None]
     with pytest.raises(ConfigError, match="--mmproj .*nothing.gguf: no such file"):
         config(tmp_path, "mmproj: nothing.gguf\n")
+
+
+def test_hfd_names_the_draft_model_of_the_one_model_only(tmp_path):
+    """llama-server's -hfd: the draft model's file comes from the hub, for the one model; a pool's other models draft
+    with none unless their entry gives one."""
+    hub = Hub(tmp_path, ["org/a-GGUF:Q4_K_M", "org/draft-GGUF:Q8_0"])
+    c = config(tmp_path, "hf-repo: org/a-GGUF\nhf-repo-draft: 'org/draft-GGUF:Q8_0'\nmodels-dir: " + str(tmp_path))
+    specs = build_registry(c, hub)
+    assert specs[0].config.model_draft == hub.files["org/draft-GGUF:Q8_0"] and "org/draft-GGUF:Q8_0" in hub.asked
+    assert specs[0].config.spec_types == ("draft-simple",)  # a draft model without --spec-type, as llama-server
+    assert [s.config.model_draft for s in specs[1:]] == [None] * (len(specs) - 1) and len(specs) > 1
+    with pytest.raises(ConfigError, match="--model-draft and -hfd"):
+        build_registry(
+            config(tmp_path, f"hf-repo: org/a-GGUF\nhf-repo-draft: org/draft-GGUF\nmodel-draft: {specs[1].path}\n"), hub
+        )
+    with pytest.raises(ConfigError, match="spec-type draft-simple needs a draft model"):
+        config(tmp_path, "spec-type: ngram,draft-simple\n")

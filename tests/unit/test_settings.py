@@ -26,7 +26,7 @@ def sample(s: Setting, path: str):
             bool: [True, False],
             int: [1, 2, 65, 1025],
             float: [0.5, 1.5],
-            str: [path, "org/repo:Q4_K_M"],  # a path, or a Hugging Face name for --hf-repo
+            str: [path, "org/repo:Q4_K_M", "ngram"],  # a path, a Hugging Face name for --hf-repo, a --spec-type
             list: [["a.example"], ["https://a.example"]],
         }
         candidates = by_kind[s.kind]
