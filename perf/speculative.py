@@ -23,6 +23,7 @@ llama-server's `timings`. Prints cllm ÷ llama-server's best configuration
 per cell, and each cell's spread (lowest-highest of its rounds).
 Usage:
     .venv/bin/python -m perf.speculative [--model PATH|smollm2-f16] [--rounds 2] [--workloads copy,ordinary]
+        [--systems cllm-draft,cllm-nospec,llama-server-draft,llama-server-none] [--draft FILE]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from cllm.bench.prompts import make_prompts
+from cllm.core.model_file import resolve_model
 from perf import servers
 from perf.models import MODELS, model_path
 
@@ -48,6 +50,9 @@ SYSTEMS = {  # label: (system, extra command-line arguments)
     "llama-server-ngram-mod": ("llama-server", ("--spec-type", "ngram-mod")),
     "llama-server-ngram-simple": ("llama-server", ("--spec-type", "ngram-simple")),
     "llama-server-none": ("llama-server", ()),
+    # A draft model ({draft}: --draft, the embedded Q4_1 by default) for the target, as llama-server's -md takes it.
+    "cllm-draft": ("cllm", ("--spec-type", "draft-simple", "-md", "{draft}")),
+    "llama-server-draft": ("llama-server", ("--spec-type", "draft-simple", "-md", "{draft}")),
 }
 KEYS = ("bench-key-a", "bench-key-b")  # cllm's two clients
 # Each round's texts: a module's code and a module's docstring, never one of an earlier round.
@@ -149,6 +154,8 @@ def table(got: dict, labels: list[str]) -> str:
         head.append("cllm ÷ best llama-server")
     if "cllm-nospec" in labels and "cllm" in labels:
         head.append("cllm ÷ cllm-nospec")
+    if "cllm-nospec" in labels and "cllm-draft" in labels:
+        head.append("cllm-draft ÷ cllm-nospec")
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for (workload, c, name), by_label in got.items():
         med = {label: statistics.median(v) for label, v in by_label.items()}
@@ -166,6 +173,9 @@ def table(got: dict, labels: list[str]) -> str:
             # the other key's run finds its prompts cached, as a repeated run does
             nospec = med.get("cllm-nospec") or statistics.median(got[(workload, c, "repeated")]["cllm-nospec"])
             row.append(f"{med['cllm'] / nospec:.2f}")
+        if "cllm-draft ÷ cllm-nospec" in head:
+            both = "cllm-draft" in med and "cllm-nospec" in med  # not so in the other key's run
+            row.append(f"{med['cllm-draft'] / med['cllm-nospec']:.2f}" if both else "–")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -179,15 +189,22 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--ordinary-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each cell, the servers' order turning (at most 3)")
+    ap.add_argument(
+        "--draft",
+        default=None,
+        help="the draft model of cllm-draft and llama-server-draft (default: the embedded Q4_1)",
+    )
     args = ap.parse_args()
     if args.model in MODELS:  # a name of perf/models.py: smollm2-f16 is made on first use
         args.model = model_path(args.model)
     settings = servers.settings_of(args)
+    draft = resolve_model(args.draft)
     labels = args.systems.split(",")
     started = []
     try:
         for label in labels:
             system, extra = SYSTEMS[label]
+            extra = tuple(a.replace("{draft}", draft) for a in extra)
             env = {"CLLM_API_KEY": ",".join(KEYS)} if system == "cllm" else None
             started.append(servers.start(system, settings, env=env, args=extra, label=label))
         clients = {label: httpx.Client(base_url=s.url, timeout=TIMEOUT) for label, s in zip(labels, started)}

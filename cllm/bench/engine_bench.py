@@ -57,7 +57,7 @@ DEFAULTS = ServeConfig()
 PARTS = [
     ("admit", "decode Submit records, build sampler chains"),
     ("step", "engine.step(), not split (profiling)"),
-    ("schedule", "pick this step's chunks, copy and trim KV streams"),
+    ("schedule", "pick this step's chunks, copy and trim KV streams; the drafts (a draft model's decodes too)"),
     ("batch", "fill the llama_batch"),
     ("llama_decode", "the forward pass"),
     ("sampling", "pick each sequence's token (one argmax over greedy rows, llama.cpp chains)"),
@@ -223,6 +223,7 @@ def bench(
     device_sampling: DeviceSampling = DEFAULTS.device_sampling,
     staggered: bool = False,
     steady: SteadySteps = DEFAULTS.steady_steps,
+    model_draft: str | None = None,
 ) -> dict:
     from engine_proc.engine import LLMEngine  # loads llama.cpp: only when a bench runs
 
@@ -236,6 +237,7 @@ def bench(
         spec_type=spec_type,
         device_sampling=device_sampling,
         steady_steps=steady,
+        model_draft=model_draft,
     )
     engine = LLMEngine(model, config)
     try:
@@ -365,8 +367,12 @@ def _parser(prog: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: one per core)")
     ap.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
     ap.add_argument(
-        "--spec-type", choices=["none", "ngram"], default="none", help="speculative decoding (default none)"
+        "--spec-type",
+        choices=["none", "ngram", "draft-simple", "ngram,draft-simple"],
+        default="none",
+        help="speculative decoding (default none; draft-simple needs --model-draft)",
     )
+    ap.add_argument("--model-draft", metavar="PATH", help="a draft model GGUF for draft-simple (the server's -md)")
     ap.add_argument(
         "--prompts",
         choices=["fresh", "copy"],
@@ -435,6 +441,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         args.device_sampling,
         args.arrivals == "staggered",
         args.steady,
+        args.model_draft,
     )
     if args.sweep:
         results = [run(2 * c, c, sampled) for c in SWEEP for sampled in (False, True)]
