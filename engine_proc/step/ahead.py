@@ -11,7 +11,7 @@ yet. LLMEngine.step runs it (engine_proc/step/decoding.py: SteadyDecoding, and L
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cllm.core.protocol import SeqOutput
 from engine_proc.run.model_runner import ModelRunner
@@ -30,15 +30,15 @@ class Ahead:
     tokens: list[int]
 
 
+@dataclass(slots=True)
 class StepAhead:
-    def __init__(self, runner: ModelRunner, sampler: Sampler, scheduler: Scheduler, recorder: Recorder):
-        self.runner = runner
-        self.sampler = sampler
-        self.scheduler = scheduler
-        self.recorder = recorder
-        self.ahead: Ahead | None = None  # collected, its tokens not recorded
-        self.inflight: list[Chunk] | None = None  # the batch of the decode on the decode thread
-        self.landed: list[SeqOutput] = []  # outputs of a decode that ran ahead, recorded by abort()
+    runner: ModelRunner
+    sampler: Sampler
+    scheduler: Scheduler
+    recorder: Recorder
+    ahead: Ahead | None = field(default=None, init=False)  # collected, its tokens not recorded
+    inflight: list[Chunk] | None = field(default=None, init=False)  # the batch of the decode on the decode thread
+    landed: list[SeqOutput] = field(default_factory=list, init=False)  # a decode ahead's outputs, for abort()
 
     def next_decode(self, embedding: bool) -> list[Chunk] | None:
         """A steady step's next decode batch, when it is known before the step's result goes out: no prompt
