@@ -22,8 +22,8 @@ END = "<!-- end of {} -->"
 def _option(s: Setting) -> str:
     if s.file_only:
         return f"`{s.name}:` (YAML only)"
-    if s.kind is bool:
-        return f"`--{s.name}`, `--no-{s.name}`"
+    if s.kind is bool:  # argparse's BooleanOptionalAction: a --no- form of each
+        return ", ".join(f"`{o}`, `--no-{o[2:]}`" for o in s.options)
     value = s.metavar or ("|".join(s.kind) if isinstance(s.kind, tuple) else "")
     return ", ".join(f"`{o}{' ' + value if value else ''}`" for o in s.options).replace("|", "\\|")
 

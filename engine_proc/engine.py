@@ -27,7 +27,7 @@ from cllm.core.config import ServeConfig
 from cllm.core.protocol import Embed, Embeddings, EngineStats, ModelInfo, SeqOutput, SlotDone, Submit
 from engine_proc.kv.disk_cache import fingerprint, identity, open_disk_cache
 from engine_proc.kv.slot_files import SlotFiles
-from engine_proc.run.embedder import Embedder
+from engine_proc.run.embedder import Embedder, check_rank_head
 from engine_proc.run.model_runner import ModelRunner
 from engine_proc.run.prefill_runs import prefill_runs
 from engine_proc.sampling.sampler import GrammarError, Sampler
@@ -61,6 +61,8 @@ class StepResult:
 
 class LLMEngine:
     def __init__(self, model_path: str, config: ServeConfig, server: int | None = None):
+        if config.ranks:  # before the model loads: a model without a head is refused at once
+            check_rank_head(model_path)
         self.runner = r = ModelRunner(model_path, config, server)  # server: see ModelRunner
         self.images: Images = NoImages()
         self.vision: Vision | None = None  # the projector, for tests and tools
@@ -79,7 +81,7 @@ class LLMEngine:
         # llama-server's slot actions, their files keyed as the disk cache's (with or without --cache-dir)
         ident = identity(model_path, config, r.seq_ctx, r.token_budget, r.info.gpu_layers, r.n_streams)
         self.slots = SlotFiles(config.parallel, self.scheduler.cache, r, fingerprint(ident))
-        self.embedder = Embedder(r)
+        self.embedder = Embedder(r, config.ranks)
         self.recorder = Recorder(r, self.sampler, self.scheduler, self.drafter)
         self.runs = Runs(r, self.sampler, self.recorder)
         self.lookahead = StepAhead(r, self.sampler, self.scheduler, self.recorder)
@@ -94,6 +96,7 @@ class LLMEngine:
             draft_max=config.draft_max,
             embedding_dim=self.embedder.dim,
             max_embedding_tokens=self.embedder.max_tokens,
+            rerank=self.embedder.rank,
             mmproj=config.mmproj or "",
             image_tokens=self.images.image_tokens,
             image_grid=self.images.image_grid,

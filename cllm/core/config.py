@@ -29,6 +29,7 @@ SteadySteps = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_p
 # llama-server's --spec-type names that cllm implements, a comma list combining them; ngram: prompt lookup and a
 # memory of earlier answers (engine_proc/step/drafter.py), draft-simple: a draft model (engine_proc/step/draft_model.py)
 SpecType = Annotated[str, Meta(pattern=r"^(none|ngram|draft-simple)(,(ngram|draft-simple))*$")]
+Pooling = Literal["auto", "rank"]  # llama-server's --pooling; rank: the rerank routes (--rerank)
 ReplicaRouting = Literal["prefix", "round-robin"]  # round-robin: the baseline prefix routing is measured against
 NonNegative = Annotated[int, Meta(ge=0)]
 HF_NAME = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(:[A-Za-z0-9_]+)?$"  # org/repo[:QUANT]; cllm/hub/names.py checks the rest
@@ -117,6 +118,15 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "token budget of one engine step, prompt chunks included; also the most tokens of one embeddings input", ENGINE,
         per_model=True, ge=1,
     )] = 512
+    rerank: Annotated[bool, setting(
+        "serve the rerank routes (`/v1/rerank`, and llama-server's `/rerank`, `/reranking`, `/v1/reranking`) with the "
+        "model's classification head, as llama-server's `--rerank`; a model without one is refused at start "
+        "(docs/rerank.md)", ENGINE, flags=("--reranking",), per_model=True,
+    )] = False
+    pooling: Annotated[Pooling, setting(
+        "as llama-server's `--pooling`: `rank` is `--rerank`; `auto`: embeddings are pooled as the GGUF says (mean "
+        "where it names none), with or without rerank", ENGINE, per_model=True,
+    )] = "auto"
     admit_per_step: Annotated[int, setting(
         "new requests one step may start, besides any that waited 4 steps; 0: as many as its token budget holds, in "
         "arrival order up to and including one that continues a prefix-cache entry (a chat's next turn); N bounds "
@@ -386,6 +396,11 @@ class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="k
             file_only=True,
         ),
     ] = []
+
+    @property
+    def ranks(self) -> bool:
+        """The rerank routes are served (--rerank, or --pooling rank)."""
+        return self.rerank or self.pooling == "rank"
 
     @property
     def n_threads(self) -> int:

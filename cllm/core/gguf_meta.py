@@ -62,14 +62,20 @@ def _skip_value(f: BinaryIO, kind: int) -> None:
         f.seek(struct.calcsize(SCALAR[kind]), 1)
 
 
+def _header(f: BinaryIO, path: str) -> tuple[int, int]:
+    """The tensor and metadata counts, past the magic and version."""
+    magic, version, n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
+    if magic != b"GGUF" or version < 2:
+        raise ValueError(f"{path} is not a GGUF v2/v3 file")
+    return n_tensors, n_kv
+
+
 def read_metadata(path: str, arrays: bool = True) -> dict[str, tuple[int, object]]:
     """key -> (type, value) of a GGUF file's metadata; an array's value is (element type, list).
 
     ``arrays=False`` leaves the arrays out, read past (a vocabulary is most of a small model's metadata)."""
     with open(path, "rb") as f:
-        magic, version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
-        if magic != b"GGUF" or version < 2:
-            raise ValueError(f"{path} is not a GGUF v2/v3 file")
+        _, n_kv = _header(f, path)
         out = {}
         for _ in range(n_kv):
             key = _read_str(f)
@@ -79,3 +85,19 @@ def read_metadata(path: str, arrays: bool = True) -> dict[str, tuple[int, object
             else:
                 out[key] = (kind, _read_value(f, kind))
         return out
+
+
+def tensor_names(path: str) -> list[str]:
+    """The names of a GGUF file's tensors, in its order (the infos after the metadata: name, dims, type, offset)."""
+    with open(path, "rb") as f:
+        n_tensors, n_kv = _header(f, path)
+        for _ in range(n_kv):
+            _read_str(f)
+            (kind,) = struct.unpack("<I", f.read(4))
+            _skip_value(f, kind)
+        names = []
+        for _ in range(n_tensors):
+            names.append(_read_str(f))
+            (n_dims,) = struct.unpack("<I", f.read(4))
+            f.seek(8 * n_dims + 4 + 8, 1)
+        return names

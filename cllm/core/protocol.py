@@ -74,10 +74,12 @@ class Hello(msgspec.Struct, tag=3, array_like=True, gc=False):
 
 
 class Embed(msgspec.Struct, tag=4, array_like=True, gc=False):
-    """Embed each input (token ids; the frontend checked their count and length)."""
+    """Embed each input (token ids; the frontend checked their count and length), or with ``rank`` score each
+    (a rerank prompt: query and document) through the model's classification head."""
 
     id: int
     inputs: list[list[int]]
+    rank: bool = False
 
 
 class SlotAction(msgspec.Struct, tag=5, array_like=True, gc=False):
@@ -130,6 +132,7 @@ class ModelInfo(msgspec.Struct, gc=False):
     cache_type_v: str = "f16"
     embedding_dim: int = 0  # length of an /v1/embeddings vector
     max_embedding_tokens: int = 0  # most tokens of one embeddings input: what one embeddings decode holds
+    rerank: bool = False  # the engine scores rerank prompts (--rerank): its model has a classification head
     spec_type: str = "none"  # speculative decoding: none, or --spec-type's kinds (ngram, draft-simple), comma-separated
     draft_max: int = 0  # most tokens a sequence drafts in a step
     mmproj: str = ""  # the projector's file: the engine takes images
@@ -221,7 +224,8 @@ class EngineStats(msgspec.Struct, tag=3, array_like=True, gc=False):
 
 class Embeddings(msgspec.Struct, tag=4, array_like=True, gc=False):
     """Vectors of an Embed's inputs [first, first + k), L2-normalised: k x dim float32s in native
-    byte order (bytes keep msgspec cheap). A request's come in order, over one step or several."""
+    byte order (bytes keep msgspec cheap); a rank Embed's scores, k float32s. A request's come in order, over one
+    step or several."""
 
     id: int
     first: int

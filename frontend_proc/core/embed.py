@@ -24,13 +24,13 @@ async def embed(st: ModelState, request: Request, value: str | list) -> tuple[np
     import numpy as np  # here, not at start-up: every frontend imports this module, few ask for embeddings
 
     inputs = _inputs(st, value, generation.engine_info(st).max_embedding_tokens)
-    vectors = np.frombuffer(await _engine_vectors(st, request, inputs), np.float32).reshape(len(inputs), -1)
+    vectors = np.frombuffer(await engine_vectors(st, request, inputs), np.float32).reshape(len(inputs), -1)
     return vectors, sum(map(len, inputs))
 
 
-async def _engine_vectors(st: ModelState, request: Request, inputs: list[list[int]]) -> bytes:
-    """The engine's vectors; a client hanging up first cancels the request."""
-    job = asyncio.ensure_future(st.client.embed(inputs))
+async def engine_vectors(st: ModelState, request: Request, inputs: list[list[int]], rank: bool = False) -> bytes:
+    """The engine's vectors (``rank``: rerank scores); a client hanging up first cancels the request."""
+    job = asyncio.ensure_future(st.client.embed(inputs, rank))
     hangup = asyncio.ensure_future(generation.disconnected(request))
     try:
         await asyncio.wait((job, hangup), return_when=asyncio.FIRST_COMPLETED)

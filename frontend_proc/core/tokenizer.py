@@ -78,6 +78,24 @@ class Tokenizer:
                 return buf[:n]
             size = -n
 
+    def rerank_prompt(self, query: str, document: str) -> list[int]:
+        """The tokens a reranker scores for a pair, as llama-server's format_prompt_rerank builds them: the file's
+        rerank template (`tokenizer.chat_template.rerank`, Qwen3-Reranker's) with {query} and {document} filled in,
+        else BOS, query, EOS, SEP, document, EOS as the vocabulary's add_bos/add_eos/add_sep flags say (SEP where
+        there is no EOS)."""
+        template = L.llama_model_chat_template(self.model, b"rerank")
+        if template:
+            prompt = template.decode(errors="replace").replace("{query}", query).replace("{document}", document)
+            return self.encode(prompt, add_special=False)
+        v = self.vocab
+        eos = L.llama_vocab_eos(v) if L.llama_vocab_eos(v) >= 0 else L.llama_vocab_sep(v)
+        bos = [L.llama_vocab_bos(v)] if L.llama_vocab_get_add_bos(v) else []
+        end = [eos] if L.llama_vocab_get_add_eos(v) else []
+        sep = [L.llama_vocab_sep(v)] if L.llama_vocab_get_add_sep(v) else []
+        q = self.encode(query, add_special=False, parse_special=False)
+        d = self.encode(document, add_special=False, parse_special=False)
+        return bos + q + end + sep + d + end
+
     def decode(self, tokens: list[int]) -> bytes:
         """The bytes of tokens, control tokens written out (as llama-server's /detokenize)."""
         ids = (L.llama_token * len(tokens))(*tokens)

@@ -137,15 +137,17 @@ class EngineClient:
                 RETRY_AFTER,
             )
 
-    async def embed(self, inputs: list[list[int]]) -> bytes:
-        """The inputs' vectors: len(inputs) x dim float32s. Cancelled (a hang-up, the
-        deadline), the engine drops the rest of the request."""
+    async def embed(self, inputs: list[list[int]], rank: bool = False) -> bytes:
+        """The inputs' vectors: len(inputs) x dim float32s; with ``rank``, rerank prompts' scores, a float32 each.
+        Cancelled (a hang-up, the deadline), the engine drops the rest of the request."""
         self._check_room()
         rid = next(self._ids)
-        job = self._embeddings[rid] = EmbeddingJob(len(inputs), self._loop.create_future())
+        assert self.info is not None  # _check_room: not ready otherwise
+        dim = 1 if rank else self.info.embedding_dim
+        job = self._embeddings[rid] = EmbeddingJob(len(inputs), dim, self._loop.create_future())
         timeout = self._config.request_timeout or None
         try:
-            if not await self._put(self._encode(Embed(rid, inputs))):
+            if not await self._put(self._encode(Embed(rid, inputs, rank))):
                 raise not_ready()
             return await asyncio.wait_for(job.done, timeout)
         except asyncio.TimeoutError:
@@ -306,7 +308,7 @@ class EngineClient:
                                 del streams[out.id]
                 elif type(msg) is Embeddings:
                     job = self._embeddings.get(msg.id)
-                    if job is not None and job.push(msg, self.info.embedding_dim):
+                    if job is not None and job.push(msg):
                         del self._embeddings[msg.id]
                 elif type(msg) is SlotDone:
                     done = self._slot_actions.get(msg.id)

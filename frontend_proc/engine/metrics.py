@@ -80,6 +80,7 @@ class Metrics:
     generation_tokens = Family(
         Counter, "cllm_generation_tokens_total", "Tokens generated for requests, as their usage says"
     )
+    reranked = Family(Counter, "cllm_reranked_documents_total", "Documents scored by the rerank routes", ("model",))
     ttft = Family(
         Histogram,
         "cllm_time_to_first_token_seconds",

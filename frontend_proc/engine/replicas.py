@@ -98,12 +98,12 @@ class ReplicaSet:
         self._prompts[stream] = (i, prompt)
         return stream
 
-    async def embed(self, inputs: list[list[int]]) -> bytes:
+    async def embed(self, inputs: list[list[int]], rank: bool = False) -> bytes:
         """On the least busy replica: no prefix to route by."""
         serving = self._serving
         if not serving:
             raise not_ready()
-        return await min(serving, key=lambda c: c.in_flight).embed(inputs)
+        return await min(serving, key=lambda c: c.in_flight).embed(inputs, rank)
 
     def cancel(self, stream: RequestStream, error: ApiError) -> None:
         stream.fail(error)

@@ -126,21 +126,22 @@ class RequestStream:
 class EmbeddingJob:
     """The vectors of one embeddings request as they arrive, a step's worth at a time."""
 
-    __slots__ = ("n", "parts", "received", "done")
+    __slots__ = ("n", "dim", "parts", "received", "done")
 
-    def __init__(self, n: int, done: asyncio.Future):
+    def __init__(self, n: int, dim: int, done: asyncio.Future):
         self.n = n  # inputs
+        self.dim = dim  # float32s an input gives: a vector's, or a rerank score's 1
         self.parts: list[bytes] = []
         self.received = 0
         self.done = done  # set to all the vectors' bytes, or to the error that ended the request
 
-    def push(self, msg: Embeddings, dim: int) -> bool:
+    def push(self, msg: Embeddings) -> bool:
         if msg.error:
             if not self.done.done():
                 self.done.set_exception(ApiError(503, "embeddings unavailable", msg.error, RETRY_AFTER))
             return True
         self.parts.append(msg.vectors)
-        self.received += len(msg.vectors) // (4 * dim)
+        self.received += len(msg.vectors) // (4 * self.dim)
         if self.received < self.n:
             return False
         if not self.done.done():

@@ -66,7 +66,10 @@ class LlamaServerError(msgspec.Struct):
 
 # The routes of llama-server's own API (frontend_proc.doors.llama_server): its clients read its error shape.
 LLAMA_SERVER_PATHS = frozenset(
-    ("/completion", "/completions", "/infill", "/props", "/slots", "/apply-template", "/tokenize", "/detokenize")
+    (
+        *("/completion", "/completions", "/infill", "/props", "/slots", "/apply-template", "/tokenize", "/detokenize"),
+        *("/rerank", "/reranking"),
+    )
 )
 # llama-server's error type per status (its format_error_response).
 LLAMA_SERVER_TYPES = {
