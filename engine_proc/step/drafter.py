@@ -72,9 +72,7 @@ def make_drafter(config: ServeConfig, runner: ModelRunner) -> Drafter | None:
     if "draft-simple" in types and config.model_draft is not None:
         draft = DraftRunner(config.model_draft, runner, config)
         model = DraftModel(draft, config.spec_draft_n_max, config.spec_draft_n_min, config.spec_draft_p_min)
-    drafter = Drafter(config.draft_max, runner.seq_ctx, memory, path, config.spec_memory_shared)
-    drafter.ngram, drafter.model = "ngram" in types, model
-    return drafter
+    return Drafter(config.draft_max, runner.seq_ctx, memory, path, config.spec_memory_shared, "ngram" in types, model)
 
 
 class Drafter:
@@ -85,6 +83,8 @@ class Drafter:
         memory: NgramMemory | None = None,
         memory_file: str | None = None,
         shared: bool = False,
+        ngram: bool = True,
+        model: DraftModel | None = None,
     ):
         self.draft_max = draft_max
         self.seq_ctx = seq_ctx
@@ -99,8 +99,8 @@ class Drafter:
         self._drafted = self._accepted = 0  # this step's
         self.costs = StepCosts()
         self._unpaid = 0  # steps since drafting last paid or was tried
-        self.ngram = True  # drafts from text (--spec-type ngram)
-        self.model: DraftModel | None = None  # drafts by a draft model where text gives none (draft-simple)
+        self.ngram = ngram  # drafts from text (--spec-type ngram)
+        self.model = model  # drafts by a draft model where text gives none (draft-simple)
         self._model_seconds = 0.0  # this step's drafting by the model
 
     def draft(self, decode: list[Chunk], budget: int) -> None:
