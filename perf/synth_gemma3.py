@@ -118,18 +118,8 @@ def write_text_model(path: str, seed: int = 0) -> str:
     ones = lambda n: np.ones(n, np.float32)  # noqa: E731
 
     writer = gguf.GGUFWriter(path, "gemma3")
-    writer.add_name("cllm synthetic gemma3 (random weights, tests the image path)")
-    writer.add_file_type(1)  # mostly F16
-    writer.add_context_length(8192)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_LAYER)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_KV)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(1_000_000.0)
+    name = "cllm synthetic gemma3 (random weights, tests the image path)"
+    synth_model.write_shape(writer, name, 8192, N_EMBD, N_LAYER, N_FF, N_HEAD, N_KV, HEAD_DIM)
     writer.add_sliding_window(SLIDING_WINDOW)
     writer.add_tokenizer_model(tok["tokenizer.ggml.model"][1])
     writer.add_tokenizer_pre(tok["tokenizer.ggml.pre"][1])
@@ -146,25 +136,13 @@ def write_text_model(path: str, seed: int = 0) -> str:
     writer.add_tensor("token_embd.weight", w(len(tokens), N_EMBD))
     for i in range(N_LAYER):
         p = f"blk.{i}."
-        writer.add_tensor(p + "attn_norm.weight", ones(N_EMBD))
-        writer.add_tensor(p + "attn_q.weight", w(N_HEAD * HEAD_DIM, N_EMBD))
-        writer.add_tensor(p + "attn_k.weight", w(N_KV * HEAD_DIM, N_EMBD))
-        writer.add_tensor(p + "attn_v.weight", w(N_KV * HEAD_DIM, N_EMBD))
-        writer.add_tensor(p + "attn_output.weight", w(N_EMBD, N_HEAD * HEAD_DIM))
-        writer.add_tensor(p + "attn_q_norm.weight", ones(HEAD_DIM) * QK_GAIN)
-        writer.add_tensor(p + "attn_k_norm.weight", ones(HEAD_DIM) * QK_GAIN)
+        synth_model.write_attention(writer, p, w, N_EMBD, N_HEAD, N_KV, HEAD_DIM, QK_GAIN)
         writer.add_tensor(p + "post_attention_norm.weight", ones(N_EMBD))
-        writer.add_tensor(p + "ffn_norm.weight", ones(N_EMBD))
-        writer.add_tensor(p + "ffn_gate.weight", w(N_FF, N_EMBD))
-        writer.add_tensor(p + "ffn_up.weight", w(N_FF, N_EMBD))
-        writer.add_tensor(p + "ffn_down.weight", w(N_EMBD, N_FF))
+        synth_model.write_ffn(writer, p, w, N_EMBD, N_FF)
         writer.add_tensor(p + "post_ffw_norm.weight", ones(N_EMBD))
     writer.add_tensor("output_norm.weight", ones(N_EMBD))
     writer.add_tensor("output.weight", w(len(tokens), N_EMBD))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    synth_model.finish(writer)
     return path
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from perf import gguf_io
+from perf import gguf_io, synth_model
 
 PROJECTOR_TYPE = "mlp"
 
@@ -141,10 +141,7 @@ def write_gguf(
             writer.add_array(key, value)
     for name, array in tensors.items():
         writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    synth_model.finish(writer)
     return path
 
 

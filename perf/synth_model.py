@@ -173,6 +173,52 @@ def extract_tokenizer(model: str) -> None:
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
 
 
+def finish(writer) -> None:
+    """Write a gguf.GGUFWriter's header, keys and tensors, and close its file."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_shape(writer, name: str, context: int, n_embd: int, n_layer: int, n_ff: int, n_head: int, n_kv: int,
+                head_dim: int) -> None:
+    """The name and shape keys of an F16 qwen3- or gemma3-shaped test model, in the order its cached file has them."""
+    writer.add_name(name)
+    writer.add_file_type(1)  # mostly F16
+    writer.add_context_length(context)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(1_000_000.0)
+
+
+def write_attention(writer, prefix: str, w, n_embd: int, n_head: int, n_kv: int, head_dim: int,
+                    qk_gain: float = 1.0) -> None:
+    """One layer's attention tensors as the qwen3- and gemma3-shaped test models write them (norm, Q K V O, the
+    Q/K norms at ``qk_gain``), drawing from ``w`` in this order so a cached model file comes out bit for bit again."""
+    writer.add_tensor(prefix + "attn_norm.weight", np.ones(n_embd, np.float32))
+    writer.add_tensor(prefix + "attn_q.weight", w(n_head * head_dim, n_embd))
+    writer.add_tensor(prefix + "attn_k.weight", w(n_kv * head_dim, n_embd))
+    writer.add_tensor(prefix + "attn_v.weight", w(n_kv * head_dim, n_embd))
+    writer.add_tensor(prefix + "attn_output.weight", w(n_embd, n_head * head_dim))
+    writer.add_tensor(prefix + "attn_q_norm.weight", np.ones(head_dim, np.float32) * qk_gain)
+    writer.add_tensor(prefix + "attn_k_norm.weight", np.ones(head_dim, np.float32) * qk_gain)
+
+
+def write_ffn(writer, prefix: str, w, n_embd: int, n_ff: int) -> None:
+    """One layer's gated feed-forward tensors (norm, gate, up, down), drawn from ``w`` in this order."""
+    writer.add_tensor(prefix + "ffn_norm.weight", np.ones(n_embd, np.float32))
+    writer.add_tensor(prefix + "ffn_gate.weight", w(n_ff, n_embd))
+    writer.add_tensor(prefix + "ffn_up.weight", w(n_ff, n_embd))
+    writer.add_tensor(prefix + "ffn_down.weight", w(n_embd, n_ff))
+
+
 def metadata(preset: str, shape: Shape, quant: str) -> dict:
     meta = {
         "general.architecture": (G.STRING, "llama"),

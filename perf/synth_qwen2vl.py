@@ -110,10 +110,7 @@ def write_text(path: str, text: Text = Text(), seed: int = 0, arch: str = "qwen2
         writer.add_tensor(p + "ffn_up.weight", w(text.n_ff, text.n_embd))
         writer.add_tensor(p + "ffn_down.weight", w(text.n_embd, text.n_ff))
     writer.add_tensor("output_norm.weight", vec(text.n_embd, 1.0))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    synth_model.finish(writer)
     return path
 
 

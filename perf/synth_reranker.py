@@ -55,18 +55,8 @@ def write(path: str, plain: bool = False, seed: int = 0, shape: str = "tiny") ->
 
     part = f"{path}.{os.getpid()}.part"
     writer = gguf.GGUFWriter(part, "qwen3")
-    writer.add_name("cllm synthetic reranker (random weights, tests the rerank path)")
-    writer.add_file_type(1)  # mostly F16
-    writer.add_context_length(2048)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_kv)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(1_000_000.0)
+    name = "cllm synthetic reranker (random weights, tests the rerank path)"
+    synth_model.write_shape(writer, name, 2048, n_embd, n_layer, n_ff, n_head, n_kv, head_dim)
     writer.add_classifier_output_labels(list(LABELS))
     writer.add_tokenizer_model(tok["tokenizer.ggml.model"][1])
     writer.add_tokenizer_pre(tok["tokenizer.ggml.pre"][1])
@@ -89,23 +79,11 @@ def write(path: str, plain: bool = False, seed: int = 0, shape: str = "tiny") ->
     writer.add_tensor("token_embd.weight", w(len(tokens), n_embd))  # tied: the output projection too
     for i in range(n_layer):
         p = f"blk.{i}."
-        writer.add_tensor(p + "attn_norm.weight", ones(n_embd))
-        writer.add_tensor(p + "attn_q.weight", w(n_head * head_dim, n_embd))
-        writer.add_tensor(p + "attn_k.weight", w(n_kv * head_dim, n_embd))
-        writer.add_tensor(p + "attn_v.weight", w(n_kv * head_dim, n_embd))
-        writer.add_tensor(p + "attn_output.weight", w(n_embd, n_head * head_dim))
-        writer.add_tensor(p + "attn_q_norm.weight", ones(head_dim))
-        writer.add_tensor(p + "attn_k_norm.weight", ones(head_dim))
-        writer.add_tensor(p + "ffn_norm.weight", ones(n_embd))
-        writer.add_tensor(p + "ffn_gate.weight", w(n_ff, n_embd))
-        writer.add_tensor(p + "ffn_up.weight", w(n_ff, n_embd))
-        writer.add_tensor(p + "ffn_down.weight", w(n_embd, n_ff))
+        synth_model.write_attention(writer, p, w, n_embd, n_head, n_kv, head_dim)
+        synth_model.write_ffn(writer, p, w, n_embd, n_ff)
     writer.add_tensor("output_norm.weight", ones(n_embd))
     writer.add_tensor("cls.output.weight", w(len(LABELS), n_embd))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    synth_model.finish(writer)
     os.replace(part, path)
     return path
 
