@@ -20,6 +20,7 @@ import httpx
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cllm.core.model_file import embedded_model_path
 from tests.conftest import ROOT, alive, family, start_server, wait_until
@@ -119,6 +120,25 @@ def test_load_on_demand_with_a_q8_0_cache(pool, http, oai):
         ("b", 0, "serving"),
         ("b", 1, "serving"),
     ]
+
+
+def test_metrics_props_and_slots_take_model_as_llama_servers_router_does(http):
+    """?model= on /metrics keeps that model's series (the server-wide families have no model label), on /props and
+    /slots answers for that model; an unloaded model's figures are read, not loaded; an unknown name is a 404."""
+    for name, model, replicas, slots in (("b", "b", {"0", "1"}, 8), ("alpha", "a", {"0"}, 2)):
+        r = http.get("/metrics", params={"model": name})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        families = {f.name: f for f in text_string_to_metric_families(r.text)}
+        assert {s.labels["model"] for f in families.values() for s in f.samples} == {model}
+        assert {s.labels["replica"] for s in families["cllm_requests_running"].samples} == replicas
+        assert families["cllm_model_loads"].samples and "cllm_requests" not in families
+        assert http.get("/props", params={"model": name}).json()["total_slots"] == slots
+        assert len(http.get("/slots", params={"model": name}).json()) == slots
+    assert http.get("/metrics", params={"model": "huge"}).text == ""  # never loaded: no series yet
+    assert status(http)["huge"] == "unloaded"
+    for route in ("/metrics", "/props", "/slots"):
+        r = http.get(route, params={"model": "nope"})
+        assert r.status_code == 404 and "`nope`" in r.text, route
 
 
 def test_replicas_route_shared_prefixes_together_and_spread_the_rest(http, oai):

@@ -9,8 +9,9 @@ The engine's figures are labelled with its model and replica.
 
 from __future__ import annotations
 
+import copy
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import (
@@ -22,6 +23,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 from cllm.core.protocol import EngineStats, PrefixCacheStats
 
@@ -305,8 +307,25 @@ class Metrics:
                 if per_output is not None:
                     self.tpot.observe(per_output)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, model: str | None = None) -> bytes:
+        """Every series, or (`/metrics?model=`, as llama-server's router answers one model's figures) the series
+        labelled with that model: the server-wide families (requests, tokens, latencies) have no model label."""
+        return generate_latest(self.registry if model is None else _OneModel(self.registry, model))
+
+
+class _OneModel:
+    """A registry's families as one model's series: samples of other models, and unlabelled ones, left out."""
+
+    def __init__(self, registry: CollectorRegistry, model: str):
+        self.registry, self.model = registry, model
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            samples = [s for s in family.samples if s.labels.get("model") == self.model]
+            if samples:
+                mine = copy.copy(family)
+                mine.samples = samples
+                yield mine
 
 
 class _EngineSeen:

@@ -129,8 +129,12 @@ def _engine_figures(client: EngineClient, info: ModelInfo, metrics: Metrics, ful
 
 
 async def metrics(request: Request) -> Response:
-    metrics = server(request).metrics
-    return Response(metrics.exposition(), media_type=metrics.content_type)
+    """Prometheus text; `?model=` (llama-server's router's parameter) keeps that model's series. Its figures live
+    here in the frontend, so naming a sleeping or unloaded model neither wakes nor loads it."""
+    srv = server(request)
+    name = request.query_params.get("model")
+    model = None if name is None else srv.pool.find(name).id
+    return Response(srv.metrics.exposition(model), media_type=srv.metrics.content_type)
 
 
 operations = [
@@ -153,5 +157,7 @@ operations = [
         errors=(400,),
         query=(("level", HEALTH_LEVELS),),
     ),
-    Operation("GET", "/metrics", metrics, "Prometheus metrics", text="text/plain"),
+    Operation(
+        "GET", "/metrics", metrics, "Prometheus metrics; ?model= one model's series", text="text/plain", errors=(404,)
+    ),
 ]
