@@ -295,6 +295,21 @@ def tok():
     return Tokenizer(resolve_model(None))
 
 
+def embedded_with(dest: str, meta: dict[str, tuple[Any, Any]]) -> str:
+    """A copy of the embedded model at ``dest`` with these key-values added ({key: (GGUFValueType, value)}), written
+    by the `gguf` package (the test extra's: a missing one fails the test rather than skipping it)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    from cllm.core.model_file import resolve_model
+
+    reader = gguf.GGUFReader(resolve_model(None), "r")
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    added = {key: MetadataDetails(kind, value) for key, (kind, value) in meta.items()}
+    copy_with_new_metadata(reader, gguf.GGUFWriter(dest, arch=arch, endianess=reader.endianess), added, [])
+    return dest
+
+
 @pytest.fixture(scope="session")
 def mmproj(tmp_path_factory) -> str:
     """A made vision projector (perf/synth_mmproj.py, random weights) for the embedded model: its file."""

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import CHAT_PROMPT, running, start_server, wait_idle
+from tests.conftest import CHAT_PROMPT, embedded_with, running, start_server, wait_idle
 from tests.llama_server import ONLY_LLAMA_SERVER, llama_server_on, refused, same_shape
 
 TIMING_KEYS = {
@@ -275,20 +275,11 @@ FIM_IDS = {"fim_pre": 11, "fim_suf": 12, "fim_mid": 13, "fim_rep": 3, "fim_sep":
 
 @pytest.fixture(scope="module")
 def fim_model(tmp_path_factory) -> str:
-    """A copy of the embedded model whose metadata names FIM tokens (the `gguf` package writes it)."""
-    import gguf  # the test extra's: a missing one fails here rather than skipping the /infill comparison
-    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+    """A copy of the embedded model whose metadata names FIM tokens."""
+    import gguf
 
-    from cllm.core.model_file import resolve_model
-
-    copy = str(tmp_path_factory.mktemp("fim") / "smollm2-fim.gguf")
-    reader = gguf.GGUFReader(resolve_model(None), "r")
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    meta = {
-        f"tokenizer.ggml.{name}_token_id": MetadataDetails(gguf.GGUFValueType.UINT32, i) for name, i in FIM_IDS.items()
-    }
-    copy_with_new_metadata(reader, gguf.GGUFWriter(copy, arch=arch, endianess=reader.endianess), meta, [])
-    return copy
+    meta = {f"tokenizer.ggml.{name}_token_id": (gguf.GGUFValueType.UINT32, i) for name, i in FIM_IDS.items()}
+    return embedded_with(str(tmp_path_factory.mktemp("fim") / "smollm2-fim.gguf"), meta)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import httpx
 import ollama
 import pytest
 
-from tests.conftest import start_server, wait_until
+from tests.conftest import embedded_with, start_server, wait_until
 from tests.near_tie import CAPITAL, greedy
 from tests.test_pool import write_config
 from tests.test_tools import weather_history as openai_weather_history
@@ -47,7 +47,8 @@ def test_tags_show_and_ps_describe_the_model_alike(client):
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.embedding_length"] == 576
     # the slot's (8192 cells / 16), not the 8192 it was trained on
     assert shown.modelinfo["llama.context_length"] == 512
-    assert "completion" in shown.capabilities and "tools" in shown.capabilities and "vision" not in shown.capabilities
+    assert "completion" in shown.capabilities and "tools" in shown.capabilities
+    assert "vision" not in shown.capabilities and "embedding" not in shown.capabilities  # it answers /api/embed too
     assert "im_start" in shown.template and shown.details.family == "llama"
     assert client.show("SmolLM2-135M-Instruct.Q4_1").details.format == "gguf"  # the tag may be left out
     (running,) = client.ps().models
@@ -162,6 +163,19 @@ def test_embed_and_the_older_embeddings(client):
     (one,) = client.embed(NAME, input="The cat sat.").embeddings
     older = client.embeddings(NAME, prompt="The cat sat.").embedding
     assert max(abs(a - b) for a, b in zip(one, older)) < 1e-4
+
+
+def test_a_model_that_says_how_it_pools_shows_as_an_embedding_model(tmp_path):
+    """Ollama's rule: a GGUF with `<arch>.pooling_type` is an embedding model (`embedding` in place of `completion`),
+    and Open WebUI and the `ollama` CLI go by it; it embeds as its pooling says."""
+    import gguf
+
+    mean = embedded_with(str(tmp_path / "smol-embed.gguf"), {"llama.pooling_type": (gguf.GGUFValueType.UINT32, 1)})
+    with start_server("--model", mean, "--parallel", "1", "--ctx-size", "512") as srv:
+        embedder = ollama.Client(host=srv.url, timeout=300)
+        assert embedder.show("smol-embed").capabilities == ["embedding"]
+        (vector,) = embedder.embed("smol-embed", input="The cat sat.").embeddings
+        assert len(vector) == 576 and abs(sum(x * x for x in vector) - 1) < 1e-3
 
 
 def test_num_ctx_beyond_the_slot_is_clamped_and_said(server, client):

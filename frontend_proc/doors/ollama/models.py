@@ -218,11 +218,14 @@ async def show(request: Request) -> Response:
     if model.status == "loaded" and model.client.info is not None:
         info["general.parameter_count"] = model.client.info.n_params
     template = str(meta.get("tokenizer.chat_template", ""))
-    capabilities = ["completion", "tools"]  # cllm offers tools through any chat template
-    if "<think>" in template or "reasoning" in template:
-        capabilities.append("thinking")
-    if meta.get("cllm.fim"):
-        capabilities.append("insert")
+    if f"{arch}.pooling_type" in meta:  # Ollama's test for an embedding model: one that says how it pools
+        capabilities = ["embedding"]  # in place of completion, as Ollama lists it
+    else:
+        capabilities = ["completion", "tools"]  # cllm offers tools through any chat template
+        if "<think>" in template or "reasoning" in template:
+            capabilities.append("thinking")
+        if meta.get("cllm.fim"):
+            capabilities.append("insert")
     if model.spec.config.mmproj:
         capabilities.append("vision")  # a projector beside the model: images in chat and generate
     return json_response(
