@@ -32,14 +32,13 @@ import os
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
 
+from cllm.children import Child, Engine, terminate
 from cllm.core.config import ServeConfig
 from cllm.core.launch import (
     EXIT_LOAD_FAILED,
@@ -73,33 +72,8 @@ if TYPE_CHECKING:
     from cllm.hub.jobs import HubJobs
 
 ENGINE_EXIT_GRACE = 5.0
-MAX_RESTARTS = 5  # of one child within RESTART_WINDOW seconds; more is a crash loop
-RESTART_WINDOW = 60.0
 
 log = logging.getLogger("cllm.supervisor")
-
-
-@dataclass
-class Child:
-    """One process slot (the frontend, or one replica of one model) and its history."""
-
-    name: str  # "frontend", or "engine <model>#<replica>"
-    proc: subprocess.Popen | None = None
-    starts: int = 0
-    restarted_at: list[float] = field(default_factory=list)
-    stop_by: float | None = None  # asked to stop (unloaded): killed if still alive then
-
-    def may_restart(self) -> bool:
-        now = time.monotonic()
-        self.restarted_at = [t for t in self.restarted_at if now - t < RESTART_WINDOW] + [now]
-        return len(self.restarted_at) <= MAX_RESTARTS
-
-
-@dataclass(kw_only=True)
-class Engine(Child):
-    spec: ModelSpec
-    replica: int = 0
-    rings: tuple[Ring, Ring]  # requests, outputs
 
 
 class Supervisor:
@@ -234,7 +208,7 @@ class Supervisor:
             proc = self.frontend.proc
             assert proc is not None  # started before the loop, and again at once whenever it ends
             if proc.poll() is not None:
-                if not self._restart(self.frontend, proc.returncode):
+                if not self.frontend.may_restart(proc.returncode, self.serving):
                     return 1
                 self._start_frontend()
             for engine in self.engines.values():
@@ -265,24 +239,6 @@ class Supervisor:
                     proc.kill()
         return 0
 
-    def _restart(self, child: Child, code: int) -> bool:
-        """Whether a child that died may start again; says why not."""
-        how = _exit_status(code)
-        if not self.serving:
-            log.error("the %s process exited during start-up (%s)", child.name, how)
-            return False
-        if not child.may_restart():
-            log.error(
-                "the %s process died (%s) after %d restarts in %g s; giving up",
-                child.name,
-                how,
-                MAX_RESTARTS,
-                RESTART_WINDOW,
-            )
-            return False
-        log.error("the %s process died (%s); starting it again", child.name, how)
-        return True
-
     def _engine_exited(self, engine: Engine) -> bool:
         """Restart an engine that died, or give its model up; False: the server must end."""
         assert engine.proc is not None  # it has just been seen to end
@@ -296,7 +252,7 @@ class Supervisor:
         if code == EXIT_LOAD_FAILED and self.serving:
             log.error("the %s process could not load %s; not starting it again", engine.name, engine.spec.path)
             reason = "its engine could not load the model file"
-        elif self._restart(engine, code):
+        elif engine.may_restart(code, self.serving):
             self._notify_frontend(EngineExited(generation, engine.spec.id, engine.replica))
             self._start_engine(engine)
             return True
@@ -382,21 +338,8 @@ class Supervisor:
     def _stop(self) -> None:
         """Stop listening, then the frontend (it drains in-flight requests), then the engines."""
         self.listener.close()
-        self._terminate([self.frontend.proc], self.config.shutdown_timeout + 5)
-        self._terminate([e.proc for e in self.engines.values()], ENGINE_EXIT_GRACE)
-
-    @staticmethod
-    def _terminate(procs: list[subprocess.Popen | None], grace: float) -> None:
-        live = [p for p in procs if p is not None and p.poll() is None]
-        for proc in live:
-            proc.terminate()
-        deadline = time.monotonic() + grace
-        for proc in live:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate([self.frontend.proc], self.config.shutdown_timeout + 5)
+        terminate([e.proc for e in self.engines.values()], ENGINE_EXIT_GRACE)
 
 
 _control = msgspec.json.Decoder(Control)
@@ -406,7 +349,3 @@ def _close(rings: tuple[Ring, Ring]) -> None:
     for ring in rings:
         ring.close()
         ring.close_fds()
-
-
-def _exit_status(code: int) -> str:
-    return f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"

@@ -16,7 +16,15 @@ from tests.conftest import ROOT
 
 PACKAGES = ("cllm", "engine_proc", "frontend_proc", "perf")
 BOTTOM = "cllm.core"
-ABOVE_THE_BOTTOM = ("engine_proc", "frontend_proc", "cllm.cli", "cllm.supervisor", "cllm.ray_serve", "cllm.bench")
+ABOVE_THE_BOTTOM = (
+    "engine_proc",
+    "frontend_proc",
+    "cllm.cli",
+    "cllm.supervisor",
+    "cllm.children",
+    "cllm.ray_serve",
+    "cllm.bench",
+)
 WEB_FRAMEWORKS = ("starlette", "uvicorn", "fastapi", "httptools", "uvloop")
 # The frontend's layers, bottom up: a module imports its own layer and those below. chat and http are side by
 # side: neither imports the other. Each door (frontend_proc.doors.<api>) is a layer of its own above them.
