@@ -1,10 +1,12 @@
 """A draft model (--model-draft) in a server: the embedded SmolLM2's weights in F16 as the target, the embedded
 Q4_1 as its draft (the same family at two precisions, as users pair them). Drafts are verified token by token, so
 the text is the target's; a seeded sampled request repeats; the counters move; a repeated prompt the prefix cache
-serves, and a restart on --cache-dir, read the same with the draft still accepted; a draft whose vocabulary
-cannot serve the target (perf/synth_gemma3.py's text model: Gemma 3's BOS and EOS) is refused at start."""
+serves, a restart on --cache-dir and exact mode read the same with the draft still accepted; two requests at once
+read as alone; a draft whose vocabulary cannot serve the target (perf/synth_gemma3.py's text model: Gemma 3's BOS and EOS) is refused at start."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -135,6 +137,30 @@ def test_a_restart_on_the_cache_dir_reads_the_same_and_drafts(drafted):
         assert answer["tokens"] == plain["tokens"]
         assert answer["timings"]["cache_n"] > 0, answer["timings"]  # the prompt's cells from a --cache-dir file
         copying(answer, plain)
+
+
+def test_two_requests_at_once_read_as_alone_and_both_draft(drafted):
+    """--parallel 2: both sequences' drafts come from one batched decode of the draft model and are verified in one
+    step of the target; each reads as it does alone."""
+    srv, _, plain = drafted
+    copy = completion(srv, prompt=COPY, speculative=False)
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda p: completion(srv, prompt=p), (PROMPT, COPY))
+    assert a["tokens"] == plain["tokens"] and b["tokens"] == copy["tokens"]
+    # How much each drafts at two sequences is the step costs' call (engine_proc/step/drafter.py); some is drafted.
+    assert accepted(a) + accepted(b) > 0, (a["timings"], b["timings"])
+
+
+def test_in_exact_mode_a_repeated_prompt_reads_the_same_and_drafts(smollm2_f16):
+    """--prefix-cache-exact (prompts prefilled in fixed blocks, only whole blocks reused) with a draft model: the
+    repeat's prompt cells come from the cache, and the draft context still holds the prompt (a copy's drafts hold)."""
+    args = ("--model", smollm2_f16, "-md", resolve_model(None), *ARGS, "--prefix-cache-exact", "--batch-size", "16")
+    with start_server(*args) as srv:
+        plain = completion(srv, prompt=COPY, speculative=False)
+        first, again = completion(srv, prompt=COPY), completion(srv, prompt=COPY)
+        assert again["timings"]["cache_n"] >= 16, again["timings"]
+        assert again["tokens"] == first["tokens"] == plain["tokens"]
+        copying(again, plain)
 
 
 def test_a_draft_model_of_another_vocabulary_is_refused_at_start(tmp_path):

@@ -130,6 +130,31 @@ def test_beside_text_requests_each_decodes_as_it_does_alone(engine):
     assert [tokens(outs[20 + i]) for i in range(3)] == alone
 
 
+def test_with_a_draft_model_an_image_decodes_as_mtmds_path_beside_drafting_text(gemma3):
+    """A draft model loaded (the made model drafts for itself, the same vocabulary): an image's placeholders are no
+    tokens, so its sequence never drafts and decodes as mtmd's path does, while text sequences in the same steps
+    draft and have their drafts verified."""
+    model, _ = gemma3
+    engine = engine_on(gemma3, model_draft=model, spec_draft_n_max=4)
+    try:
+        assert engine.drafter is not None and engine.drafter.model is not None
+        data = F.png(F.picture(80, 60, seed=11))
+        text, at, chunks = prompt(engine.vision, data)
+        with chunks:
+            want = reference(engine, chunks, GREEDY.max_tokens)
+        plain = [
+            text_tokens(engine.vision, f"{USER}Count from {w}.<end_of_turn>\n<start_of_turn>model\n") for w in "ab"
+        ]
+        reqs = [Submit(70 + i, p, GREEDY) for i, p in enumerate(plain)]
+        reqs.insert(1, Submit(79, text, GREEDY, images=[ImageInput(at, data)]))
+        outs = run(engine, reqs)
+        assert tokens(outs[79]) == want and len(want) >= 4
+        assert all(outs[70 + i][-1].finish in ("stop", "length") for i in range(2))
+        assert engine.drafter.drafted > 0 and engine.drafter.accepted > 0
+    finally:
+        engine.close()
+
+
 def test_an_image_is_decoded_whole_where_a_prefill_block_would_cut_it(gemma3):
     """Exact mode cuts a prompt at block boundaries (16 positions with --batch-size 16): an image that crosses one
     is still decoded in one piece, as its rows must see each other."""
