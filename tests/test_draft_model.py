@@ -1,8 +1,9 @@
 """A draft model (--model-draft) in a server: the embedded SmolLM2's weights in F16 as the target, the embedded
 Q4_1 as its draft (the same family at two precisions, as users pair them). Drafts are verified token by token, so
 the text is the target's; a seeded sampled request repeats; the counters move; a repeated prompt the prefix cache
-serves, a restart on --cache-dir and exact mode read the same with the draft still accepted; two requests at once
-read as alone; a draft whose vocabulary cannot serve the target (perf/synth_gemma3.py's text model: Gemma 3's BOS and EOS) is refused at start."""
+serves, a restart on --cache-dir and exact mode read the same with the draft still accepted; two requests at
+once read as alone; a draft whose vocabulary cannot serve the target (perf/synth_gemma3.py's text model: Gemma 3's
+BOS and EOS) is refused at start."""
 
 from __future__ import annotations
 
