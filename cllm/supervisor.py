@@ -58,6 +58,7 @@ from cllm.core.protocol import (
     DeleteModel,
     EngineExited,
     LoadModel,
+    ModelInfo,
     Notice,
     PullEnded,
     PullModel,
@@ -89,6 +90,7 @@ class Supervisor:
         self.frontend_fds: tuple[int, ...] = ()  # its lifeline's write end, its ready and control read ends
         self.spare: list[list[tuple[Ring, Ring]] | None] = []  # rings for models pulled while serving; None: taken
         self.jobs: HubJobs | None = None  # with --allow-pull: the pulls and deletions clients ask for
+        self.asleep: dict[str, ModelInfo] = {}  # models put to sleep: what a frontend started meanwhile answers with
         self._control_buf = b""
 
     def run(self) -> int:
@@ -159,6 +161,7 @@ class Supervisor:
                     EngineRings(*(ring.spec for ring in self.engines[spec.id, r].rings)) for r in range(spec.replicas)
                 ],
                 loaded=self._running(spec.id),
+                asleep=self.asleep.get(spec.id),
             )
             for spec in self.models
         ]
@@ -269,8 +272,13 @@ class Supervisor:
         for line in lines:
             msg = _control.decode(line)
             if type(msg) is LoadModel:
+                self.asleep.pop(msg.model, None)
                 self._load(msg.model)
             elif type(msg) is UnloadModel:
+                if msg.asleep is None:
+                    self.asleep.pop(msg.model, None)
+                else:
+                    self.asleep[msg.model] = msg.asleep
                 self._unload(msg.model)
             elif type(msg) is PullModel and self.jobs is not None:  # (the frontend asks only with --allow-pull)
                 self.jobs.pull(msg.name)
@@ -317,6 +325,7 @@ class Supervisor:
         if any(e.proc is not None for _, e in mine):
             return self._notify_frontend(DeleteEnded(name, f"{name} is still running"))
         self.models = [m for m in self.models if m.id != name]
+        self.asleep.pop(name, None)
         for key, engine in mine:
             del self.engines[key]
             _close(engine.rings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import threading
 
 import httpx
@@ -19,7 +20,7 @@ import pytest
 
 from cllm.core.model_file import embedded_model_path
 from cllm.hub.store import repo_folder
-from tests.conftest import start_server, wait_until
+from tests.conftest import child, start_server, wait_until
 from tests.hub_server import FakeHub, Repo
 from tests.unit.test_gguf_check import BAD
 
@@ -27,6 +28,7 @@ WHOLE = "cllm-test/SmolLM2-135M-Instruct-GGUF"
 NAME = f"{WHOLE}:Q4_1"
 CRAFTED = "cllm-test/crafted-GGUF"
 KEY = "k" * 32
+DEFAULT = "SmolLM2-135M-Instruct.Q4_1"  # the model the server starts on
 SMALL = ("--ctx-size", "1024", "--parallel", "2")
 QUESTION = [
     {"role": "system", "content": "You are a helpful assistant who answers in one sentence."},
@@ -70,6 +72,16 @@ def get(srv, path: str) -> dict:
 def answer(srv, model: str) -> str:
     reply = client(srv).chat(model=model, messages=QUESTION, options={"num_predict": 20, "temperature": 0})
     return str(reply.message.content)
+
+
+def serving(srv) -> dict | None:
+    """/health?level=detailed's figures once every engine serves (503 while one restarts)."""
+    r = httpx.get(f"{srv.url}/health", params={"level": "detailed"}, timeout=60)
+    return r.json()["data"] if r.status_code == 200 else None
+
+
+def status(srv) -> dict[str, str]:
+    return {m["id"]: m["status"]["value"] for m in get(srv, "/models")["data"]}
 
 
 def cached(home: str, repo: str) -> list[str]:
@@ -156,6 +168,62 @@ def test_a_crafted_gguf_is_refused_removed_and_the_server_keeps_serving(srv, hom
     assert failed["status"]["value"] == "failed" and "runs past the file's end" in failed["status"]["error"]
     assert cached(home, CRAFTED) == []
     assert "Paris" in answer(srv, NAME)
+
+
+def pull_while_the_engine_dies(srv, hub) -> list:
+    """A pull of NAME (paced, so it streams for seconds) during which the default model's engine is killed; its lines,
+    or the ResponseError that ended them."""
+    assert client(srv).delete(NAME).status == "success"
+    engine = child(srv, "engine_proc")  # the default model's: the only one running
+    hub.pace = 4.0
+    out: list = []
+
+    def pull() -> None:
+        try:
+            out.extend(client(srv).pull(NAME, stream=True))
+        except ollama.ResponseError as e:
+            out.append(e)
+
+    pulling = threading.Thread(target=pull)
+    pulling.start()
+    try:
+        wait_until(lambda: status(srv).get(NAME) == "downloading", 30)
+        engine.send_signal(signal.SIGKILL)
+    finally:
+        pulling.join(120)
+        hub.pace = 0.0
+    assert not pulling.is_alive()
+    assert not engine.is_running() or engine.status() == "zombie"
+    served = wait_until(lambda: serving(srv), 120)
+    assert served["restarts"]["engine"] >= 1  # the supervisor started it again
+    assert "Paris" in answer(srv, DEFAULT)
+    return out
+
+
+def test_an_engine_killed_while_a_pull_streams_is_restarted_and_the_pull_finishes(srv, hub, home):
+    """The pull runs in the supervisor: the engine dying under it ends neither the pull nor the server."""
+    lines = pull_while_the_engine_dies(srv, hub)
+    assert lines[-1].status == "success" and any(p.completed for p in lines if p.digest)
+    assert "Paris" in answer(srv, NAME)
+    assert [n for n in cached(home, WHOLE) if n.endswith(".incomplete")] == []
+
+
+def test_a_pull_that_fails_while_an_engine_restarts_ends_with_an_error_and_nothing_is_loaded(srv, hub, home):
+    """A download that does not match its checksum, the engine killed meanwhile: the stream's last line is the
+    error, the file is gone from the cache, and the model is neither served nor loadable from a partial file."""
+    hub.corrupt = True
+    try:
+        lines = pull_while_the_engine_dies(srv, hub)
+    finally:
+        hub.corrupt = False
+    error = lines[-1]
+    assert isinstance(error, ollama.ResponseError) and "does not match the hub's checksum" in error.error
+    assert status(srv)[NAME] == "failed"
+    assert NAME not in {m["id"] for m in get(srv, "/v1/models")["data"]}
+    assert [n for n in cached(home, WHOLE) if n.endswith((".gguf", ".incomplete"))] == []
+    with pytest.raises(ollama.ResponseError) as e:
+        answer(srv, NAME)
+    assert e.value.status_code == 404
 
 
 def test_names_are_hub_repos_and_create_push_stay_refused(srv):

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 
 from cllm.core.model_file import embedded_model_path
-from tests.conftest import child, family, start_server, wait_until
+from tests.conftest import child, family, health, start_server, wait_until
 from tests.test_disk_cache import ARGS, blocks, complete, encode, files
 from tests.test_prefix_cache_exact import doc
 
 SLEEP = "3"
+ONE = ("--parallel", "1", "--ctx-size", "512", "--sleep-idle-seconds", SLEEP)
+ASK = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
 
 
 def engines(srv) -> list:
@@ -67,3 +71,47 @@ def test_each_model_sleeps_on_its_own(tmp_path):
         assert http.get("/props", params={"model": "a"}).json()["is_sleeping"] is False
         assert http.post("/v1/completions", json={**ask, "model": "b"}).status_code == 200
         assert statuses()["b"] == "loaded"
+
+
+def answered(http) -> str:
+    r = http.post("/v1/completions", json=ASK)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_an_engine_killed_awake_or_while_waking_is_restarted_and_the_model_still_sleeps_and_wakes():
+    with start_server(*ONE) as srv, srv.client() as http:
+        text = answered(http)
+        child(srv, "engine_proc").send_signal(signal.SIGKILL)  # awake and idle: the supervisor starts it again
+        wait_until(
+            lambda: http.get("/health").status_code == 200 and health(http, "detailed")["restarts"]["engine"], 120
+        )
+        assert answered(http) == text
+        wait_until(lambda: http.get("/props").json()["is_sleeping"], 60)  # the new engine sleeps when idle too
+        assert engines(srv) == []
+
+        replies: list = []
+        waking = threading.Thread(target=lambda: replies.append(http.post("/v1/completions", json=ASK)))
+        waking.start()
+        engine = wait_until(lambda: engines(srv), 30, interval=0.02)[0]
+        engine.send_signal(signal.SIGKILL)  # as it starts, long before it has loaded the model
+        waking.join(120)
+        (reply,) = replies  # the wake waited for the engine started in its place
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == text
+        assert http.get("/props").json()["is_sleeping"] is False and len(engines(srv)) == 1
+        assert metric(http, "cllm_model_wake_seconds_count") == 1
+
+
+def test_the_frontend_killed_while_the_model_sleeps_leaves_it_asleep_and_the_next_request_wakes_it():
+    with start_server(*ONE) as srv:
+        with srv.client() as http:
+            text = answered(http)
+            wait_until(lambda: http.get("/props").json()["is_sleeping"], 60)
+        child(srv, "frontend_proc").send_signal(signal.SIGKILL)  # the supervisor starts another on the same socket
+        with srv.client(timeout=120) as http:  # waits in the backlog while it starts
+            props = http.get("/props").json()  # answered from what its engines said, passed on by the supervisor
+            assert props["is_sleeping"] is True and props["total_slots"] == 1 and props["model_path"].endswith(".gguf")
+            assert [s["is_processing"] for s in http.get("/slots").json()] == [False] and engines(srv) == []
+            assert health(http, "detailed")["restarts"]["frontend"] == 1
+            assert answered(http) == text
+            assert http.get("/props").json()["is_sleeping"] is False and len(engines(srv)) == 1

@@ -9,6 +9,7 @@ import msgspec
 
 from cllm.core.config import ServeConfig
 from cllm.core.images import MAX_REQUEST_BYTES
+from cllm.core.protocol import ModelInfo
 from cllm.core.registry import ModelSpec
 from cllm.core.ring import RingSpec
 
@@ -42,6 +43,7 @@ class ModelSlot(msgspec.Struct, kw_only=True):
     spec: ModelSpec
     rings: list[EngineRings]
     loaded: bool = False  # its engines run (or start) as the frontend starts
+    asleep: ModelInfo | None = None  # it sleeps (--sleep-idle-seconds): what its engines said when they last served
 
 
 class SpareSlot(msgspec.Struct, kw_only=True):

@@ -302,9 +302,12 @@ class LoadModel(msgspec.Struct, tag="load"):
 
 
 class UnloadModel(msgspec.Struct, tag="unload"):
-    """Stop a model's engines; the frontend gets EngineExited(restarting=False) for each."""
+    """Stop a model's engines; the frontend gets EngineExited(restarting=False) for each. A model put to sleep
+    (--sleep-idle-seconds) carries what its engines said: the supervisor hands it to a frontend started while the
+    model sleeps, whose /props and /slots answer with it rather than wake the model."""
 
     model: str
+    asleep: ModelInfo | None = None
 
 
 class PullModel(msgspec.Struct, tag="pull"):

@@ -114,8 +114,8 @@ class ModelPool:
                 model.loading = self._spawn(
                     self._await_ready(model, None)
                 )  # started by the supervisor: no duration to measure
-            elif model.sleep_after and not self.multi:  # the one model, asleep before this frontend started
-                model.status, model.asleep = "sleeping", True
+            elif slot.asleep is not None or (model.sleep_after and not self.multi):  # asleep before this frontend
+                model.status, model.asleep, model.info = "sleeping", True, slot.asleep
         if (self.multi and any(m.keep_alive for m in self.models)) or any(m.sleep_after for m in self.models):
             self._expiring = self._spawn(self._expire())
 
@@ -295,7 +295,7 @@ class ModelPool:
     def _request_unload(self, model: Model, reason: str) -> None:
         model.status = "unloading"
         model.unloading_since = time.monotonic()
-        self.send(UnloadModel(model.id))
+        self.send(UnloadModel(model.id, model.info if model.asleep else None))
         self.metrics.unloads.labels(model.id, reason).inc()
         log.info("unloading model %s (%s)", model.id, reason, extra={"fields": {"model": model.id, "reason": reason}})
 

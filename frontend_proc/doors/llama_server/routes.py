@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cllm.core.errors import ApiError
+from cllm.core.protocol import ModelInfo
 from frontend_proc.chat.images import SHOWN_MARKER
 from frontend_proc.core import generation
 from frontend_proc.core.pool import Model
@@ -89,9 +90,14 @@ async def _named(request: Request) -> tuple[Model, ModelState]:
     return model, st
 
 
+def _info(model: Model, st: ModelState) -> ModelInfo:
+    """What the model's engines said: as they last served while it sleeps, else now."""
+    return model.info if model.status == "sleeping" and model.info is not None else generation.engine_info(st)
+
+
 async def get_props(request: Request) -> Response:
     model, st = await _named(request)
-    info = model.info if model.status == "sleeping" and model.info is not None else generation.engine_info(st)
+    info = _info(model, st)
     template = st.chat_template
     return json_response(
         {
@@ -162,8 +168,8 @@ def _slot(slot_id: int, n_ctx: int, speculative: bool, rs: RequestStream | None)
 async def slots(request: Request) -> Response:
     """One entry per slot of each engine. cLLM does not pin requests to slots: an engine's requests in flight
     fill its slots in arrival order (the engine admits them so), the rest wait."""
-    _, st = await _named(request)
-    info = generation.engine_info(st)
+    model, st = await _named(request)
+    info = _info(model, st)  # asleep: every slot idle
     out: list[dict] = []
     for client in _replicas(st):
         running = client.streams[: info.parallel]
