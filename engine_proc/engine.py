@@ -24,11 +24,22 @@ import numpy as np
 from msgspec.structs import replace
 
 from cllm.core.config import ServeConfig
-from cllm.core.protocol import Embed, Embeddings, EngineStats, ModelInfo, SeqOutput, SlotDone, Submit
+from cllm.core.protocol import (
+    Embed,
+    Embeddings,
+    EngineStats,
+    LoraDone,
+    LoraLoad,
+    ModelInfo,
+    SeqOutput,
+    SlotDone,
+    Submit,
+)
 from engine_proc.kv.disk_cache import fingerprint, identity, open_disk_cache
 from engine_proc.kv.slot_files import SlotFiles
 from engine_proc.run.embedder import Embedder, check_rank_head
-from engine_proc.run.model_runner import ModelRunner
+from engine_proc.run.lora import Adapters, LoraError
+from engine_proc.run.model_runner import ModelLoadError, ModelRunner
 from engine_proc.run.prefill_runs import prefill_runs
 from engine_proc.sampling.sampler import GrammarError, Sampler
 from engine_proc.scheduler import Scheduler, SchedulerSettings, Step
@@ -76,6 +87,14 @@ class LLMEngine:
         device = config.device_sampling == "on" or (config.device_sampling == "auto" and r.info.gpu_layers > 0)
         self.sampler = Sampler(r.ctx, r.vocab, r.n_vocab, r.eog_tokens, device and not config.spec_types)
         self.drafter = make_drafter(config, r)
+        # LoRA adapters: with none loaded or loadable, no run looks for adapter sets
+        self.lora: Adapters | None = None
+        if config.lora_files or config.allow_lora_load:
+            try:
+                self.lora = Adapters(r.model, r.ctx, config.lora_files)
+            except LoraError as e:
+                r.close()
+                raise ModelLoadError(str(e)) from None
         disk = open_disk_cache(model_path, config, r)  # None without --cache-dir
         self.scheduler = Scheduler(self._scheduler_settings(config), r, disk)
         # llama-server's slot actions, their files keyed as the disk cache's (with or without --cache-dir)
@@ -83,7 +102,7 @@ class LLMEngine:
         self.slots = SlotFiles(config.parallel, self.scheduler.cache, r, fingerprint(ident))
         self.embedder = Embedder(r, config.ranks)
         self.recorder = Recorder(r, self.sampler, self.scheduler, self.drafter)
-        self.runs = Runs(r, self.sampler, self.recorder)
+        self.runs = Runs(r, self.sampler, self.recorder, self.lora)
         self.lookahead = StepAhead(r, self.sampler, self.scheduler, self.recorder)
         self.decoding: Decoding = (
             SteadyDecoding(self.runs, self.lookahead, self.scheduler, self.recorder)
@@ -128,7 +147,8 @@ class LLMEngine:
             exact=config.prefix_cache_exact,
             host_bytes=config.cache_ram << 20,
             admit_per_step=config.admit_per_step,
-            steady=steady and self.drafter is None,
+            # a steady batch keeps one shape, and adapter sets split a decode into a llama_decode each
+            steady=steady and self.drafter is None and self.lora is None,
         )
 
     @property
@@ -160,12 +180,30 @@ class LLMEngine:
         return self._queue(req, np.array(req.prompt, np.int32))
 
     def _queue(self, req: Submit, prompt: np.ndarray, images: list[ImageSpan] | None = None) -> SeqOutput | None:
+        lora, mark = 0, 0
+        if req.lora:
+            if self.lora is None:
+                return SeqOutput(req.id, finish="error", error="the model has no LoRA adapters")
+            try:
+                adapters = self.lora.set_of(req.lora)
+            except LoraError as e:
+                return SeqOutput(req.id, finish="error", error=str(e))
+            if adapters is not None:
+                lora, mark = adapters.number, adapters.mark
         try:
             sampler = self.sampler.new(req.sampling, req.prompt)
         except GrammarError:
             return SeqOutput(req.id, finish="error")
         seq = Sequence(
-            req.id, prompt, req.sampling, sampler, per_step=req.per_step, images=images or [], scope=req.scope
+            req.id,
+            prompt,
+            req.sampling,
+            sampler,
+            per_step=req.per_step,
+            images=images or [],
+            scope=req.scope,
+            lora=lora,
+            mark=mark,
         )
         self.scheduler.add(seq)
         return None
@@ -324,6 +362,24 @@ class LLMEngine:
         self._step_wall = seconds
         self.step_seconds.append(seconds)
 
+    def load_lora(self, msg: LoraLoad) -> tuple[LoraDone, list[SeqOutput]]:
+        """A run-time adapter load or unload (--allow-lora-load); the sequences an unload ended."""
+        if self.lora is None:
+            return LoraDone(msg.id, "the engine takes no LoRA adapters"), []
+        if not msg.unload:
+            try:
+                self.lora.load(msg.adapter, msg.path)
+            except LoraError as e:
+                return LoraDone(msg.id, str(e)), []
+            return LoraDone(msg.id), []
+        self._settle()
+        sets = {n for n, a in self.lora.sets.items() if any(i == msg.adapter for i, _ in a.pairs)}
+        gone = [s.id for s in (*self.scheduler.running, *self.scheduler.waiting) if s.lora in sets]
+        ended = [SeqOutput(i, finish="error", error=f"LoRA adapter {msg.adapter} was unloaded") for i in gone]
+        self.abort(gone)
+        self.lora.unload(msg.adapter)
+        return LoraDone(msg.id), ended
+
     def slot_actions(self) -> list[SlotDone]:
         """The pending slot actions whose streams no sequence runs in, done (SlotFiles.run)."""
         return self.slots.run({s.slot for s in self.scheduler.running})
@@ -371,5 +427,7 @@ class LLMEngine:
         if self.drafter is not None:
             self.drafter.close()
         self.embedder.close()
+        if self.lora is not None:
+            self.lora.close()
         self.images.close()
         self.runner.close()

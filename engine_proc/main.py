@@ -18,6 +18,7 @@ from cllm.core.protocol import (
     Embed,
     EngineReady,
     Hello,
+    LoraLoad,
     ModelInfo,
     SeqOutput,
     SlotAction,
@@ -148,6 +149,10 @@ class _Loop:
                 engine.slots.pending.append(msg)
             elif type(msg) is Abort:
                 engine.abort(msg.ids)
+            elif type(msg) is LoraLoad:
+                done, ended = engine.load_lora(msg)
+                refused += ended
+                self.send(done)
         return refused
 
     def _step(self, engine: LLMEngine) -> None:

@@ -76,6 +76,9 @@ class Sequence:
     # Its images, in prompt order: their positions hold placeholder ids (engine_proc/vision/encoder.py), never decoded
     # as tokens.
     images: list[ImageSpan] = field(default_factory=list)
+    lora: int = 0  # the LoRA adapter set it decodes under (engine_proc/run/lora.py; 0: none)
+    # Under an adapter set, the set's hash, which the prefix cache's key mixes its first token with (see key). 0: none.
+    mark: int = 0
     # Its known tokens, prompt then output, in one array whose capacity doubles: known() is a view, not a copy.
     tokens: np.ndarray = field(init=False)
     # Cells its images take beyond their positions (M-RoPE): the position of a cell after them is its index less
@@ -137,6 +140,17 @@ class Sequence:
         """Its first ``n`` known tokens: the prompt's, then the output's (a view: later tokens never change them)."""
         return self.tokens[:n]
 
+    def key(self, n: int) -> np.ndarray:
+        """Its first ``n`` known tokens as the prefix cache files its cells: under an adapter set, a copy whose
+        first token is a negative number (never a token, nor the cache's -1 pad) made of the set's mark and that
+        token, so that its cells are found only by prompts under the same set that start alike, in the streams,
+        host RAM and files alike."""
+        if not self.mark or not n:
+            return self.tokens[:n]
+        keyed = self.tokens[:n].copy()
+        keyed[0] = -2 - mix(self.mark ^ int(keyed[0])) % (2**31 - 2)
+        return keyed
+
 
 @dataclass(slots=True)
 class Chunk:
@@ -162,6 +176,13 @@ class Chunk:
     def scores(self) -> bool:
         """Prompt tokens of a sequence that asks for their logprobs: a logits row for each."""
         return self.start < len(self.seq.prompt) and self.seq.scored
+
+
+def mix(x: int) -> int:
+    """splitmix64's finalizer: 64 well-mixed bits of ``x``."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

@@ -127,6 +127,19 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "as llama-server's `--pooling`: `rank` is `--rerank`; `auto`: embeddings are pooled as the GGUF says (mean "
         "where it names none), with or without rerank", ENGINE, per_model=True,
     )] = "auto"
+    lora: Annotated[list[str], setting(
+        "LoRA adapter files (GGUF, llama.cpp's format) applied at scale 1, as llama-server's `--lora`; comma-separated "
+        "for several; their ids are their places, `--lora` first, then `--lora-scaled` (docs/lora.md)", ENGINE,
+        metavar="FILE[,FILE...]", per_model=True,
+    )] = []
+    lora_scaled: Annotated[list[Annotated[str, Meta(pattern=r"^.+:[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$")]], setting(
+        "LoRA adapter files with their scales, as llama-server's `--lora-scaled`", ENGINE,
+        metavar="FILE:SCALE[,...]", per_model=True,
+    )] = []
+    lora_init_without_apply: Annotated[bool, setting(
+        "load the adapters at scale 0: requests use them only where they ask (`lora`, or an adapter's name as "
+        "`model`), or once `POST /lora-adapters` sets their scales, as llama-server's", ENGINE, per_model=True,
+    )] = False
     admit_per_step: Annotated[int, setting(
         "new requests one step may start, besides any that waited 4 steps; 0: as many as its token budget holds, in "
         "arrival order up to and including one that continues a prefix-cache entry (a chat's next turn); N bounds "
@@ -266,6 +279,15 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "`/api/delete`, `/api/copy`; `/models/load` of a model not pulled yet); with `--pulled` they are served at "
         "once (docs/hub.md: Pulling over HTTP)", MODELS,
     )] = False
+    # Off by default: loading an adapter runs a file through llama.cpp's loader and changes what a model answers.
+    allow_lora_load: Annotated[bool, setting(
+        "let clients load and unload LoRA adapters at run time (vLLM's `/v1/load_lora_adapter` and "
+        "`/v1/unload_lora_adapter`), files of `--lora-dir` only (docs/lora.md)", MODELS,
+    )] = False
+    lora_dir: Annotated[str | None, setting(
+        "the folder `/v1/load_lora_adapter` takes adapter files from (with `--allow-lora-load`)", MODELS,
+        metavar="DIR",
+    )] = None
     default_model: Annotated[str | None, setting(
         "the model of requests that name none", MODELS, metavar="ID",
         default_text="`--model`, else the registry's first",
@@ -401,6 +423,14 @@ class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="k
     def ranks(self) -> bool:
         """The rerank routes are served (--rerank, or --pooling rank)."""
         return self.rerank or self.pooling == "rank"
+
+    @property
+    def lora_files(self) -> list[tuple[str, float]]:
+        """The adapters the engines load at start, in id order, with their scales: --lora's, then --lora-scaled's;
+        at 0 with --lora-init-without-apply."""
+        files = [(path, 1.0) for path in self.lora]
+        files += [(path, float(scale)) for path, scale in (s.rsplit(":", 1) for s in self.lora_scaled)]
+        return [(path, 0.0) for path, _ in files] if self.lora_init_without_apply else files
 
     @property
     def n_threads(self) -> int:

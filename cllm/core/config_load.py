@@ -49,6 +49,17 @@ def load_config(
         if not os.path.isfile(config.model_draft):
             raise ConfigError(f"--model-draft {config.model_draft}: no such file")
         config.model_draft = os.path.abspath(config.model_draft)  # the engines find it wherever they run
+    for path, _ in config.lora_files:
+        if not os.path.isfile(path):
+            raise ConfigError(f"--lora {path}: no such file")
+    config.lora = [os.path.abspath(p) for p in config.lora]  # the engines find them wherever they run
+    config.lora_scaled = [
+        os.path.abspath(p) + ":" + scale for p, scale in (s.rsplit(":", 1) for s in config.lora_scaled)
+    ]
+    if config.lora_dir is not None:
+        if not os.path.isdir(config.lora_dir):
+            raise ConfigError(f"--lora-dir {config.lora_dir} is not a directory")
+        config.lora_dir = os.path.abspath(config.lora_dir)
     if config.chat_template_file is not None:
         if not os.path.isfile(config.chat_template_file):
             raise ConfigError(f"--chat-template-file {config.chat_template_file}: no such file")

@@ -59,6 +59,9 @@ class Submit(msgspec.Struct, tag=1, array_like=True, gc=False):
     # Whose earlier answers may draft for it, and whose its answer may draft for: a hash of the client's API key
     # (frontend_proc/http/guard.py; 0 without one), so one client's text never steers another's drafts.
     scope: int = 0
+    # LoRA adapters it decodes under: (adapter id, scale) pairs, zero scales left out (engine_proc/run/lora.py).
+    # Empty: none.
+    lora: list[tuple[int, float]] = []
 
 
 class Abort(msgspec.Struct, tag=2, array_like=True, gc=False):
@@ -93,7 +96,18 @@ class SlotAction(msgspec.Struct, tag=5, array_like=True, gc=False):
     path: str = ""  # the file (save, restore): the frontend checked its name
 
 
-ToEngine = Submit | Abort | Hello | Embed | SlotAction
+class LoraLoad(msgspec.Struct, tag=6, array_like=True, gc=False):
+    """Load an adapter file at run time as adapter ``adapter`` (--allow-lora-load; the frontend checked the path
+    is a file of --lora-dir), or with ``unload`` free it: the sequences under it end with finish="error". LoraDone
+    answers."""
+
+    id: int
+    adapter: int
+    path: str = ""
+    unload: bool = False
+
+
+ToEngine = Submit | Abort | Hello | Embed | SlotAction | LoraLoad
 
 
 # ---- engine -> frontend ------------------------------------------------------
@@ -244,7 +258,14 @@ class SlotDone(msgspec.Struct, tag=5, array_like=True, gc=False):
     error: str = ""
 
 
-FromEngine = EngineReady | StepOutputs | EngineStats | Embeddings | SlotDone
+class LoraDone(msgspec.Struct, tag=6, array_like=True, gc=False):
+    """A LoraLoad's answer: ``error`` empty, or why llama.cpp refused the file."""
+
+    id: int
+    error: str = ""
+
+
+FromEngine = EngineReady | StepOutputs | EngineStats | Embeddings | SlotDone | LoraDone
 
 
 # ---- supervisor -> frontend (one JSON line each, on the frontend's lifeline) --

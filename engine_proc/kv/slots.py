@@ -65,7 +65,7 @@ class Slots:
         """Slot -> the reusable tokens each running sequence's stream holds: built once a step, kept as
         sequences are admitted (nothing else changes a running one's slot or tokens within a step: see new_step)."""
         if self._held is None:
-            self._held = Held({s.slot: s.known(self.reusable(s)) for s in running})
+            self._held = Held({s.slot: s.key(self.reusable(s)) for s in running})
         return self._held
 
     def admit(self, seq: Sequence, running: list[Sequence]) -> bool:
@@ -76,7 +76,7 @@ class Slots:
         seq.n_cached, continues = self._reuse_prefix(seq, running)
         seq.reused = seq.n_cached
         if self._held is not None:
-            self._held.add(seq.slot, seq.known(self.reusable(seq)))
+            self._held.add(seq.slot, seq.key(self.reusable(seq)))
         return continues
 
     def release(self, seq: Sequence) -> None:
@@ -85,7 +85,7 @@ class Slots:
         keep = seq.image_edge(self.reusable(seq))  # not half an image
         if self.cache is not None and keep:
             self.kv.trim(seq.slot, seq.position(keep))
-            self.cache.keep(seq.slot, seq.known(keep))
+            self.cache.keep(seq.slot, seq.key(keep))
         else:
             self.kv.clear(seq.slot)
 
@@ -116,7 +116,7 @@ class Slots:
         """
         cache = self.cache
         held = self._held_now(running)
-        prompt = seq.prompt[:1] if seq.scored else seq.prompt  # a scored prompt needs every token's logits
+        prompt = seq.key(1 if seq.scored else len(seq.prompt))  # a scored prompt needs every token's logits
         into = self._next_slot(running)  # the slot the sequence takes: _fetch leaves the free slots as they are
         src, reuse, stored = cache.lookup(prompt, held, into=into)
         if stored is not None:

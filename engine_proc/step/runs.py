@@ -5,6 +5,7 @@ decode batch and one of each group of prompt chunks (engine_proc/run/prefill_run
 from __future__ import annotations
 
 from cllm.core.protocol import SeqOutput
+from engine_proc.run.lora import Adapters
 from engine_proc.run.model_runner import ModelRunner
 from engine_proc.sampling.sampler import Sampler
 from engine_proc.sequence import Chunk, Sequence
@@ -13,8 +14,9 @@ from engine_proc.step.timer import NO_TIMER, Timer
 
 
 class Runs:
-    def __init__(self, runner: ModelRunner, sampler: Sampler, recorder: Recorder):
+    def __init__(self, runner: ModelRunner, sampler: Sampler, recorder: Recorder, lora: Adapters | None = None):
         self.runner = runner
+        self.lora = lora  # None: no adapters, and no look for adapter sets
         self.sampler = sampler
         self.recorder = recorder
         self.timer: Timer = NO_TIMER
@@ -22,10 +24,19 @@ class Runs:
         self.reused_steps = 0  # of those, the ones whose compute graph llama.cpp reused from the call before
 
     def run(self, chunks: list[Chunk], outputs: list[SeqOutput], done: list[Sequence], plain: bool = False) -> None:
-        """One llama_decode, then a token for each chunk that ends its sequence's known tokens.
+        """One llama_decode, then a token for each chunk that ends its sequence's known tokens; with LoRA
+        adapters, one of each for every adapter set among the chunks (engine_proc/run/lora.py).
 
         ``plain``: the chunks are the decode batch without drafts (see Batch.fill).
         """
+        if self.lora is not None:
+            for n, group in self.lora.groups(chunks):
+                self.lora.apply(n)
+                self._run(group, outputs, done, plain)
+        else:
+            self._run(chunks, outputs, done, plain)
+
+    def _run(self, chunks: list[Chunk], outputs: list[SeqOutput], done: list[Sequence], plain: bool) -> None:
         timer = self.timer
         if self.sampler.device:
             for c in chunks:

@@ -3,6 +3,7 @@ the same ServeConfig, and docs/configuration.md's tables are the ones its declar
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -27,8 +28,11 @@ def sample(s: Setting, path: str):
             int: [1, 2, 65, 1025],
             float: [0.5, 1.5],
             str: [path, "org/repo:Q4_K_M", "ngram"],  # a path, a Hugging Face name for --hf-repo, a --spec-type
-            list: [["a.example"], ["https://a.example"]],
+            # files (--lora), files with scales (--lora-scaled), host names, origins
+            list: [[path], [path + ":0.5"], ["a.example"], ["https://a.example"]],
         }
+        if s.name == "lora-dir":  # a folder
+            return os.path.dirname(path)
         candidates = by_kind[s.kind]
     for value in candidates:
         try:

@@ -1,0 +1,115 @@
+"""LoRA adapters in the engine, in-process on the embedded model with the made adapter (perf/synth_lora.py): the
+adapter changes greedy text at scale 0.5 and 1 and not at 0; sequences under different adapter sets decoding in
+one step each get their own set's text; the prefix cache never serves cells made under one set to another."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from cllm.core.config import ServeConfig
+from cllm.core.model_file import resolve_model
+from cllm.core.protocol import LoraLoad, SamplingParams, Submit
+from engine_proc.engine import LLMEngine
+from perf import synth_lora
+
+PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+OTHER = "<|im_start|>user\nName three primary colors.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="session")
+def adapter() -> str:
+    return synth_lora.cached()
+
+
+@pytest.fixture(scope="module")
+def eng(adapter) -> Iterator[LLMEngine]:
+    e = LLMEngine(resolve_model(None), ServeConfig(parallel=4, ctx_size=2048, lora=[adapter]))
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+class Feed:
+    def __init__(self, engine: LLMEngine, tok):
+        self.engine, self.tok = engine, tok
+        self.next_id = 1000
+
+    def add(self, text: str, lora: list[tuple[int, float]], n: int = 24) -> int:
+        self.next_id += 1
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+        assert self.engine.add(Submit(self.next_id, self.tok.encode(text), params, lora=lora)) is None
+        return self.next_id
+
+    def run(self) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Step until idle: each request's tokens, and the prompt tokens the cache served it."""
+        tokens: dict[int, list[int]] = {}
+        cached: dict[int, int] = {}
+        while self.engine.has_work():
+            for out in (o for r in self.engine.step() for o in r.outputs):
+                assert out.finish != "error", out.error
+                if out.id not in cached:
+                    cached[out.id] = out.cached_tokens
+                if out.token is not None:
+                    tokens.setdefault(out.id, []).append(out.token)
+        return tokens, cached
+
+    def alone(self, text: str, lora: list[tuple[int, float]]) -> list[int]:
+        rid = self.add(text, lora)
+        return self.run()[0][rid]
+
+
+@pytest.fixture(scope="module")
+def feed(eng, tok) -> Feed:
+    return Feed(eng, tok)
+
+
+def test_scales_change_greedy_text(feed: Feed):
+    base = feed.alone(PROMPT, [])
+    assert feed.alone(PROMPT, [(0, 0.0)]) == base  # scale 0 is no adapter
+    half, whole = feed.alone(PROMPT, [(0, 0.5)]), feed.alone(PROMPT, [(0, 1.0)])
+    assert len({tuple(base), tuple(half), tuple(whole)}) == 3, "the adapter must change greedy text visibly"
+
+
+def test_sets_in_one_step_each_get_their_own(feed: Feed):
+    """Four sequences, two prompts under three sets, admitted together: each one's text is what it gets alone."""
+    want = {(p, s): feed.alone(p, [(0, s)] if s else []) for p, s in ((PROMPT, 0.0), (PROMPT, 1.0), (OTHER, 0.5))}
+    want[(OTHER, 0.0)] = feed.alone(OTHER, [])
+    ids = {feed.add(p, [(0, s)] if s else []): (p, s) for p, s in want}
+    got, _ = feed.run()
+    for rid, key in ids.items():
+        assert got[rid] == want[key], key
+
+
+def test_cache_never_crosses_adapter_sets(feed: Feed):
+    """A prompt cached under no adapter is not served to the same prompt under the adapter, nor under another scale
+    of it; under the same set it is, with the same text. Sets of their own (scales no other test uses): no entry of
+    theirs shares even the template's first token. (With Sequence.key ignoring the mark, the second request reuses
+    the first's cells: it fails.)"""
+    text = "<|im_start|>system\nYou answer briefly.<|im_end|>\n" + PROMPT
+    feed.alone(text, [])
+    rid = feed.add(text, [(0, 0.75)])
+    tokens, cached = feed.run()
+    assert cached[rid] == 0
+    rid2 = feed.add(text, [(0, 0.25)])
+    assert feed.run()[1][rid2] == 0
+    rid3 = feed.add(text, [(0, 0.75)])
+    again, cached = feed.run()
+    assert cached[rid3] == len(feed.tok.encode(text)) - 1  # the same set's cells are reused
+    assert again[rid3] == tokens[rid]
+
+
+def test_unknown_adapter_and_unload(eng: LLMEngine, feed: Feed, adapter: str):
+    out = eng.add(Submit(1, feed.tok.encode(PROMPT), SamplingParams(max_tokens=4), lora=[(7, 1.0)]))
+    assert out is not None and out.finish == "error" and "7" in out.error
+    done, ended = eng.load_lora(LoraLoad(2, 1, adapter))
+    assert done.error == "" and ended == []
+    rid = feed.add(PROMPT, [(1, 1.0)], n=200)
+    eng.step()
+    done, ended = eng.load_lora(LoraLoad(3, 1, unload=True))
+    assert done.error == "" and [o.id for o in ended] == [rid]
+    assert not eng.has_work()
+    done, _ = eng.load_lora(LoraLoad(4, 2, "/nonexistent.gguf"))
+    assert "could not load" in done.error
