@@ -181,11 +181,11 @@ class LLMEngine:
 
     def _queue(self, req: Submit, prompt: np.ndarray, images: list[ImageSpan] | None = None) -> SeqOutput | None:
         lora, mark = 0, 0
-        if req.lora:
+        if req.sampling.lora:
             if self.lora is None:
                 return SeqOutput(req.id, finish="error", error="the model has no LoRA adapters")
             try:
-                adapters = self.lora.set_of(req.lora)
+                adapters = self.lora.set_of(req.sampling.lora)
             except LoraError as e:
                 return SeqOutput(req.id, finish="error", error=str(e))
             if adapters is not None:

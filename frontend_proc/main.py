@@ -37,7 +37,7 @@ log = logging.getLogger("cllm.frontend")
 
 # The doors (frontend_proc.doors.<name>), in the order their routes match and GET / lists them. A door is its package,
 # which exports a Door, and its name here: nothing else in the process names it.
-DOORS = ("cllm", "openai", "embeddings", "rerank", "llama_server", "anthropic", "responses", "ollama")
+DOORS = ("cllm", "openai", "embeddings", "rerank", "lora", "llama_server", "anthropic", "responses", "ollama")
 _doors: list[Door] = [importlib.import_module(f"frontend_proc.doors.{name}").door for name in DOORS]
 
 

@@ -25,7 +25,7 @@ def adapter() -> str:
 
 @pytest.fixture(scope="module")
 def eng(adapter) -> Iterator[LLMEngine]:
-    e = LLMEngine(resolve_model(None), ServeConfig(parallel=4, ctx_size=2048, lora=[adapter]))
+    e = LLMEngine(resolve_model(None), ServeConfig(parallel=4, ctx_size=2048, lora=[adapter], flash_attn="off"))
     try:
         yield e
     finally:
@@ -39,8 +39,8 @@ class Feed:
 
     def add(self, text: str, lora: list[tuple[int, float]], n: int = 24) -> int:
         self.next_id += 1
-        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-        assert self.engine.add(Submit(self.next_id, self.tok.encode(text), params, lora=lora)) is None
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, lora=lora)
+        assert self.engine.add(Submit(self.next_id, self.tok.encode(text), params)) is None
         return self.next_id
 
     def run(self) -> tuple[dict[int, list[int]], dict[int, int]]:
@@ -102,7 +102,7 @@ def test_cache_never_crosses_adapter_sets(feed: Feed):
 
 
 def test_unknown_adapter_and_unload(eng: LLMEngine, feed: Feed, adapter: str):
-    out = eng.add(Submit(1, feed.tok.encode(PROMPT), SamplingParams(max_tokens=4), lora=[(7, 1.0)]))
+    out = eng.add(Submit(1, feed.tok.encode(PROMPT), SamplingParams(max_tokens=4, lora=[(7, 1.0)])))
     assert out is not None and out.finish == "error" and "7" in out.error
     done, ended = eng.load_lora(LoraLoad(2, 1, adapter))
     assert done.error == "" and ended == []

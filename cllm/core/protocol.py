@@ -33,6 +33,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # tokens are prefilled afresh (not taken from the prefix cache), and max_tokens may be 0.
     prompt_logprobs: int | None = None
     speculative: bool = True  # False: this request decodes one token a step even when the engine drafts
+    # LoRA adapters it decodes under: (adapter id, scale) pairs, as the frontend resolved them from the request and
+    # the model's scales (engine_proc/run/lora.py). None: none.
+    lora: list[tuple[int, float]] | None = None
 
 
 # ---- frontend -> engine ------------------------------------------------------
@@ -59,9 +62,6 @@ class Submit(msgspec.Struct, tag=1, array_like=True, gc=False):
     # Whose earlier answers may draft for it, and whose its answer may draft for: a hash of the client's API key
     # (frontend_proc/http/guard.py; 0 without one), so one client's text never steers another's drafts.
     scope: int = 0
-    # LoRA adapters it decodes under: (adapter id, scale) pairs, zero scales left out (engine_proc/run/lora.py).
-    # Empty: none.
-    lora: list[tuple[int, float]] = []
 
 
 class Abort(msgspec.Struct, tag=2, array_like=True, gc=False):

@@ -70,6 +70,8 @@ async def start(
     image_positions = prompt_images(info, images)
     limits = engine_limits(st)
     sampling = limits.capped(sampling)
+    if st.adapters.items or sampling.lora is not None:  # a model without adapters never looks
+        sampling = msgspec.structs.replace(sampling, lora=st.adapters.resolve(sampling.lora, st.adapter))
     limits.check(prompts, sampling.max_tokens, n, prompt_param, limit_param, image_positions)
     per_step = stream or bool(stops)  # stop strings are looked for as the text grows
     choices: list[Choice] = []

@@ -15,6 +15,7 @@ the shared settings), so the routes need one lookup and nothing else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -28,6 +29,7 @@ from cllm.core.launch import ModelSlot
 from cllm.core.model_file import model_bytes
 from cllm.core.model_meta import kv_cache_bytes
 from cllm.core.protocol import Control, EngineExited, LoadModel, ModelInfo, UnloadModel
+from frontend_proc.core.lora import Adapter, LoraAdapters
 from frontend_proc.core.state import ModelState
 from frontend_proc.core.tokenizer import Tokenizer
 from frontend_proc.engine.client import EngineClient
@@ -43,12 +45,14 @@ log = logging.getLogger("cllm.frontend")
 class Model:
     """One registry model as the frontend sees it."""
 
-    def __init__(self, slot: ModelSlot, clients: list[EngineClient]):
+    def __init__(self, slot: ModelSlot, clients: list[EngineClient], metrics: Metrics | None = None):
         self.spec = slot.spec
         self.id = slot.spec.id
         self.clients = clients
         self.client: EngineClient | ReplicaSet = clients[0] if len(clients) == 1 else ReplicaSet(clients)
         self.state: ModelState | None = None  # once its tokenizer is loaded
+        count = None if metrics is None else lambda name: metrics.lora_requests.labels(self.id, name).inc()
+        self.adapters = LoraAdapters(slot.spec.config.lora_files, count)
         self.status = "unloaded"  # loading, loaded, unloading, failed
         self.error = ""  # why the last load failed
         self.last_used = time.monotonic()
@@ -85,9 +89,10 @@ class ModelPool:
         multi: bool,
         clients_for: Callable[[ModelSlot], list[EngineClient]] | None = None,
     ):
-        self.models = [Model(slot, c) for slot, c in zip(slots, clients)]
+        self.models = [Model(slot, c, metrics) for slot, c in zip(slots, clients)]
         self.default = self.models[0]
         self.default.state = default
+        default.adapters = self.default.adapters
         self.multi = multi  # a registry: unknown names are 404, models load and unload
         self.by_name = {name: m for m in self.models for name in (m.id, *m.spec.aliases)}
         self._expiring: asyncio.Task | None = None  # the keep-alive watch, once a model has one
@@ -135,7 +140,7 @@ class ModelPool:
     def add(self, slot: ModelSlot) -> Model:
         """A model that joins while serving (pulled): attached to its rings, unloaded until asked for."""
         assert self._clients_for is not None
-        model = Model(slot, self._clients_for(slot))
+        model = Model(slot, self._clients_for(slot), self.metrics)
         for client in model.clients:
             client.start(running=False)
         self.models.append(model)
@@ -163,15 +168,33 @@ class ModelPool:
             )
         return model
 
+    def find_adapter(self, name: str | None) -> tuple[Model, Adapter | None]:
+        """The model a request's `model` names, and the LoRA adapter it names with it, vLLM's way: `base:adapter`,
+        or an adapter's name alone (a model's own name wins)."""
+        if name is None or (self.multi and name in self.by_name):
+            return self.find(name), None
+        base, _, tail = name.rpartition(":")
+        if base and (self.multi and base in self.by_name or not self.multi):
+            model = self.find(base)
+            adapter = model.adapters.by_name(tail)
+            if adapter is not None:
+                return model, adapter
+        for model in self.models if self.multi else [self.default]:
+            adapter = model.adapters.by_name(name)
+            if adapter is not None:
+                return model, adapter
+        return self.find(name), None
+
     async def state_for(self, name: str | None) -> ModelState:
-        """The state of the model a request names (absent: the default), loading it if need be."""
-        model = self.find(name)
+        """The state of the model a request names (absent: the default), loading it if need be; with the LoRA
+        adapter it names, if any (find_adapter)."""
+        model, adapter = self.find_adapter(name) if name is not None else (self.default, None)
         model.last_used = time.monotonic()
         if model.status != "loaded" and (self.multi or model.asleep):
             await self.load(model)
             model.last_used = time.monotonic()  # idle from when it serves: a slow load must not eat its keep-alive
         assert model.state is not None  # made by its first load
-        return model.state
+        return model.state if adapter is None else dataclasses.replace(model.state, adapter=adapter.id)
 
     # ---- loading -------------------------------------------------------------
 
@@ -198,7 +221,12 @@ class ModelPool:
                 tokenizer = await asyncio.to_thread(Tokenizer, model.spec.path)
                 # A ReplicaSet has an EngineClient's face: the state holds either.
                 state = model.state = ModelState(
-                    self._config, cast(EngineClient, model.client), tokenizer, tokenizer.chat_template(), model.id
+                    self._config,
+                    cast(EngineClient, model.client),
+                    tokenizer,
+                    tokenizer.chat_template(),
+                    model.id,
+                    model.adapters,
                 )
             self._check_memory(model, state.tokenizer)
             await self._make_room(model)

@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from cllm.core.errors import invalid
 from cllm.core.protocol import SamplingParams
+from frontend_proc.core.lora import LoraScale
 from frontend_proc.engine.limits import REST
 
 __all__ = ["REST", "Penalty", "RepetitionPenalty", "Sampling", "Seed", "check_logit_bias"]
@@ -41,6 +42,8 @@ class Sampling(msgspec.Struct, kw_only=True):
     seed: Seed | None = None  # None: a random seed
     ignore_eos: bool = False  # llama-server's extension: exactly the tokens asked for
     speculative: bool = True  # false: no speculative decoding for this request
+    # llama-server's: every LoRA adapter's scale for this request, those left out at 0 (frontend_proc/core/lora.py)
+    lora: list[LoraScale] | None = None
 
     def params(
         self,
@@ -69,6 +72,7 @@ class Sampling(msgspec.Struct, kw_only=True):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             speculative=self.speculative,
+            lora=None if self.lora is None else [(x.id, x.scale) for x in self.lora],
         )
 
     def engine_seed(self) -> int | None:

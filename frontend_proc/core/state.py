@@ -8,9 +8,10 @@ users (generation, chat, the doors), so they all depend on it and never on each 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cllm.core.config import ServeConfig
+from frontend_proc.core.lora import LoraAdapters
 from frontend_proc.core.template import ChatTemplate
 from frontend_proc.core.tokenizer import Tokenizer
 from frontend_proc.engine.client import EngineClient
@@ -23,3 +24,5 @@ class ModelState:
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     model_id: str = ""  # the registry id of this state's model
+    adapters: LoraAdapters = field(default_factory=lambda: LoraAdapters([]))  # its LoRA adapters (one for its replicas)
+    adapter: int | None = None  # the adapter a request's `model` named (frontend_proc/core/lora.py)

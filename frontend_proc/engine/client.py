@@ -44,6 +44,8 @@ from cllm.core.protocol import (
     FromEngine,
     Hello,
     ImageInput,
+    LoraDone,
+    LoraLoad,
     ModelInfo,
     SamplingParams,
     SlotAction,
@@ -82,6 +84,7 @@ class EngineClient:
         self._streams: dict[int, RequestStream] = {}
         self._embeddings: dict[int, EmbeddingJob] = {}
         self._slot_actions: dict[int, asyncio.Future[SlotDone]] = {}
+        self._lora_loads: dict[int, asyncio.Future[LoraDone]] = {}
         self._submit_lock = asyncio.Lock()
         self._room: asyncio.Future | None = None  # set while a record waits for ring space
         self._aborts: list[int] = []
@@ -174,6 +177,23 @@ class EngineClient:
             ) from None
         finally:
             self._slot_actions.pop(rid, None)
+
+    async def lora(self, adapter: int, path: str = "", unload: bool = False) -> str:
+        """Load ``path`` into the engine as LoRA adapter ``adapter`` (or unload it); why llama.cpp refused, or ""."""
+        if self.info is None:
+            raise not_ready()
+        rid = next(self._ids)
+        done = self._lora_loads[rid] = self._loop.create_future()
+        try:
+            if not await self._put(self._encode(LoraLoad(rid, adapter, path, unload))):
+                raise not_ready()
+            return (await asyncio.wait_for(done, self._config.request_timeout or None)).error
+        except asyncio.TimeoutError:
+            raise ApiError(
+                408, "request timeout", f"the adapter took longer than {self._config.request_timeout:g} s"
+            ) from None
+        finally:
+            self._lora_loads.pop(rid, None)
 
     async def submit(
         self,
@@ -314,6 +334,10 @@ class EngineClient:
                     done = self._slot_actions.get(msg.id)
                     if done is not None and not done.done():
                         done.set_result(msg)
+                elif type(msg) is LoraDone:
+                    loaded = self._lora_loads.get(msg.id)
+                    if loaded is not None and not loaded.done():
+                        loaded.set_result(msg)
                 elif type(msg) is EngineStats and self.info is not None:  # else left for a frontend that died
                     self.stats = msg
                     self.metrics.engine_stats(msg, self.info.ctx_size, time.monotonic(), self.model, self.replica)

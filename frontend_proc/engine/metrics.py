@@ -83,6 +83,9 @@ class Metrics:
         Counter, "cllm_generation_tokens_total", "Tokens generated for requests, as their usage says"
     )
     reranked = Family(Counter, "cllm_reranked_documents_total", "Documents scored by the rerank routes", ("model",))
+    lora_requests = Family(
+        Counter, "cllm_lora_requests_total", "Requests decoded under each LoRA adapter", ("model", "adapter")
+    )
     ttft = Family(
         Histogram,
         "cllm_time_to_first_token_seconds",

@@ -46,7 +46,7 @@ class Operation:
     events: type | None = None  # a 200 may be Server-Sent Events instead, each this JSON (str: any text)
     text: str | None = None  # a 200 that is text of this media type instead of JSON
     also: tuple[int, ...] = ()  # other statuses answered with the 200's body (/health's 503)
-    query: tuple[tuple[str, tuple[str, ...]], ...] = ()  # optional parameters: (name, the values it takes)
+    query: tuple[tuple[str, tuple[str, ...]], ...] = ()  # optional parameters: (name, the values it takes; (): any)
     errors: tuple[int, ...] = ()  # statuses, beyond those of reading a body, answered with an Error
 
     def route(self) -> Route:
@@ -109,7 +109,8 @@ def document(
             for name in _PARAM.findall(path)
         ]
         parameters += [
-            {"name": name, "in": "query", "required": False, "schema": {"enum": list(v)}} for name, v in op.query
+            {"name": name, "in": "query", "required": False, "schema": {"enum": list(v)} if v else {"type": "string"}}
+            for name, v in op.query
         ]
         if parameters:
             entry["parameters"] = parameters

@@ -58,7 +58,7 @@ IGNORED = (
     "stream_options",
     "n_indent",
     "t_max_predict_ms",
-    # chat parsing, reasoning budgets and adapters: /v1/chat/completions' business, or not cLLM's
+    # chat parsing and reasoning budgets: /v1/chat/completions' business, or not cLLM's
     "chat_format",
     "reasoning_format",
     "generation_prompt",
@@ -76,7 +76,6 @@ IGNORED = (
     "reasoning_budget_end_tag",
     "reasoning_budget_message",
     "message_delimiters",
-    "lora",
     "model",
 )
 

@@ -71,7 +71,7 @@ def settings(params: SamplingParams, body: CompletionFields | None = None, cappe
         "grammar": params.grammar or "",
         "samplers": SAMPLERS,
         **NOT_RUN,
-        "lora": [],
+        "lora": [{"id": i, "scale": s} for i, s in params.lora or ()],
         "dry_sequence_breakers": DRY_BREAKERS,
         "grammar_lazy": params.grammar_triggers is not None,
         "grammar_triggers": [{"type": PATTERN, "value": t} for t in params.grammar_triggers or []],

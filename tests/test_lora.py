@@ -1,0 +1,112 @@
+"""LoRA adapters over HTTP with the made adapter (perf/synth_lora.py) on the embedded model: two requests under
+different adapters at once; run-time load and unload, with and without permission, the adapter named as `model`;
+bad input."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from perf import synth_lora
+from tests.conftest import start_server
+
+PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+GREEDY = {"temperature": 0, "seed": 1, "n_predict": 24}
+# flash attention off: a decode step's attention then does not depend on the other sequences in it (docs/internals.md:
+# What is exact), so text decoded beside another request's is what it is alone, even where logits nearly tie
+ARGS = ("--parallel", "2", "--ctx-size", "2048", "--threads", "1", "--flash-attn", "off")
+
+
+@pytest.fixture(scope="module")
+def adapter() -> str:
+    return synth_lora.cached()
+
+
+@pytest.fixture(scope="module")
+def ours(adapter) -> Iterator[httpx.Client]:
+    with start_server(*ARGS, "--lora-scaled", f"{adapter}:0.5") as srv, srv.client() as c:
+        yield c
+
+
+def text(c: httpx.Client, prompt: str = PROMPT, **body) -> str:
+    r = c.post("/completion", json={"prompt": prompt, **GREEDY, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["content"]
+
+
+def oai_text(c: httpx.Client, model: str) -> str:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": GREEDY["n_predict"], "temperature": 0, "seed": 1}
+    r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def scaled(s: float) -> dict:
+    return {"lora": [{"id": 0, "scale": s}]}
+
+
+def test_two_adapter_sets_at_once(ours):
+    """A request under scale 1 and one under 0.5 at once: two sets, each a llama_decode of its own in every step
+    they share, each the text it gets alone."""
+    scales = (1.0, 0.5)
+    alone = [text(ours, n_predict=64, **scaled(s)) for s in scales]
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda s: text(ours, n_predict=64, **scaled(s)), scales)) == alone
+
+
+def test_bad_lora_input(ours):
+    for body, words in (
+        ({"lora": [{"id": 3, "scale": 1}]}, "lora[0].id 3"),
+        ({"lora": [{"id": 0, "scale": "x"}]}, "lora"),
+        ({"lora": [{"id": 0}]}, "scale"),
+        ({"lora": {"id": 0}}, "lora"),
+    ):
+        r = ours.post("/completion", json={"prompt": "x", **body})
+        assert r.status_code == 400 and words in r.text, (body, r.text)
+    r = ours.post("/v1/completions", json={"prompt": "x", "lora": [{"id": 5, "scale": 1}]})
+    assert r.status_code == 400 and "lora" in r.text
+    assert ours.post("/lora-adapters", json=[{"id": 9, "scale": 1}]).status_code == 400
+    r = ours.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "x.gguf"})
+    assert r.status_code == 403 and "--allow-lora-load" in r.text
+    assert ours.post("/v1/unload_lora_adapter", json={"lora_name": "x"}).status_code == 403
+    assert text(ours) == text(ours)  # still serving
+
+
+def test_load_and_unload_at_run_time(adapter, tmp_path):
+    folder = tmp_path / "adapters"
+    folder.mkdir()
+    shutil.copy(adapter, folder / "made.gguf")
+    (tmp_path / "outside.gguf").write_bytes(b"")
+    (folder / "junk.gguf").write_bytes(b"GGUF but not really")
+    with start_server(*ARGS, "--allow-lora-load", "--lora-dir", str(folder)) as srv, srv.client() as c:
+        base = text(c)
+        assert c.get("/lora-adapters").json() == []
+        r = c.post("/v1/load_lora_adapter", json={"lora_name": "made", "lora_path": "made.gguf"})
+        assert r.status_code == 200, r.text
+        assert c.get("/lora-adapters").json() == [{"id": 0, "path": str(folder / "made.gguf"), "scale": 0.0}]
+        assert text(c) == base  # loaded at scale 0: only requests that ask use it
+        named = oai_text(c, "made")
+        assert named != base and text(c, **scaled(1.0)) == named
+        r = c.post("/v1/load_lora_adapter", json={"lora_name": "made", "lora_path": "made.gguf"})
+        assert r.status_code == 400 and "lora_name" in r.text  # the name is taken
+        for path in ("../outside.gguf", str(tmp_path / "outside.gguf"), "missing.gguf"):
+            r = c.post("/v1/load_lora_adapter", json={"lora_name": "out", "lora_path": path})
+            assert r.status_code == 400 and "lora_path" in r.text, path
+        r = c.post("/v1/load_lora_adapter", json={"lora_name": "junk", "lora_path": "junk.gguf"})
+        assert r.status_code == 400 and "could not load" in r.text
+        r = c.post("/v1/unload_lora_adapter", json={"lora_name": "made"})
+        assert r.status_code == 200, r.text
+        assert c.get("/lora-adapters").json() == []
+        assert c.post("/v1/unload_lora_adapter", json={"lora_name": "made"}).status_code == 404
+        r = c.post("/completion", json={"prompt": "x", **scaled(1.0)})
+        assert r.status_code == 400 and "lora" in r.text
+        r = c.post("/v1/load_lora_adapter", json={"lora_name": "again", "lora_path": "made.gguf"})
+        assert r.status_code == 200, r.text
+        assert c.get("/lora-adapters").json()[0]["id"] > 0  # ids are never given twice
+        assert oai_text(c, "again") == named
+        counted = [x for x in c.get("/metrics").text.splitlines() if x.startswith("cllm_lora_requests_total{")]
+        assert any('adapter="again"' in x and x.endswith(" 1.0") for x in counted), counted
