@@ -1,11 +1,15 @@
 """LoRA adapters in the engine, in-process on the embedded model with the made adapter (perf/synth_lora.py): the
-adapter changes greedy text at scale 0.5 and 1 and not at 0; sequences under different adapter sets decoding in
+first token's logprobs are llama.cpp's own under the adapter at each scale; the adapter changes greedy text at scale
+0.5 and 1 and not at 0; sequences under different adapter sets decoding in
 one step each get their own set's text; the prefix cache never serves cells made under one set to another."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator
 
+import llama_cpp as L
+import numpy as np
 import pytest
 
 from cllm.core.config import ServeConfig
@@ -113,3 +117,40 @@ def test_unknown_adapter_and_unload(eng: LLMEngine, feed: Feed, adapter: str):
     assert not eng.has_work()
     done, _ = eng.load_lora(LoraLoad(4, 2, "/nonexistent.gguf"))
     assert "could not load" in done.error
+
+
+def llama_cpp_top(adapter: str, prompt: list[int], scale: float, k: int = 3) -> list[tuple[int, float]]:
+    """llama.cpp's own k likeliest first tokens and their logprobs, the prompt decoded alone in a context of its own
+    under the adapter at ``scale`` (flash attention off, as the engine here)."""
+    m = L.llama_model_load_from_file(resolve_model(None).encode(), L.llama_model_default_params())
+    lora = L.llama_adapter_lora_init(m, adapter.encode())
+    p = L.llama_context_default_params()
+    p.n_ctx = p.n_batch = p.n_ubatch = 512
+    p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ctx = L.llama_init_from_model(m, p)
+    try:
+        L.llama_set_adapters_lora(ctx, (L.llama_adapter_lora_p_ctypes * 1)(lora), 1, (ctypes.c_float * 1)(scale))
+        ids = (L.llama_token * len(prompt))(*prompt)
+        assert L.llama_decode(ctx, L.llama_batch_get_one(ids, len(prompt))) == 0
+        n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(m))
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), (n_vocab,)).astype(np.float64)
+        logprobs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        top = np.argsort(-logprobs)[:k]
+        return [(int(i), float(logprobs[i])) for i in top]
+    finally:
+        L.llama_free(ctx)
+        L.llama_model_free(m)
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.5, 1.0])
+def test_first_token_is_llama_cpps_own(eng: LLMEngine, feed: Feed, adapter: str, scale: float):
+    prompt = feed.tok.encode(OTHER)
+    feed.next_id += 1
+    params = SamplingParams(max_tokens=1, temperature=0, logprobs=3, lora=[(0, scale)])
+    assert eng.add(Submit(feed.next_id, prompt, params)) is None
+    out = next(o for r in eng.step() for o in r.outputs if o.id == feed.next_id)
+    while eng.has_work():
+        list(eng.step())
+    want = llama_cpp_top(adapter, prompt, scale)
+    assert out.logprobs is not None and out.logprobs.top_ids == [i for i, _ in want]
+    assert np.allclose(out.logprobs.top_logprobs, [lp for _, lp in want], atol=1e-3), (out.logprobs, want)
