@@ -13,7 +13,7 @@ GEMMA        := $(CACHE)/models/gemma-3-270m-q4_k_m.gguf
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install lock install-cuda install-metal serve test test-unit test-model lint docs test-ray test-docker test-browser test-agents llama-server bench bench-deps
+.PHONY: install lock install-cuda install-metal serve test test-unit test-model lint docs test-ray test-docker test-browser test-agents test-open-webui llama-server bench bench-deps
 
 install: $(STAMP)
 
@@ -138,6 +138,17 @@ $(AGENTS): tests/agents/package.json tests/agents/package-lock.json
 
 test-agents: install $(AGENTS)
 	CLLM_TEST_AGENTS=1 $(PY) -m pytest -q tests/agents
+
+# Open WebUI, as tests/open_webui/requirements.txt pins it and all it needs (~7 GB: torch with CUDA's libraries, as
+# PyPI ships it), in a venv of its own, run against cllm serve: its model manager pulls, lists and deletes a model.
+OPEN_WEBUI := $(CACHE)/open-webui/.installed
+$(OPEN_WEBUI): tests/open_webui/requirements.txt | $(UV)
+	$(UV) venv -q --allow-existing --python 3.11 $(CACHE)/open-webui
+	$(UV) pip install -q --python $(CACHE)/open-webui/bin/python -r tests/open_webui/requirements.txt
+	touch $(OPEN_WEBUI)
+
+test-open-webui: install $(OPEN_WEBUI)
+	CLLM_TEST_OPEN_WEBUI=1 $(PY) -m pytest -q tests/open_webui
 
 # llama.cpp's own llama-server (below), which tests/test_native_routes.py and tests/test_slot_save.py answer beside
 # cllm: without it they skip those comparisons, and with CI set in the environment they fail instead.
