@@ -163,37 +163,29 @@ class EngineClient:
 
     async def slot_action(self, slot: int, action: str, path: str = "") -> SlotDone:
         """llama-server's slot action on the engine's KV stream ``slot``, answered once no sequence runs in it."""
-        if self.info is None:
-            raise not_ready()
-        rid = next(self._ids)
-        done = self._slot_actions[rid] = self._loop.create_future()
-        try:
-            if not await self._put(self._encode(SlotAction(rid, slot, action, path))):
-                raise not_ready()
-            return await asyncio.wait_for(done, self._config.request_timeout or None)
-        except asyncio.TimeoutError:
-            raise ApiError(
-                408, "request timeout", f"the slot stayed busy longer than {self._config.request_timeout:g} s"
-            ) from None
-        finally:
-            self._slot_actions.pop(rid, None)
+        ask = lambda rid: SlotAction(rid, slot, action, path)  # noqa: E731
+        return await self._answered(self._slot_actions, ask, "the slot stayed busy")
 
     async def lora(self, adapter: int, path: str = "", unload: bool = False) -> str:
         """Load ``path`` into the engine as LoRA adapter ``adapter`` (or unload it); why llama.cpp refused, or ""."""
+        ask = lambda rid: LoraLoad(rid, adapter, path, unload)  # noqa: E731
+        return (await self._answered(self._lora_loads, ask, "the adapter took")).error
+
+    async def _answered(self, futures: dict, ask, late: str):
+        """Send the engine the record ``ask(id)`` and wait, within the request timeout, for its answer, which the
+        output reader sets in ``futures`` under that id; ``late`` says what took longer, in the 408."""
         if self.info is None:
             raise not_ready()
         rid = next(self._ids)
-        done = self._lora_loads[rid] = self._loop.create_future()
+        done = futures[rid] = self._loop.create_future()
         try:
-            if not await self._put(self._encode(LoraLoad(rid, adapter, path, unload))):
+            if not await self._put(self._encode(ask(rid))):
                 raise not_ready()
-            return (await asyncio.wait_for(done, self._config.request_timeout or None)).error
+            return await asyncio.wait_for(done, self._config.request_timeout or None)
         except asyncio.TimeoutError:
-            raise ApiError(
-                408, "request timeout", f"the adapter took longer than {self._config.request_timeout:g} s"
-            ) from None
+            raise ApiError(408, "request timeout", f"{late} longer than {self._config.request_timeout:g} s") from None
         finally:
-            self._lora_loads.pop(rid, None)
+            futures.pop(rid, None)
 
     async def submit(
         self,
