@@ -23,6 +23,8 @@ import os
 
 import numpy as np
 
+from perf import synth_model
+
 CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cache", "models")
 TARGETS = ("attn_v.weight", "ffn_down.weight")  # the weights adapted, in every layer
 
@@ -66,11 +68,7 @@ def cached(base: str | None = None, strength: float = 0.3) -> str:
         base = embedded_model_path()
     st = os.stat(base)
     key = hashlib.sha256(f"{os.path.realpath(base)}:{st.st_size}:{strength}".encode()).hexdigest()[:12]
-    path = os.path.join(CACHE, f"lora-{key}.gguf")
-    if not os.path.exists(path):
-        os.makedirs(CACHE, exist_ok=True)
-        write(path, base, strength=strength)
-    return path
+    return synth_model.made(os.path.join(CACHE, f"lora-{key}.gguf"), lambda p: write(p, base, strength=strength))
 
 
 def main() -> None:

@@ -173,6 +173,14 @@ def extract_tokenizer(model: str) -> None:
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
 
 
+def made(path: str, make) -> str:
+    """``path``, written by ``make(path)`` the first time it is asked for (the cached test models)."""
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        make(path)
+    return path
+
+
 def finish(writer) -> None:
     """Write a gguf.GGUFWriter's header, keys and tensors, and close its file."""
     writer.write_header_to_file()
@@ -181,8 +189,9 @@ def finish(writer) -> None:
     writer.close()
 
 
-def write_shape(writer, name: str, context: int, n_embd: int, n_layer: int, n_ff: int, n_head: int, n_kv: int,
-                head_dim: int) -> None:
+def write_shape(
+    writer, name: str, context: int, n_embd: int, n_layer: int, n_ff: int, n_head: int, n_kv: int, head_dim: int
+) -> None:
     """The name and shape keys of an F16 qwen3- or gemma3-shaped test model, in the order its cached file has them."""
     writer.add_name(name)
     writer.add_file_type(1)  # mostly F16
@@ -198,8 +207,9 @@ def write_shape(writer, name: str, context: int, n_embd: int, n_layer: int, n_ff
     writer.add_rope_freq_base(1_000_000.0)
 
 
-def write_attention(writer, prefix: str, w, n_embd: int, n_head: int, n_kv: int, head_dim: int,
-                    qk_gain: float = 1.0) -> None:
+def write_attention(
+    writer, prefix: str, w, n_embd: int, n_head: int, n_kv: int, head_dim: int, qk_gain: float = 1.0
+) -> None:
     """One layer's attention tensors as the qwen3- and gemma3-shaped test models write them (norm, Q K V O, the
     Q/K norms at ``qk_gain``), drawing from ``w`` in this order so a cached model file comes out bit for bit again."""
     writer.add_tensor(prefix + "attn_norm.weight", np.ones(n_embd, np.float32))

@@ -91,10 +91,7 @@ def write(path: str, plain: bool = False, seed: int = 0, shape: str = "tiny") ->
 def cached(plain: bool = False, shape: str = "tiny") -> str:
     """The made reranker's file in perf/cache/models/, made on first use (the same bytes every time: seed 0)."""
     path = os.path.join(CACHE, f"reranker-{shape}{'-plain' if plain else ''}.gguf")
-    if not os.path.exists(path):
-        os.makedirs(CACHE, exist_ok=True)
-        write(path, plain, shape=shape)
-    return path
+    return synth_model.made(path, lambda p: write(p, plain, shape=shape))
 
 
 def main() -> None:
