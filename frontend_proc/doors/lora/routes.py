@@ -8,6 +8,7 @@ which loads or frees the file's weights (engine_proc/run/lora.py).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Annotated
 
 import msgspec
@@ -109,42 +110,40 @@ async def unload_adapter(request: Request) -> Response:
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
+_LIST = Operation(
+    "GET",
+    "/lora-adapters",
+    list_adapters,
+    "llama-server: the model's LoRA adapters, their ids, files and scales",
+    response=list[LoraAdapter],
+    query=(("model", ()),),
+    errors=(404,),
+)
+_LOAD = Operation(
+    "POST",
+    "/v1/load_lora_adapter",
+    load_adapter,
+    "vLLM: load a LoRA adapter file of --lora-dir under a name (403 unless --allow-lora-load)",
+    body=LoadLora,
+    text="text/plain",
+    errors=(403, 404),
+)
 operations = [
-    Operation(
-        "GET",
-        "/lora-adapters",
-        list_adapters,
-        "llama-server: the model's LoRA adapters, their ids, files and scales",
-        response=list[LoraAdapter],
-        query=(("model", ()),),
-        errors=(404,),
-    ),
-    Operation(
-        "POST",
-        "/lora-adapters",
-        set_scales,
-        "llama-server: every LoRA adapter's scale (those not listed: 0)",
+    _LIST,
+    replace(
+        _LIST,
+        method="POST",
+        endpoint=set_scales,
+        summary="llama-server: every LoRA adapter's scale (those not listed: 0)",
         body=list[LoraScale],
         response=dict,
-        query=(("model", ()),),
-        errors=(404,),
     ),
-    Operation(
-        "POST",
-        "/v1/load_lora_adapter",
-        load_adapter,
-        "vLLM: load a LoRA adapter file of --lora-dir under a name (403 unless --allow-lora-load)",
-        body=LoadLora,
-        text="text/plain",
-        errors=(403, 404),
-    ),
-    Operation(
-        "POST",
-        "/v1/unload_lora_adapter",
-        unload_adapter,
-        "vLLM: unload a LoRA adapter by its name (403 unless --allow-lora-load)",
+    _LOAD,
+    replace(
+        _LOAD,
+        path="/v1/unload_lora_adapter",
+        endpoint=unload_adapter,
+        summary="vLLM: unload a LoRA adapter by its name (403 unless --allow-lora-load)",
         body=UnloadLora,
-        text="text/plain",
-        errors=(403, 404),
     ),
 ]
