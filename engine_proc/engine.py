@@ -38,8 +38,8 @@ from cllm.core.protocol import (
 from engine_proc.kv.disk_cache import fingerprint, identity, open_disk_cache
 from engine_proc.kv.slot_files import SlotFiles
 from engine_proc.run.embedder import Embedder, check_rank_head
-from engine_proc.run.lora import Adapters, LoraError
-from engine_proc.run.model_runner import ModelLoadError, ModelRunner
+from engine_proc.run.lora import LoraError, make_adapters, request_set
+from engine_proc.run.model_runner import ModelRunner
 from engine_proc.run.prefill_runs import prefill_runs
 from engine_proc.sampling.sampler import GrammarError, Sampler
 from engine_proc.scheduler import Scheduler, SchedulerSettings, Step
@@ -87,14 +87,7 @@ class LLMEngine:
         device = config.device_sampling == "on" or (config.device_sampling == "auto" and r.info.gpu_layers > 0)
         self.sampler = Sampler(r.ctx, r.vocab, r.n_vocab, r.eog_tokens, device and not config.spec_types)
         self.drafter = make_drafter(config, r)
-        # LoRA adapters: with none loaded or loadable, no run looks for adapter sets
-        self.lora: Adapters | None = None
-        if config.lora_files or config.allow_lora_load:
-            try:
-                self.lora = Adapters(r.model, r.ctx, config.lora_files)
-            except LoraError as e:
-                r.close()
-                raise ModelLoadError(str(e)) from None
+        self.lora = make_adapters(config, r)
         disk = open_disk_cache(model_path, config, r)  # None without --cache-dir
         self.scheduler = Scheduler(self._scheduler_settings(config), r, disk)
         # llama-server's slot actions, their files keyed as the disk cache's (with or without --cache-dir)
@@ -180,16 +173,10 @@ class LLMEngine:
         return self._queue(req, np.array(req.prompt, np.int32))
 
     def _queue(self, req: Submit, prompt: np.ndarray, images: list[ImageSpan] | None = None) -> SeqOutput | None:
-        lora, mark = 0, 0
-        if req.sampling.lora:
-            if self.lora is None:
-                return SeqOutput(req.id, finish="error", error="the model has no LoRA adapters")
-            try:
-                adapters = self.lora.set_of(req.sampling.lora)
-            except LoraError as e:
-                return SeqOutput(req.id, finish="error", error=str(e))
-            if adapters is not None:
-                lora, mark = adapters.number, adapters.mark
+        try:
+            lora, mark = request_set(self.lora, req.sampling.lora)
+        except LoraError as e:
+            return SeqOutput(req.id, finish="error", error=str(e))
         try:
             sampler = self.sampler.new(req.sampling, req.prompt)
         except GrammarError:
@@ -364,21 +351,22 @@ class LLMEngine:
 
     def load_lora(self, msg: LoraLoad) -> tuple[LoraDone, list[SeqOutput]]:
         """A run-time adapter load or unload (--allow-lora-load); the sequences an unload ended."""
-        if self.lora is None:
-            return LoraDone(msg.id, "the engine takes no LoRA adapters"), []
-        if not msg.unload:
-            try:
+        try:
+            if self.lora is None:
+                raise LoraError("the engine takes no LoRA adapters")
+            if not msg.unload:
                 self.lora.load(msg.adapter, msg.path)
-            except LoraError as e:
-                return LoraDone(msg.id, str(e)), []
-            return LoraDone(msg.id), []
+                return LoraDone(msg.id), []
+        except LoraError as e:
+            return LoraDone(msg.id, str(e)), []
         self._settle()
-        sets = {n for n, a in self.lora.sets.items() if any(i == msg.adapter for i, _ in a.pairs)}
+        sets = self.lora.using(msg.adapter)
         gone = [s.id for s in (*self.scheduler.running, *self.scheduler.waiting) if s.lora in sets]
-        ended = [SeqOutput(i, finish="error", error=f"LoRA adapter {msg.adapter} was unloaded") for i in gone]
         self.abort(gone)
         self.lora.unload(msg.adapter)
-        return LoraDone(msg.id), ended
+        return LoraDone(msg.id), [
+            SeqOutput(i, finish="error", error=f"LoRA adapter {msg.adapter} was unloaded") for i in gone
+        ]
 
     def slot_actions(self) -> list[SlotDone]:
         """The pending slot actions whose streams no sequence runs in, done (SlotFiles.run)."""
@@ -412,10 +400,7 @@ class LLMEngine:
         if self.scheduler.cache is not None:
             stats.prefix_cache = self.scheduler.cache.stats()
         if self.drafter is not None:
-            d = self.drafter
-            stats.drafted_tokens, stats.accepted_tokens, stats.drafts = d.drafted, d.accepted, d.drafts
-            stats.step_drafted, stats.step_accepted = d.step_drafted, d.step_accepted
-            d.step_drafted, d.step_accepted = [], []
+            self.drafter.report(stats)
         self.step_seconds, self.batch_sizes = [], []
         return stats
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import llama_cpp as L
 
+from cllm.core.config import ServeConfig
+from engine_proc.run.model_runner import ModelLoadError, ModelRunner
 from engine_proc.sequence import Chunk
 
 Pairs = tuple[tuple[int, float], ...]  # (adapter id, scale), ids ascending, no zero scale
@@ -72,7 +74,7 @@ class Adapters:
         ptr = self.loaded.pop(id, None)
         if ptr is None:
             return []
-        gone = [n for n, s in self.sets.items() if any(i == id for i, _ in s.pairs)]
+        gone = self.using(id)
         if self.current in gone:
             self.apply(0)
         for n in gone:
@@ -80,6 +82,10 @@ class Adapters:
         del self._ident[id]
         L.llama_adapter_lora_free(ptr)
         return gone
+
+    def using(self, id: int) -> list[int]:
+        """The numbers of the sets adapter ``id`` is in."""
+        return [n for n, s in self.sets.items() if any(i == id for i, _ in s.pairs)]
 
     def set_of(self, lora: list[tuple[int, float]]) -> AdapterSet | None:
         """The set a request names (None for no adapter); LoraError if it names an adapter not loaded."""
@@ -124,3 +130,26 @@ class Adapters:
         for ptr in self.loaded.values():
             L.llama_adapter_lora_free(ptr)
         self.loaded.clear()
+
+
+def request_set(adapters: Adapters | None, lora: list[tuple[int, float]] | None) -> tuple[int, int]:
+    """(the set's number, its prefix-cache mark) a request's ``lora`` decodes under, (0, 0) for the model alone;
+    LoraError naming what is wrong."""
+    if not lora:
+        return 0, 0
+    if adapters is None:
+        raise LoraError("the model has no LoRA adapters")
+    s = adapters.set_of(lora)
+    return (0, 0) if s is None else (s.number, s.mark)
+
+
+def make_adapters(config: ServeConfig, runner: ModelRunner) -> Adapters | None:
+    """The engine's adapters: None with none loaded or loadable (no run then looks for adapter sets);
+    ModelLoadError if a --lora file does not load."""
+    if not (config.lora_files or config.allow_lora_load):
+        return None
+    try:
+        return Adapters(runner.model, runner.ctx, config.lora_files)
+    except LoraError as e:
+        runner.close()
+        raise ModelLoadError(str(e)) from None

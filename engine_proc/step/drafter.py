@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from cllm.core.config import ServeConfig
+from cllm.core.protocol import EngineStats
 from engine_proc.run.draft_runner import DraftRunner
 from engine_proc.run.model_runner import ModelRunner
 from engine_proc.sequence import FIRST_DRAFT, Chunk, Drafting, Sequence
@@ -232,6 +233,12 @@ class Drafter:
         )
         scope = 0 if self.shared else seq.scope
         self.memory.remember(seq.known(len(seq.prompt) + len(seq.output)), len(seq.prompt), scope, greedy)
+
+    def report(self, stats: EngineStats) -> None:
+        """Its counters into the engine's figures; the per-step ones start again."""
+        stats.drafted_tokens, stats.accepted_tokens, stats.drafts = self.drafted, self.accepted, self.drafts
+        stats.step_drafted, stats.step_accepted = self.step_drafted, self.step_accepted
+        self.step_drafted, self.step_accepted = [], []
 
     def close(self) -> None:
         if self.memory is not None and self.memory_file is not None:
