@@ -56,6 +56,8 @@ def _short(case):
             body["max_completion_tokens"] = min(body["max_completion_tokens"], GEN_TOKENS)
         if body.get("n"):
             body["n"] = min(body["n"], 2)
+        # LoRA adapter ids name what the server loaded (this one none): any id is a 400 no schema can state.
+        body.pop("lora", None)
         # A string of control characters tokenizes to nothing: an empty prompt, a 400 no schema can state.
         if isinstance(body.get("prompt"), str) and not any(c.isalnum() for c in body["prompt"]):
             body["prompt"] = "A" + body["prompt"]

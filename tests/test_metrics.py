@@ -22,6 +22,7 @@ FAMILIES = {
     "cllm_prompt_tokens": "counter",
     "cllm_generation_tokens": "counter",
     "cllm_reranked_documents": "counter",
+    "cllm_lora_requests": "counter",
     "cllm_time_to_first_token_seconds": "histogram",
     "cllm_time_per_output_token_seconds": "histogram",
     "cllm_e2e_request_latency_seconds": "histogram",

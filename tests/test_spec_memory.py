@@ -20,7 +20,7 @@ PROMPT = (
     "<|im_start|>user\nWrite a Python class for a stack with push, pop and peek methods.<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
-N = 64
+N = 40  # token 44 parts at a near tie (0.24 nats) on one thread
 NEAR = 0.3
 
 

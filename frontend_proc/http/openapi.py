@@ -74,6 +74,8 @@ def document(
             del schema["additionalProperties"]
     ref = dict(zip(types, refs))
     for body in {op.body for op in operations if op.body}:
+        if "$ref" not in ref[body]:  # a list of objects (llama-server's POST /lora-adapters): no fields of its own
+            continue
         fields = schemas[ref[body]["$ref"].rsplit("/", 1)[1]]["properties"]
         for name in maxima.keys() & fields.keys():
             fields[name]["maximum"] = maxima[name]
