@@ -79,17 +79,21 @@ def answered(http) -> str:
     return r.json()["choices"][0]["text"]
 
 
+def reply_text(http) -> str | None:
+    r = http.post("/v1/completions", json=ASK)
+    return r.json()["choices"][0]["text"] if r.status_code == 200 else None
+
+
 def test_an_engine_killed_awake_or_while_waking_is_restarted_and_the_model_still_sleeps_and_wakes():
     with start_server(*ONE) as srv, srv.client() as http:
         text = answered(http)
         child(srv, "engine_proc").send_signal(signal.SIGKILL)  # awake and idle: the supervisor starts it again
-        wait_until(
-            lambda: http.get("/health").status_code == 200 and health(http, "detailed")["restarts"]["engine"], 120
-        )
-        assert answered(http) == text
-        wait_until(lambda: http.get("/props").json()["is_sleeping"], 60)  # the new engine sleeps when idle too
+        # 503 while it restarts; on a slow machine the idle model may fall asleep first, and the request wakes it
+        assert wait_until(lambda: reply_text(http), 120, interval=0.5) == text
+        wait_until(lambda: http.get("/props").json()["is_sleeping"], 60)  # it sleeps when idle again
         assert engines(srv) == []
 
+        woken = metric(http, "cllm_model_wake_seconds_count")
         replies: list = []
         waking = threading.Thread(target=lambda: replies.append(http.post("/v1/completions", json=ASK)))
         waking.start()
@@ -99,7 +103,7 @@ def test_an_engine_killed_awake_or_while_waking_is_restarted_and_the_model_still
         (reply,) = replies  # the wake waited for the engine started in its place
         assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == text
         assert http.get("/props").json()["is_sleeping"] is False and len(engines(srv)) == 1
-        assert metric(http, "cllm_model_wake_seconds_count") == 1
+        assert metric(http, "cllm_model_wake_seconds_count") == woken + 1
 
 
 def test_the_frontend_killed_while_the_model_sleeps_leaves_it_asleep_and_the_next_request_wakes_it():
