@@ -61,13 +61,16 @@ def test_each_model_sleeps_on_its_own(tmp_path):
         def statuses() -> dict:
             return {m["id"]: m["status"]["value"] for m in http.get("/models").json()["data"]}
 
-        def b_asleep() -> bool:
-            assert http.post("/v1/completions", json={**ask, "model": "a"}).status_code == 200  # a is kept busy
-            return statuses()["b"] == "sleeping"
+        def b_asleep() -> dict | None:
+            """The statuses right after a request to a (which keeps it awake) once b sleeps: read later, a loaded
+            machine's pause could outlast a's own idle seconds."""
+            assert http.post("/v1/completions", json={**ask, "model": "a"}).status_code == 200
+            now = statuses()
+            return now if now["b"] == "sleeping" else None
 
-        wait_until(b_asleep, 60, interval=0.5)
-        assert statuses() == {"a": "loaded", "b": "sleeping"}
+        assert wait_until(b_asleep, 60, interval=0.5) == {"a": "loaded", "b": "sleeping"}
         assert http.get("/props", params={"model": "b"}).json()["is_sleeping"] is True
+        assert http.post("/v1/completions", json={**ask, "model": "a"}).status_code == 200
         assert http.get("/props", params={"model": "a"}).json()["is_sleeping"] is False
         assert http.post("/v1/completions", json={**ask, "model": "b"}).status_code == 200
         assert statuses()["b"] == "loaded"
