@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cllm.core.protocol import SamplingParams, TokenLogprobs
+from engine_proc.sampling.draws import mix_int
 from engine_proc.sampling.sampler import SeqSampler
 
 FIRST_DRAFT = 2  # tokens a sequence drafts before it has shown how much it copies
@@ -148,7 +149,7 @@ class Sequence:
         if not self.mark or not n:
             return self.tokens[:n]
         keyed = self.tokens[:n].copy()
-        keyed[0] = -2 - mix(self.mark ^ int(keyed[0])) % (2**31 - 2)
+        keyed[0] = -2 - mix_int(self.mark ^ int(keyed[0])) % (2**31 - 2)
         return keyed
 
 
@@ -176,13 +177,6 @@ class Chunk:
     def scores(self) -> bool:
         """Prompt tokens of a sequence that asks for their logprobs: a logits row for each."""
         return self.start < len(self.seq.prompt) and self.seq.scored
-
-
-def mix(x: int) -> int:
-    """splitmix64's finalizer: 64 well-mixed bits of ``x``."""
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

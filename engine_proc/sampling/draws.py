@@ -36,6 +36,7 @@ GROUP = 16  # tokens a group holds (see draw_rows)
 MAX_TOP_K = 256
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _PAD = np.uint64(0xFFFFFFFFFFFFFFFF)  # sorts after every candidate's key
+_MASK = (1 << 64) - 1
 
 
 @dataclass(slots=True)
@@ -54,11 +55,18 @@ class Draw:
         return cls(temperature, top_k, top_p, min_p, random.getrandbits(64) if seed is None else seed & 0xFFFFFFFF)
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
+def mix(z: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser, over uint64 arrays (their products wrap, as the hash wants)."""
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
+
+
+def mix_int(z: int) -> int:
+    """mix of one 64-bit int, in Python's ints (no array for a single number)."""
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+    return z ^ (z >> 31)
 
 
 def uniforms(draws: list[Draw]) -> np.ndarray:
@@ -67,7 +75,7 @@ def uniforms(draws: list[Draw]) -> np.ndarray:
     counts = np.fromiter((d.n for d in draws), np.uint64, len(draws))
     for d in draws:
         d.n += 1
-    z = _mix(_mix(seeds) + (counts + np.uint64(1)) * _GOLDEN)
+    z = mix(mix(seeds) + (counts + np.uint64(1)) * _GOLDEN)
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 

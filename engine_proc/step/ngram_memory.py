@@ -32,6 +32,8 @@ import os
 
 import numpy as np
 
+from engine_proc.sampling.draws import mix, mix_int
+
 log = logging.getLogger("cllm.engine")
 
 CONTEXT = 16  # tokens a key spans: enough to place a window in one text, not so many that a copy starts late
@@ -40,7 +42,6 @@ _P = 0x9E3779B97F4A7C15  # the polynomial hash's multiplier (odd: every token ch
 _P_TOP = pow(_P, CONTEXT - 1, 1 << 64)  # the leaving token's weight, for a rolling hash
 _POWERS = np.array([pow(_P, CONTEXT - 1 - j, 1 << 64) for j in range(CONTEXT)], np.uint64)  # a window's weights
 _MASK = (1 << 64) - 1
-_MIX = 0xBF58476D1CE4E5B9
 _FORMAT = b"cllm-ngram-memory-1\n"
 
 
@@ -66,7 +67,7 @@ class NgramMemory:
         with np.errstate(over="ignore"):
             for j in range(CONTEXT):
                 h = h * np.uint64(_P) + t[j : j + n]
-            h = _mix(h ^ np.uint64(scope))
+            h = mix(h ^ np.uint64(scope))
         slot = (h & np.uint64(self.mask)).astype(np.intp)
         self.tags[slot] = _tag(h >> np.uint64(32))
         self.tokens[slot] = text[CONTEXT:]
@@ -79,14 +80,14 @@ class NgramMemory:
             return [], 0
         with np.errstate(over="ignore"):
             h = int(np.dot(text[-CONTEXT:].astype(np.uint64), _POWERS))
-        if self.tags[_mix_int(h ^ scope) & self.mask] == 0:  # most lookups of text never seen end here
+        if self.tags[mix_int(h ^ scope) & self.mask] == 0:  # most lookups of text never seen end here
             return [], 0
         window = text[-CONTEXT:].tolist()
         out: list[int] = []
         trusted = 0
         tags, tokens, marked, mask = self.tags, self.tokens, self.marked, self.mask
         while len(out) < k:
-            m = _mix_int(h ^ scope)
+            m = mix_int(h ^ scope)
             slot = m & mask
             if tags[slot] != ((m >> 32) or 1):
                 break
@@ -146,23 +147,6 @@ def memory_path(cache_dir: str, model_path: str) -> str:
     st = os.stat(model_path)
     ident = f"{os.path.realpath(model_path)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
     return os.path.join(cache_dir, f"ngram-{hashlib.sha256(ident).hexdigest()[:24]}.mem")
-
-
-def _mix(h: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: every bit of the window's hash reaches the slot and the tag."""
-    h = h ^ (h >> np.uint64(30))
-    h = h * np.uint64(_MIX)
-    h = h ^ (h >> np.uint64(27))
-    h = h * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
-
-
-def _mix_int(h: int) -> int:
-    h ^= h >> 30
-    h = (h * _MIX) & _MASK
-    h ^= h >> 27
-    h = (h * 0x94D049BB133111EB) & _MASK
-    return h ^ (h >> 31)
 
 
 def _tag(high: np.ndarray) -> np.ndarray:
