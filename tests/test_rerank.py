@@ -109,6 +109,26 @@ def test_the_four_routes_and_cohere_jina_and_tei_fields(rr):
     ]
 
 
+def test_llamaindex_jina_reranker_gets_cllms_ranking(rr):
+    """LlamaIndex's JinaRerank (llama-index-postprocessor-jinaai-rerank), unchanged but for its base_url, as a RAG
+    pipeline runs it after retrieval: the nodes come back in cllm's order with cllm's scores, top_n of them."""
+    from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+    from llama_index.postprocessor.jinaai_rerank import JinaRerank
+
+    nodes = [NodeWithScore(node=TextNode(id_=f"doc-{i}", text=d), score=0.0) for i, d in enumerate(DOCS)]
+    got = {
+        top_n: JinaRerank(base_url=f"{rr.base_url}/v1", top_n=top_n, api_key="unused").postprocess_nodes(
+            nodes, QueryBundle(QUERY)
+        )
+        for top_n in (3, len(DOCS) + 4)
+    }
+    whole = [(r["index"], r["relevance_score"]) for r in ranked(rr)["results"]]
+    for top_n, back in got.items():
+        assert [(n.node.node_id, n.node.get_content(), n.score) for n in back] == [
+            (f"doc-{i}", DOCS[i], score) for i, score in whole[:top_n]
+        ]
+
+
 def test_bad_input_is_a_400_naming_the_field(rr):
     def bad(field: str, route: str = "/v1/rerank", **body) -> None:
         r = rr.post(route, json=body)
