@@ -21,11 +21,7 @@ class Drafting:
     rate: float = 1.0  # accepted / drafted, recent drafts weighing most
     rest: int = 0  # steps to wait before drafting again after a draft failed outright
     misses: int = 0  # drafts in a row that failed outright
-    recalled: bool = False  # its draft in this step is an earlier answer, from the memory
-    recall: float = 1.0  # the share of its drafts from the memory kept, recent ones weighing most
-    # Its next draft from the memory at most (0: --draft-max): after one that failed, what it kept, doubling while
-    # kept whole, so that text parting from an earlier answer does not throw away a long draft every time.
-    recall_want: int = 0
+    recalled: bool = False  # its draft in this step is an earlier answer, from the memory (Drafter.recall)
     drafted: int = 0  # tokens, over the request, for its timings (llama-server's draft_n)
     accepted: int = 0
 

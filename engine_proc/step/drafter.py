@@ -19,8 +19,14 @@ nearly free, that share is low; on this CPU at 32 sequences, nearly all.
 
 With a memory of earlier answers (engine_proc/step/ngram_memory.py), a sequence
 whose last tokens an earlier greedy answer of its scope had drafts that
-answer's next tokens whole, as far as the memory's marked entries go (its
-history says they hold), while the share such drafts kept pays; its guesses
+answer's next tokens, as far as the memory's marked entries go (its history
+says they hold) and as far as such drafts pay: how far a remembered answer
+holds is the engine's to learn, not each sequence's (a model whose greedy
+text parts at near ties between differently shaped steps, as quantized
+weights do more often, parts from its earlier answers more often), so every
+draft from the memory counts in one estimate of the odds that a remembered
+token holds once the one before it did, and a draft goes on while its last
+token's odds still beat the share it must keep (Odds.length). Its guesses
 from other text go as prompt lookup's do. A seeded sampled request drafts
 from its own text only, so that its text repeats whatever came before it.
 
@@ -31,6 +37,7 @@ tokens; the model's time counts in what a drafted token costs.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -53,6 +60,7 @@ PROBE_STEPS = 64  # steps without drafts, where they do not pay, before trying a
 # Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
 STEP_DRAFT_ROWS = 128
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
+RECALL_MEMORY = 0.9  # weight of the earlier drafts from the memory in Odds' counts against the last one's
 # A run of the memory's marked entries shorter than this is drafted as a guess, not whole: a few tokens of an
 # earlier answer are often a common phrase.
 TRUSTED_RUN = 8
@@ -103,6 +111,7 @@ class Drafter:
         self.ngram = ngram  # drafts from text (--spec-type ngram)
         self.model = model  # drafts by a draft model where text gives none (draft-simple)
         self._model_seconds = 0.0  # this step's drafting by the model
+        self.recall = Odds()  # how far the memory's earlier answers hold
 
     def draft(self, decode: list[Chunk], budget: int) -> None:
         """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
@@ -167,11 +176,10 @@ class Drafter:
         trusted = 0
         if self.memory is not None and not (seq.params.temperature > 0 and seq.params.seed is not None):
             recalled, trusted = self.memory.chain(text, 0 if self.shared else seq.scope, room)
-            if trusted >= TRUSTED_RUN:
-                if d.recall >= need:
-                    d.recalled = True
-                    return np.array(recalled[: min(trusted, d.recall_want or trusted)], np.int32)
-                d.recall += (1 - d.recall) / 8  # drift back, as rate does
+            k = self.recall.length(need, trusted) if trusted >= TRUSTED_RUN else 0
+            if k:
+                d.recalled = True
+                return np.array(recalled[:k], np.int32)
         d.recalled = False
         if d.rest:
             d.rest -= 1
@@ -195,12 +203,8 @@ class Drafter:
         d = seq.drafting
         d.drafted += drafted
         d.accepted += accepted
-        if d.recalled:  # the memory's: how much of it held says how far to trust it, not how the text copies
-            d.recall = RATE_MEMORY * d.recall + (1 - RATE_MEMORY) * accepted / drafted
-            if accepted < drafted:
-                d.recall_want = max(accepted, FIRST_DRAFT)
-            elif d.recall_want:
-                d.recall_want = min(2 * d.recall_want, self.draft_max)
+        if d.recalled:  # the memory's: how far it held says how far to trust it, not how the text copies
+            self.recall.count(accepted, drafted)
             return
         d.rate = RATE_MEMORY * d.rate + (1 - RATE_MEMORY) * accepted / drafted
         if accepted == drafted:
@@ -259,6 +263,29 @@ class Drafter:
             self.step_drafted.append(self._drafted)
             self.step_accepted.append(self._accepted)
             self._drafted = self._accepted = 0
+
+
+class Odds:
+    """The odds that a drafted token is kept once the one before it was: tokens kept against drafts cut short (a
+    token rejected), recent drafts weighing most. The k-th token of a draft is kept with these odds to the k."""
+
+    def __init__(self, kept: float = 8.0, lost: float = 0.05):
+        self.kept = kept  # the start: above 99 in 100, a whole run of marked entries until drafts of it fail
+        self.lost = lost
+
+    def count(self, accepted: int, drafted: int) -> None:
+        self.kept = RECALL_MEMORY * self.kept + accepted
+        self.lost = RECALL_MEMORY * self.lost + (accepted < drafted)
+
+    def length(self, need: float, room: int) -> int:
+        """The longest draft, up to ``room``, whose last token is still kept with odds above ``need``, the share of
+        a drafted token that must be kept for it to pay (0: not even the first)."""
+        odds = self.kept / (self.kept + self.lost)
+        if odds <= need:
+            return 0
+        if need <= 0:
+            return room
+        return min(room, max(1, int(math.log(need) / math.log(odds))))
 
 
 class StepCosts:
