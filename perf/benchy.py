@@ -23,7 +23,9 @@ llama-benchy's decode throughput (its t/s: the cell's tokens after each
 request's first over the window from the first request's first token to the
 last's last). At c = 1 and depth 0 the same requests are also timed directly,
 read whole (TTFT: a 1-token answer; decode: the difference of a tg-token and
-a 1-token answer), to check the harness's figures. Usage:
+a 1-token answer, the latter's time scaled to the former's prompt tokens, for
+two slices of text never tokenize to quite the same length), to check the
+harness's figures. Usage:
 
     .venv/bin/python -m perf.benchy [--pp 512 2048] [--depth 0 2048] [--concurrency 1 4 16] [--tg 64] [--runs 2]
         [--out perf/results/DATE-benchy-....md] [--harness 'uvx llama-benchy==0.4.0']
@@ -183,12 +185,15 @@ def pct(values: list[float]) -> list[float] | None:
 
 
 def direct(url: str, model: str, pp: int, tg: int, inputs: dict, rounds: int = 3) -> dict:
-    """c = 1, read whole: TTFT as a 1-token answer's time, decode as (tg - 1) over the difference of a tg-token and
-    a 1-token answer's times, each on a fresh prompt of ~pp tokens cut from the same text (medians)."""
+    """c = 1, read whole, each on a fresh prompt of ~pp tokens cut from the same text (medians): TTFT as a 1-token
+    answer's time, decode as (tg - 1) over a tg-token answer's time less its prompt's reading, which is the 1-token
+    answer's time scaled by the two prompts' tokens (nothing cached serves either, so each is read whole; prompts cut
+    to the same characters differ by tens of tokens, tens of ms on a CPU, as much as a few decode steps)."""
     with open(inputs["book_path"], encoding="utf-8") as f:
         book = f.read()
-    one: list[float] = []
-    many: list[float] = []
+    ttft: list[float] = []
+    decode: list[float] = []
+    prompts: list[int] = []
     with httpx.Client(base_url=url, timeout=600) as client:
         # characters a token where the prompts are cut, by the server's own /tokenize (llama-server's route), and
         # the chat template's tokens around a message, left out of pp as llama-benchy leaves them out
@@ -197,12 +202,12 @@ def direct(url: str, model: str, pp: int, tg: int, inputs: dict, rounds: int = 3
         probe = {"model": model, "messages": [{"role": "user", "content": "."}], "max_tokens": 1}
         size = int((pp - client.post("/v1/chat/completions", json=probe).json()["usage"]["prompt_tokens"] + 1) * chars)
         for i in range(rounds):
-            for n, into in ((1, one), (tg, many)):  # each prompt a slice of its own: nothing cached serves it
+            timed = []
+            for n in (1, tg):  # each prompt a slice of its own: nothing cached serves it
                 start = len(book) // 3 + (2 * i + (n > 1)) * size
-                text = book[start : start + size]
                 body = {
                     "model": model,
-                    "messages": [{"role": "user", "content": text}],
+                    "messages": [{"role": "user", "content": book[start : start + size]}],
                     "max_tokens": n,
                     "min_tokens": n,
                     "ignore_eos": True,
@@ -211,9 +216,12 @@ def direct(url: str, model: str, pp: int, tg: int, inputs: dict, rounds: int = 3
                 t0 = time.perf_counter()
                 r = client.post("/v1/chat/completions", json=body)
                 r.raise_for_status()
-                into.append(time.perf_counter() - t0)
-    t1, tn = float(np.median(one)), float(np.median(many))
-    return {"ttft": t1, "decode_tps": (tg - 1) / (tn - t1)}
+                timed.append((time.perf_counter() - t0, r.json()["usage"]["prompt_tokens"]))
+            (t1, p1), (tn, pn) = timed
+            ttft.append(t1)
+            prompts.append(p1)
+            decode.append(tn - t1 * pn / p1)
+    return {"ttft": float(np.median(ttft)), "decode_tps": (tg - 1) / float(np.median(decode)), "prompt": prompts}
 
 
 def ms(p: list[float] | None) -> str:
@@ -298,14 +306,15 @@ def main() -> None:
         "",
         "Direct, c = 1, read whole (medians of 3) against the harness at c = 1, depth 0:",
         "",
-        "| pp | server | TTFT direct / harness p50 ms | decode t/s direct / harness |",
-        "|---|---|---|---|",
+        "| pp | server | direct prompts (tokens) | TTFT direct / harness p50 ms | decode t/s direct / harness |",
+        "|---|---|---|---|---|",
     ]
     for pp in args.pp:
         for system in systems:
             d, h = checks[system][pp], results[(pp, 0, 1)][system] if (pp, 0, 1) in results else None
             lines.append(
-                f"| {pp} | {system} | {1000 * d['ttft']:.1f} / {1000 * h['ttft'][0] if h else float('nan'):.1f} "
+                f"| {pp} | {system} | {', '.join(map(str, d['prompt']))} "
+                f"| {1000 * d['ttft']:.1f} / {1000 * h['ttft'][0] if h else float('nan'):.1f} "
                 f"| {d['decode_tps']:.1f} / {h['decode_tps'] if h else float('nan'):.1f} |"
             )
     report = "\n".join(lines) + "\n"
