@@ -22,13 +22,15 @@ llama-benchy's own progress events; the tokens a content chunk carries; and
 llama-benchy's decode throughput (its t/s: the cell's tokens after each
 request's first over the window from the first request's first token to the
 last's last). At c = 1 and depth 0 the same requests are also timed directly,
-read whole (TTFT: a 1-token answer; decode: the difference of a tg-token and
-a 1-token answer, the latter's time scaled to the former's prompt tokens, for
-two slices of text never tokenize to quite the same length), to check the
-harness's figures. Usage:
+read whole, to check the harness's figures: TTFT as a 1-token answer to a
+fresh prompt; decode as the difference of a tg-token and a 1-token answer to
+that prompt again, both served from the prefix cache, so that the prompt's
+reading cancels out (two fresh prompts of the same characters tokenize tens
+of tokens apart, and a CPU reads tens of tokens in as long as it decodes a
+few). Usage:
 
     .venv/bin/python -m perf.benchy [--pp 512 2048] [--depth 0 2048] [--concurrency 1 4 16] [--tg 64] [--runs 2]
-        [--out perf/results/DATE-benchy-....md] [--harness 'uvx llama-benchy==0.4.0']
+        [--out perf/results/DATE-benchy-....md] [--harness 'uvx llama-benchy==0.4.0'] [--direct-only]
 """
 
 from __future__ import annotations
@@ -185,10 +187,9 @@ def pct(values: list[float]) -> list[float] | None:
 
 
 def direct(url: str, model: str, pp: int, tg: int, inputs: dict, rounds: int = 3) -> dict:
-    """c = 1, read whole, each on a fresh prompt of ~pp tokens cut from the same text (medians): TTFT as a 1-token
-    answer's time, decode as (tg - 1) over a tg-token answer's time less its prompt's reading, which is the 1-token
-    answer's time scaled by the two prompts' tokens (nothing cached serves either, so each is read whole; prompts cut
-    to the same characters differ by tens of tokens, tens of ms on a CPU, as much as a few decode steps)."""
+    """c = 1, read whole, medians of ``rounds`` fresh prompts of ~pp tokens cut from the same text: TTFT as a 1-token
+    answer's time; decode as (tg - 1) over the difference of a tg-token and a 1-token answer's times to the same
+    prompt again, whose reading the prefix cache (llama-server's and cllm's) spares both alike."""
     with open(inputs["book_path"], encoding="utf-8") as f:
         book = f.read()
     ttft: list[float] = []
@@ -201,26 +202,28 @@ def direct(url: str, model: str, pp: int, tg: int, inputs: dict, rounds: int = 3
         chars = len(sample) / len(client.post("/tokenize", json={"content": sample}).json()["tokens"])
         probe = {"model": model, "messages": [{"role": "user", "content": "."}], "max_tokens": 1}
         size = int((pp - client.post("/v1/chat/completions", json=probe).json()["usage"]["prompt_tokens"] + 1) * chars)
+
+        def answer(text: str, n: int) -> tuple[float, dict]:
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": n,
+                "min_tokens": n,
+                "ignore_eos": True,
+            }
+            t0 = time.perf_counter()
+            r = client.post("/v1/chat/completions", json=body)
+            r.raise_for_status()
+            return time.perf_counter() - t0, r.json()["usage"]
+
         for i in range(rounds):
-            timed = []
-            for n in (1, tg):  # each prompt a slice of its own: nothing cached serves it
-                start = len(book) // 3 + (2 * i + (n > 1)) * size
-                body = {
-                    "model": model,
-                    "messages": [{"role": "user", "content": book[start : start + size]}],
-                    "max_tokens": n,
-                    "min_tokens": n,
-                    "ignore_eos": True,
-                    "cache_prompt": False,
-                }
-                t0 = time.perf_counter()
-                r = client.post("/v1/chat/completions", json=body)
-                r.raise_for_status()
-                timed.append((time.perf_counter() - t0, r.json()["usage"]["prompt_tokens"]))
-            (t1, p1), (tn, pn) = timed
-            ttft.append(t1)
-            prompts.append(p1)
-            decode.append(tn - t1 * pn / p1)
+            start = len(book) // 3 + i * size  # each round's prompt a slice of its own: nothing cached serves it
+            text = book[start : start + size]
+            t, usage = answer(text, 1)
+            ttft.append(t)
+            prompts.append(usage["prompt_tokens"])
+            t1, tn = answer(text, 1)[0], answer(text, tg)[0]
+            decode.append(tn - t1)
     return {"ttft": float(np.median(ttft)), "decode_tps": (tg - 1) / float(np.median(decode)), "prompt": prompts}
 
 
@@ -265,6 +268,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="llama-benchy's batches of c requests in each cell")
     ap.add_argument("--systems", default="cllm,llama-server", help="the servers, in the first cell's order")
     ap.add_argument("--out", help="also write the Markdown report here")
+    ap.add_argument("--direct-only", action="store_true", help="only the direct check, without llama-benchy")
     ap.add_argument(
         "--harness",
         default=f"{sys.executable} -m llama_benchy",
@@ -277,7 +281,7 @@ def main() -> None:
     args.seq_ctx = args.seq_ctx or max(args.depth) + max(args.pp) + args.tg + 128
     settings = servers.settings_of(args)
     systems = tuple(args.systems.split(","))
-    cells = [(pp, d, c) for d in args.depth for pp in args.pp for c in args.concurrency]
+    cells = [] if args.direct_only else [(pp, d, c) for d in args.depth for pp in args.pp for c in args.concurrency]
     results: dict = {cell: {} for cell in cells}
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as folder:
