@@ -23,7 +23,7 @@ import time
 
 import msgspec
 
-from cllm.bench.engine_bench import _tokenizer, drive, synthetic_requests
+from cllm.bench.engine_bench import drive, synthetic_requests
 from cllm.core.config import ServeConfig
 from cllm.core.model_file import resolve_model
 from cllm.core.protocol import SamplingParams, Submit
@@ -52,14 +52,13 @@ def main() -> None:
     engine = LLMEngine(model, ServeConfig(parallel=1, ctx_size=4096, threads=2, spec_type="ngram", **memory))
     drafter = engine.drafter
     assert drafter is not None
-    tokenize = _tokenizer(engine)
     tokenizer = Tokenizer(model)  # as the chat door renders and tokenizes a user's message
     template = tokenizer.chat_template()
     prompts = [
         tokenizer.encode(template.render([{"role": "user", "content": p}])) for k in args.sets for p in copy_tasks(k)
     ]
+    drive(engine, synthetic_requests(tokenizer.encode, 1, 64, 4, first_id=10**9), 1)  # llama.cpp's graphs, untimed
     tokenizer.close()
-    drive(engine, synthetic_requests(tokenize, 1, 64, 4, first_id=10**9), 1)  # llama.cpp's graphs, untimed
     by_source: dict[bool, list[int]] = {}
     verified = drafter.verified
 
