@@ -30,6 +30,34 @@ def test_an_answer_comes_back_whole_in_its_own_scope_only():
     assert tokens == PROMPT[100:110].tolist() and trusted == 0
 
 
+def test_a_draft_ends_where_two_remembered_texts_part():
+    memory = NgramMemory(1)
+    memory.remember(TEXT, len(PROMPT), scope=11, greedy=True)
+    edited = TEXT.copy()
+    edited[len(PROMPT) + 40] += 1  # a second answer to the same prompt parts from the first at its 41st token
+    memory.remember(edited, len(PROMPT), scope=11, greedy=True)
+    # both answers had the same 40 tokens, then each its own: the model decides the 41st, the draft stops before it
+    assert memory.chain(PROMPT, 11, 64) == (ANSWER[:40].tolist(), 40)
+    # past the fork each answer's own windows go on
+    assert memory.chain(edited[: len(PROMPT) + 41], 11, 20)[0] == edited[len(PROMPT) + 41 : len(PROMPT) + 61].tolist()
+    assert memory.chain(PROMPT, 12, 64) == ([], 0)  # the fork is scope 11's: another scope still has nothing
+
+
+def test_a_window_filed_again_with_the_same_token_keeps_its_mark():
+    memory = NgramMemory(1)
+    memory.remember(TEXT, len(PROMPT), scope=11, greedy=True)
+    memory.remember(TEXT, len(TEXT), scope=11, greedy=True)  # the answer again, this time as a prompt
+    assert memory.chain(PROMPT, 11, 64) == (ANSWER[:64].tolist(), 64)
+
+
+def test_a_window_a_text_holds_twice_with_two_next_tokens_is_a_fork():
+    text = np.concatenate((PROMPT[:100], [7], PROMPT[100 - CONTEXT : 100], [8], PROMPT[200:300])).astype(np.int32)
+    memory = NgramMemory(1)
+    memory.remember(text, 0, scope=11, greedy=True)
+    assert memory.chain(PROMPT[:100], 11, 8) == ([], 0)  # followed by 7 once and by 8 once: no draft
+    assert memory.chain(text[:102], 11, 8)[0] == text[102:110].tolist()
+
+
 def test_a_sampled_answer_is_remembered_unmarked():
     memory = NgramMemory(1)
     memory.remember(TEXT, len(PROMPT), scope=3, greedy=False)
@@ -39,10 +67,10 @@ def test_a_sampled_answer_is_remembered_unmarked():
 def test_the_memory_is_bounded_and_a_newer_text_takes_the_slots():
     memory = NgramMemory(1)
     assert memory.slots * ENTRY_BYTES <= 1 << 20
-    size = memory.tags.nbytes + memory.tokens.nbytes + memory.marked.nbytes
+    size = memory.tags.nbytes + memory.tokens.nbytes + memory.flags.nbytes
     for scope in range(1, 400):  # ~200k windows into 65k slots
         memory.remember(RNG.integers(0, 49152, 500).astype(np.int32), 250, scope, True)
-    assert memory.tags.nbytes + memory.tokens.nbytes + memory.marked.nbytes == size
+    assert memory.tags.nbytes + memory.tokens.nbytes + memory.flags.nbytes == size
     memory.remember(TEXT, len(PROMPT), 11, True)
     assert memory.chain(PROMPT, 11, 64)[0] == ANSWER[:64].tolist()
 
