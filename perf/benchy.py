@@ -21,12 +21,13 @@ first), end-to-end latency, all p50/p90/p99 over the cell's requests, from
 llama-benchy's own progress events; the tokens a content chunk carries; and
 llama-benchy's decode throughput (its t/s: the cell's tokens after each
 request's first over the window from the first request's first token to the
-last's last). At c = 1 and depth 0 the same requests are also timed directly,
-read whole, to check the harness's figures: TTFT as a 1-token answer to a
-fresh prompt; decode as the difference of a tg-token and a 1-token answer to
+last's last). At c = 1 and depth 0 requests of the same size are also timed
+directly, read whole, in rounds alternating with llama-benchy runs of one
+request on the same server (`checked_cell`), to check the harness's figures:
+TTFT as a 1-token answer to a fresh prompt of pp tokens cut as llama-benchy
+cuts them; decode as the difference of a tg-token and a 1-token answer to
 that prompt again, both served from the prefix cache, so that the prompt's
-reading cancels out (two fresh prompts of the same characters tokenize tens
-of tokens apart, and a CPU reads tens of tokens in as long as it decodes a
+reading cancels out (a CPU reads tens of tokens in as long as it decodes a
 few). Usage:
 
     .venv/bin/python -m perf.benchy [--pp 512 2048] [--depth 0 2048] [--concurrency 1 4 16] [--tg 64] [--runs 2]
@@ -126,8 +127,8 @@ def model_id(url: str) -> str:
     return httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
 
 
-def run_benchy(url: str, model: str, cell: tuple[int, int, int], args, inputs: dict, folder: str) -> dict:
-    """One llama-benchy run on one cell: its JSON report and its progress events, by kind."""
+def run_benchy(url: str, model: str, cell: tuple[int, int, int], args, inputs: dict, folder: str, runs: int) -> dict:
+    """One llama-benchy run of ``runs`` batches on one cell: its JSON report and its progress events, by kind."""
     pp, depth, c = cell
     report, events = os.path.join(folder, "report.json"), os.path.join(folder, "events.jsonl")
     # exactly tg tokens a request (ignore_eos); no warm-up batch (the servers are warm), no coherence question
@@ -136,7 +137,7 @@ def run_benchy(url: str, model: str, cell: tuple[int, int, int], args, inputs: d
     cmd = [*args.harness.split(), *fixed.split(), "--base-url", url + "/v1", "--model", model]
     cmd += ["--tokenizer", inputs["tokenizer"], "--book-url", inputs["book"], "--save-result", report]
     cmd += ["--pp", str(pp), "--tg", str(args.tg), "--depth", str(depth), "--concurrency", str(c)]
-    cmd += ["--runs", str(args.runs), "--emit-progress", events]
+    cmd += ["--runs", str(runs), "--emit-progress", events]
     if depth:
         cmd.append("--enable-prefix-caching")
     # HOME: llama-benchy keeps the downloaded book in ~/.cache; here it stays in this run's folder
@@ -169,7 +170,7 @@ def figures(got: dict, pp: int, depth: int) -> dict:
     reqs = [r for r in by_id.values() if "ttft" in r and not r.get("error") and r["prompt"] > depth + pp // 2]
     gaps = [b - a for r in reqs for a, b in zip(r["chunks"], r["chunks"][1:])]
     tpot = [(r["chunks"][-1] - r["chunks"][0]) / (r["tokens"] - 1) for r in reqs if r["tokens"] > 1]
-    (run,) = got["runs"]
+    runs = got["runs"]
     return {
         "requests": len(reqs),
         "ttft": pct([r["ttft"] for r in reqs]),
@@ -177,31 +178,32 @@ def figures(got: dict, pp: int, depth: int) -> dict:
         "tpot": pct(tpot),
         "e2e": pct([r["ttft"] + r["decode"] for r in reqs]),
         "tokens_per_chunk": sum(r["tokens"] for r in reqs) / max(1, sum(len(r["chunks"]) for r in reqs)),
-        "decode_tps": run["tg_throughput"]["mean"] if run["tg_throughput"] else None,
-        "harness_ttft_ms": run["e2e_ttft"]["mean"] if run["e2e_ttft"] else None,
+        # llama-benchy's own figure, the median over its processes where a cell took several (checked_cell)
+        "decode_tps": median([r["tg_throughput"]["mean"] for r in runs if r["tg_throughput"]]),
+        "harness_ttft_ms": median([r["e2e_ttft"]["mean"] for r in runs if r["e2e_ttft"]]),
     }
+
+
+def median(values: list[float]) -> float | None:
+    return float(np.median(values)) if values else None
 
 
 def pct(values: list[float]) -> list[float] | None:
     return [float(v) for v in np.percentile(values, [50, 90, 99])] if values else None
 
 
-def direct(url: str, model: str, pp: int, tg: int, inputs: dict, rounds: int = 3) -> dict:
-    """c = 1, read whole, medians of ``rounds`` fresh prompts of ~pp tokens cut from the same text: TTFT as a 1-token
-    answer's time; decode as (tg - 1) over the difference of a tg-token and a 1-token answer's times to the same
-    prompt again, whose reading the prefix cache (llama-server's and cllm's) spares both alike."""
+def direct(url: str, model: str, pp: int, tg: int, inputs: dict, first: int, warm: bool) -> dict:
+    """c = 1, read whole, one fresh prompt of pp tokens (the ``first``-th slice): TTFT as a 1-token answer's time;
+    decode as (tg - 1) over the difference of a tg-token and a 1-token answer's times to the same prompt again, whose
+    reading the prefix cache (llama-server's and cllm's) spares both alike. The prompts are cut as llama-benchy cuts
+    its own (pp tokens of the book by the same tokenizer.json, decoded), so both read prompts of the same length;
+    ``warm``: one untimed prompt first, so that neither pays for touching its KV cache's memory the first time."""
+    from tokenizers import Tokenizer  # llama-benchy's own dependency, in the perf extra
+
+    tokenizer = Tokenizer.from_file(inputs["tokenizer"])
     with open(inputs["book_path"], encoding="utf-8") as f:
-        book = f.read()
-    ttft: list[float] = []
-    decode: list[float] = []
-    prompts: list[int] = []
+        tokens = tokenizer.encode(f.read(), add_special_tokens=False).ids
     with httpx.Client(base_url=url, timeout=600) as client:
-        # characters a token where the prompts are cut, by the server's own /tokenize (llama-server's route), and
-        # the chat template's tokens around a message, left out of pp as llama-benchy leaves them out
-        sample = book[len(book) // 3 :][: 40 * pp]
-        chars = len(sample) / len(client.post("/tokenize", json={"content": sample}).json()["tokens"])
-        probe = {"model": model, "messages": [{"role": "user", "content": "."}], "max_tokens": 1}
-        size = int((pp - client.post("/v1/chat/completions", json=probe).json()["usage"]["prompt_tokens"] + 1) * chars)
 
         def answer(text: str, n: int) -> tuple[float, dict]:
             body = {
@@ -216,15 +218,36 @@ def direct(url: str, model: str, pp: int, tg: int, inputs: dict, rounds: int = 3
             r.raise_for_status()
             return time.perf_counter() - t0, r.json()["usage"]
 
-        for i in range(rounds):
-            start = len(book) // 3 + i * size  # each round's prompt a slice of its own: nothing cached serves it
-            text = book[start : start + size]
-            t, usage = answer(text, 1)
-            ttft.append(t)
-            prompts.append(usage["prompt_tokens"])
-            t1, tn = answer(text, 1)[0], answer(text, tg)[0]
-            decode.append(tn - t1)
-    return {"ttft": float(np.median(ttft)), "decode_tps": (tg - 1) / float(np.median(decode)), "prompt": prompts}
+        def text(i: int) -> str:
+            # each prompt a slice of its own, from a third into the book: nothing cached serves it
+            start = len(tokens) // 3 + i * pp
+            return tokenizer.decode(tokens[start : start + pp], skip_special_tokens=False)
+
+        if warm:
+            answer(text(0), 1)
+        prompt = text(first + 1)
+        ttft, usage = answer(prompt, 1)
+        t1, tn = answer(prompt, 1)[0], answer(prompt, tg)[0]
+    return {"ttft": ttft, "decode_tps": (tg - 1) / (tn - t1), "prompt": usage["prompt_tokens"]}
+
+
+def checked_cell(url: str, model: str, pp: int, args, inputs: dict, folder: str) -> tuple[dict, dict]:
+    """The c = 1, depth 0 cell, in ``args.runs`` rounds of a direct request and a llama-benchy run of one request,
+    side by side: this machine's speed drifts by more than 10% within minutes, so the check and what it checks
+    alternate. The harness's figures from all its rounds, the direct ones as medians."""
+    checks, runs, events = [], [], []
+    for i in range(args.runs):
+        checks.append(direct(url, model, pp, args.tg, inputs, first=i, warm=i == 0))
+        got = run_benchy(url, model, (pp, 0, 1), args, inputs, folder, runs=1)
+        runs += got["runs"]
+        # each llama-benchy process numbers its requests from 0
+        events += [{**e, "request_id": (i, e["request_id"])} if "request_id" in e else e for e in got["events"]]
+    check = {
+        "ttft": float(np.median([c["ttft"] for c in checks])),
+        "decode_tps": float(np.median([c["decode_tps"] for c in checks])),
+        "prompt": [c["prompt"] for c in checks],
+    }
+    return check, {"runs": runs, "events": events}
 
 
 def ms(p: list[float] | None) -> str:
@@ -292,10 +315,20 @@ def main() -> None:
             with contextlib.ExitStack() as stack:
                 urls = {s: stack.enter_context(servers.start(s, settings)).url for s in systems}
                 models = {s: model_id(u) for s, u in urls.items()}
-                checks = {s: {pp: direct(urls[s], models[s], pp, args.tg, inputs) for pp in args.pp} for s in systems}
+                checks: dict = {s: {} for s in systems}
+                if args.direct_only:
+                    for s, pp in ((s, pp) for s in systems for pp in args.pp):
+                        got = [direct(urls[s], models[s], pp, args.tg, inputs, i, i == 0) for i in range(args.runs)]
+                        checks[s][pp] = {k: float(np.median([g[k] for g in got])) for k in ("ttft", "decode_tps")}
+                        checks[s][pp]["prompt"] = [g["prompt"] for g in got]
                 for cell, order in zip(cells, alternate(len(cells), systems)):
                     for system in order:
-                        got = run_benchy(urls[system], models[system], cell, args, inputs, folder)
+                        if cell[1:] == (0, 1):
+                            checks[system][cell[0]], got = checked_cell(
+                                urls[system], models[system], cell[0], args, inputs, folder
+                            )
+                        else:
+                            got = run_benchy(urls[system], models[system], cell, args, inputs, folder, args.runs)
                         results[cell][system] = figures(got, cell[0], cell[1])
                         load.append(os.getloadavg()[0])
                         print(cell, system, json.dumps(results[cell][system]), flush=True)
@@ -308,13 +341,16 @@ def main() -> None:
         "",
         *table(results, cells, systems),
         "",
-        "Direct, c = 1, read whole (medians of 3) against the harness at c = 1, depth 0:",
+        f"Direct, c = 1, read whole (medians of {args.runs}), alternating with the harness's runs of the c = 1, "
+        "depth 0 cell on the same server:",
         "",
         "| pp | server | direct prompts (tokens) | TTFT direct / harness p50 ms | decode t/s direct / harness |",
         "|---|---|---|---|---|",
     ]
     for pp in args.pp:
         for system in systems:
+            if pp not in checks[system]:
+                continue
             d, h = checks[system][pp], results[(pp, 0, 1)][system] if (pp, 0, 1) in results else None
             lines.append(
                 f"| {pp} | {system} | {', '.join(map(str, d['prompt']))} "
