@@ -146,10 +146,10 @@ def run_benchy(url: str, model: str, cell: tuple[int, int, int], args, inputs: d
     if done.returncode != 0:
         raise RuntimeError(f"llama-benchy failed on {url} {cell}:\n{done.stdout[-3000:]}")
     with open(report) as f:
-        runs = [r for r in json.load(f)["benchmarks"] if not r["is_context_prefill_phase"]]
+        reports = [r for r in json.load(f)["benchmarks"] if not r["is_context_prefill_phase"]]
     with open(events) as f:
         lines = [json.loads(line) for line in f]
-    return {"runs": runs, "events": lines}
+    return {"runs": reports, "events": lines}
 
 
 def figures(got: dict, pp: int, depth: int) -> dict:
@@ -196,7 +196,8 @@ def direct(url: str, model: str, pp: int, tg: int, inputs: dict, first: int, war
     """c = 1, read whole, one fresh prompt of pp tokens (the ``first``-th slice): TTFT as a 1-token answer's time;
     decode as (tg - 1) over the difference of a tg-token and a 1-token answer's times to the same prompt again, whose
     reading the prefix cache (llama-server's and cllm's) spares both alike. The prompts are cut as llama-benchy cuts
-    its own (pp tokens of the book by the same tokenizer.json, decoded), so both read prompts of the same length;
+    its own (pp tokens, chat template included, of the book by the same tokenizer.json, decoded), so both read
+    prompts of the same length;
     ``warm``: one untimed prompt first, so that neither pays for touching its KV cache's memory the first time."""
     from tokenizers import Tokenizer  # llama-benchy's own dependency, in the perf extra
 
@@ -218,14 +219,17 @@ def direct(url: str, model: str, pp: int, tg: int, inputs: dict, first: int, war
             r.raise_for_status()
             return time.perf_counter() - t0, r.json()["usage"]
 
-        def text(i: int) -> str:
+        def text(i: int, size: int) -> str:
             # each prompt a slice of its own, from a third into the book: nothing cached serves it
             start = len(tokens) // 3 + i * pp
-            return tokenizer.decode(tokens[start : start + pp], skip_special_tokens=False)
+            return tokenizer.decode(tokens[start : start + size], skip_special_tokens=False)
 
+        # llama-benchy's pp counts the chat template's tokens too (it measures them first): so do these prompts
+        dot = tokenizer.encode(".", add_special_tokens=False).ids
+        size = pp - (answer(".", 1)[1]["prompt_tokens"] - len(dot))
         if warm:
-            answer(text(0), 1)
-        prompt = text(first + 1)
+            answer(text(0, size), 1)
+        prompt = text(first + 1, size)
         ttft, usage = answer(prompt, 1)
         t1, tn = answer(prompt, 1)[0], answer(prompt, tg)[0]
     return {"ttft": ttft, "decode_tps": (tg - 1) / (tn - t1), "prompt": usage["prompt_tokens"]}
@@ -248,6 +252,14 @@ def checked_cell(url: str, model: str, pp: int, args, inputs: dict, folder: str)
         "prompt": [c["prompt"] for c in checks],
     }
     return check, {"runs": runs, "events": events}
+
+
+def direct_only(url: str, model: str, pp: int, args, inputs: dict) -> dict:
+    """``args.runs`` direct rounds on their own (--direct-only), as medians."""
+    got = [direct(url, model, pp, args.tg, inputs, i, i == 0) for i in range(args.runs)]
+    check: dict = {k: float(np.median([g[k] for g in got])) for k in ("ttft", "decode_tps")}
+    check["prompt"] = [g["prompt"] for g in got]
+    return check
 
 
 def ms(p: list[float] | None) -> str:
@@ -317,10 +329,9 @@ def main() -> None:
                 models = {s: model_id(u) for s, u in urls.items()}
                 checks: dict = {s: {} for s in systems}
                 if args.direct_only:
-                    for s, pp in ((s, pp) for s in systems for pp in args.pp):
-                        got = [direct(urls[s], models[s], pp, args.tg, inputs, i, i == 0) for i in range(args.runs)]
-                        checks[s][pp] = {k: float(np.median([g[k] for g in got])) for k in ("ttft", "decode_tps")}
-                        checks[s][pp]["prompt"] = [g["prompt"] for g in got]
+                    checks = {
+                        s: {pp: direct_only(urls[s], models[s], pp, args, inputs) for pp in args.pp} for s in systems
+                    }
                 for cell, order in zip(cells, alternate(len(cells), systems)):
                     for system in order:
                         if cell[1:] == (0, 1):
@@ -340,13 +351,16 @@ def main() -> None:
         f"{args.runs} batches of c requests a cell; load average (1 min) {min(load):.1f}-{max(load):.1f}",
         "",
         *table(results, cells, systems),
-        "",
-        f"Direct, c = 1, read whole (medians of {args.runs}), alternating with the harness's runs of the c = 1, "
-        "depth 0 cell on the same server:",
-        "",
-        "| pp | server | direct prompts (tokens) | TTFT direct / harness p50 ms | decode t/s direct / harness |",
-        "|---|---|---|---|---|",
     ]
+    if any(checks.values()):
+        lines += [
+            "",
+            f"Direct, c = 1, read whole (medians of {args.runs}), alternating with the harness's runs of the c = 1, "
+            "depth 0 cell on the same server:",
+            "",
+            "| pp | server | direct prompts (tokens) | TTFT direct / harness p50 ms | decode t/s direct / harness |",
+            "|---|---|---|---|---|",
+        ]
     for pp in args.pp:
         for system in systems:
             if pp not in checks[system]:
