@@ -123,6 +123,15 @@ def serve_text(folder: str) -> tuple[http.server.ThreadingHTTPServer, str]:
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/book.txt"
 
 
+def corpus(tokenizer_json: str, book_path: str) -> tuple:
+    """The tokenizer llama-benchy cuts its prompts with, and the book's tokens: the direct check cuts its own alike."""
+    from tokenizers import Tokenizer  # llama-benchy's own dependency, in the perf extra
+
+    tokenizer = Tokenizer.from_file(tokenizer_json)
+    with open(book_path, encoding="utf-8") as f:
+        return tokenizer, tokenizer.encode(f.read(), add_special_tokens=False).ids
+
+
 def model_id(url: str) -> str:
     return httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
 
@@ -197,13 +206,9 @@ def direct(url: str, model: str, pp: int, tg: int, inputs: dict, first: int, war
     decode as (tg - 1) over the difference of a tg-token and a 1-token answer's times to the same prompt again, whose
     reading the prefix cache (llama-server's and cllm's) spares both alike. The prompts are cut as llama-benchy cuts
     its own (pp tokens, chat template included, of the book by the same tokenizer.json, decoded), so both read
-    prompts of the same length;
-    ``warm``: one untimed prompt first, so that neither pays for touching its KV cache's memory the first time."""
-    from tokenizers import Tokenizer  # llama-benchy's own dependency, in the perf extra
-
-    tokenizer = Tokenizer.from_file(inputs["tokenizer"])
-    with open(inputs["book_path"], encoding="utf-8") as f:
-        tokens = tokenizer.encode(f.read(), add_special_tokens=False).ids
+    prompts of the same length; ``warm``: one untimed prompt first, so that neither pays for touching its KV cache's
+    memory the first time."""
+    tokenizer, tokens = inputs["corpus"]
     with httpx.Client(base_url=url, timeout=600) as client:
 
         def answer(text: str, n: int) -> tuple[float, dict]:
@@ -246,19 +251,18 @@ def checked_cell(url: str, model: str, pp: int, args, inputs: dict, folder: str)
         runs += got["runs"]
         # each llama-benchy process numbers its requests from 0
         events += [{**e, "request_id": (i, e["request_id"])} if "request_id" in e else e for e in got["events"]]
-    check = {
-        "ttft": float(np.median([c["ttft"] for c in checks])),
-        "decode_tps": float(np.median([c["decode_tps"] for c in checks])),
-        "prompt": [c["prompt"] for c in checks],
-    }
-    return check, {"runs": runs, "events": events}
+    return medians(checks), {"runs": runs, "events": events}
 
 
 def direct_only(url: str, model: str, pp: int, args, inputs: dict) -> dict:
     """``args.runs`` direct rounds on their own (--direct-only), as medians."""
-    got = [direct(url, model, pp, args.tg, inputs, i, i == 0) for i in range(args.runs)]
-    check: dict = {k: float(np.median([g[k] for g in got])) for k in ("ttft", "decode_tps")}
-    check["prompt"] = [g["prompt"] for g in got]
+    return medians([direct(url, model, pp, args.tg, inputs, i, i == 0) for i in range(args.runs)])
+
+
+def medians(checks: list[dict]) -> dict:
+    """Direct rounds as one check: the medians of their figures, and each round's prompt tokens."""
+    check: dict = {k: float(np.median([c[k] for c in checks])) for k in ("ttft", "decode_tps")}
+    check["prompt"] = [c["prompt"] for c in checks]
     return check
 
 
@@ -320,9 +324,13 @@ def main() -> None:
     results: dict = {cell: {} for cell in cells}
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as folder:
-        inputs = {"tokenizer": os.path.join(folder, "tokenizer.json"), "book_path": os.path.join(folder, "book.txt")}
+        inputs: dict = {
+            "tokenizer": os.path.join(folder, "tokenizer.json"),
+            "book_path": os.path.join(folder, "book.txt"),
+        }
         write_tokenizer(settings.model, inputs["tokenizer"])
         httpd, inputs["book"] = serve_text(folder)
+        inputs["corpus"] = corpus(inputs["tokenizer"], inputs["book_path"])
         try:
             with contextlib.ExitStack() as stack:
                 urls = {s: stack.enter_context(servers.start(s, settings)).url for s in systems}
