@@ -256,6 +256,9 @@ def test_lookup_takes_the_longest_then_the_latest_match():
     assert lookup(t, 3) is None  # no match of four tokens
     t = np.array([1, 2, 3, 4, 8, 1, 2, 3, 4, 6, 1, 2, 3, 4], np.int32)
     assert lookup(t, 5).tolist() == [6, 1, 2, 3, 4]  # the latest of two equal matches, up to the text's end
+    # past the text's end, around the repeat: the text since the match goes on as it went
+    assert lookup(t, 8).tolist() == [6, 1, 2, 3, 4, 6, 1, 2]
+    assert lookup(np.array([5, 7, 7, 7, 7, 7], np.int32), 3).tolist() == [7, 7, 7]
 
 
 def test_yaml_config_and_bad_settings(tmp_path):

@@ -329,7 +329,10 @@ def lookup(tokens: np.ndarray, k: int) -> np.ndarray | None:
     """Up to ``k`` tokens that followed the longest, then latest, earlier match of the text's tail.
 
     Candidates are the earlier places of the last token; each is extended
-    backwards while it matches the tail, all at once with numpy.
+    backwards while it matches the tail, all at once with numpy. A match
+    whose continuation runs into the tail (a text that repeats itself, as a
+    small model's loops and a file's repeated lines do) goes on around it: if
+    the text repeats from the match, its next tokens are the ones since.
     """
     n = len(tokens)
     if n < SHORTEST_MATCH + 1:
@@ -350,4 +353,4 @@ def lookup(tokens: np.ndarray, k: int) -> np.ndarray | None:
     if best < SHORTEST_MATCH:
         return None
     at = int(cand[np.flatnonzero(length == best)[-1]]) + 1
-    return tokens[at : at + k].copy()
+    return np.resize(tokens[at : at + k], k)  # repeats tokens[at:] where they end before k
