@@ -277,7 +277,7 @@ def bench(
         "sampled": sampled,
         "device_sampling": engine.sampler.device,
         "copy": copy,
-        "spec_type": spec_type,
+        "spec_type": ",".join(config.spec_types) or "none",  # a draft model alone is draft-simple, as the server
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
     }
