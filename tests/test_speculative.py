@@ -19,7 +19,8 @@ import pytest
 
 from cllm.core.config_load import load_config
 from cllm.core.settings import ConfigError
-from engine_proc.step.drafter import StepCosts, lookup
+from engine_proc.step.draft_pricing import StepCosts
+from engine_proc.step.drafter import lookup
 from tests.conftest import start_server, wait_idle
 from tests.test_metrics import scrape, value
 
@@ -273,14 +274,25 @@ def test_yaml_config_and_bad_settings(tmp_path):
 
 def test_the_share_a_draft_must_keep_comes_from_measured_steps():
     costs = StepCosts()
-    assert costs.break_even(8) == 1.0  # no draft before a plain step of 8 sequences is timed
+    assert costs.break_even(8, 16) == 1.0  # no draft before a plain step of 8 sequences is timed
     costs.observe(8, 0, 0.040)  # 8 sequences, no draft: 5 ms a token
-    assert costs.break_even(8) == pytest.approx(8 / 9)  # the prior, until a step with drafts is timed too
+    assert costs.break_even(8, 16) == pytest.approx(8 / 9)  # the prior, until a step with drafts is timed too
     costs.observe(8, 20, 0.120)  # 20 drafted tokens add 80 ms: 4 ms each
-    assert costs.break_even(8) == pytest.approx(0.8, rel=1e-3)
+    assert costs.break_even(8, 20) == pytest.approx(0.8, rel=1e-3)
+    assert costs.break_even(8, 60) == pytest.approx(0.8, rel=1e-3)  # one size timed: a mean a row
+    # drafts of other sizes: 4 rows add 40 ms, 64 rows 220 ms: a fixed part (28 ms) and 3 ms a row
+    costs = StepCosts()
+    costs.observe(8, 0, 0.040)
+    for _ in range(3):
+        costs.observe(8, 4, 0.080)
+        costs.observe(8, 64, 0.260)
+    assert costs.added(8, 4) == pytest.approx(0.040, rel=1e-3)
+    assert costs.added(8, 64) == pytest.approx(0.220, rel=1e-3)
+    assert costs.break_even(8, 4) == 1.0  # a short draft pays for the fixed part alone: never worth it
+    assert costs.break_even(8, 64) == pytest.approx(0.220 / 64 * 8 / 0.040, rel=1e-3)  # a long one may
     costs.observe(32, 0, 0.100)
     costs.observe(32, 10, 0.140)  # 4 ms a drafted token against ~3 ms a token: never worth it
-    assert costs.break_even(32) == 1.0
+    assert costs.break_even(32, 10) == 1.0
     costs.observe(1, 0, 0.008)
     costs.observe(1, 8, 0.100)
-    assert costs.break_even(1) == 0.5  # alone, always the prior: the same drafts every run
+    assert costs.break_even(1, 8) == 0.5  # alone, always the prior: the same drafts every run

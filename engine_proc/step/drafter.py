@@ -37,7 +37,6 @@ tokens; the model's time counts in what a drafted token costs.
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -48,19 +47,15 @@ from engine_proc.run.draft_runner import DraftRunner
 from engine_proc.run.model_runner import ModelRunner
 from engine_proc.sequence import FIRST_DRAFT, Chunk, Drafting, Sequence
 from engine_proc.step.draft_model import DraftModel
+from engine_proc.step.draft_pricing import Odds, StepCosts, prior
 from engine_proc.step.ngram_memory import NgramMemory, memory_path
 
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
 SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
-# Until the engine has timed both kinds of step, a drafted token is taken to cost
-# what a step of one sequence costs (its weights read) about, as on a 2-core CPU.
-VERIFY_COST = 1.0
-COST_MEMORY = 0.7  # weight of the earlier timings in StepCosts' running means
 PROBE_STEPS = 64  # steps without drafts, where they do not pay, before trying again
 # Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
 STEP_DRAFT_ROWS = 128
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
-RECALL_MEMORY = 0.9  # weight of the earlier drafts from the memory in Odds' counts against the last one's
 # A run of the memory's marked entries shorter than this is drafted as a guess, not whole: a few tokens of an
 # earlier answer are often a common phrase.
 TRUSTED_RUN = 8
@@ -117,12 +112,15 @@ class Drafter:
         """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
         n = len(decode)
         budget = min(budget, STEP_DRAFT_ROWS)
-        need = self.costs.break_even(n)
-        if need >= 1.0:
+        need = self.costs.break_even(n, budget)  # a draft's share at the price of a step drafting its whole budget
+        probe = need >= 1.0
+        if probe:
             self._unpaid += 1
             if self._unpaid < PROBE_STEPS or n not in self.costs.plain:
                 return
-            need = prior(n)  # now and then, to see whether drafting pays again
+            # Now and then, to see whether drafting pays again: drafts as long as a sequence alone would draft, so
+            # that the step costs learn what long ones add, kept whatever they are priced at.
+            need = prior(1)
         self._unpaid = 0
         drafted: list[Chunk] = []
         asks: list[tuple[Chunk, int]] = []  # chunks whose drafts the draft model makes, with their room
@@ -153,8 +151,30 @@ class Drafter:
             for c in drafted:
                 c.draft = c.draft[:k] if len(c.draft) >= k else None
             drafted = [c for c in drafted if c.draft is not None]
+        if n > 1 and drafted and not probe:
+            drafted = self._paying(drafted, n)
         for c in drafted:
             c.end += len(c.draft)
+
+    def _paying(self, drafted: list[Chunk], n: int) -> list[Chunk]:
+        """The drafts that pay together, likeliest kept first: what they add to the step (its fixed part too) against
+        the plain steps their expected kept tokens save; none if no such set gains."""
+        plain = self.costs.plain[n] / n  # a kept token saves a sequence's share of a plain step
+
+        def expected(c: Chunk) -> float:
+            d, k = c.seq.drafting, len(c.draft)
+            return self.recall.expected(k) if d.recalled else d.rate * k
+
+        ranked = sorted(((expected(c), c) for c in drafted), key=lambda e: -e[0] / len(e[1].draft))
+        best, keep, kept, rows = 0.0, 0, 0.0, 0
+        for i, (e, c) in enumerate(ranked, 1):
+            kept, rows = kept + e, rows + len(c.draft)
+            gain = kept * plain - self.costs.added(n, rows)
+            if gain > best:
+                best, keep = gain, i
+        for _, c in ranked[keep:]:
+            c.draft = None
+        return [c for _, c in ranked[:keep]]
 
     def _ask_model(self, asks: list[tuple[Chunk, int]]) -> list[Chunk]:
         """The chunks the draft model drafted for, in one batch a draft token (DraftModel.drafts)."""
@@ -263,66 +283,6 @@ class Drafter:
             self.step_drafted.append(self._drafted)
             self.step_accepted.append(self._accepted)
             self._drafted = self._accepted = 0
-
-
-class Odds:
-    """The odds that a drafted token is kept once the one before it was: tokens kept against drafts cut short (a
-    token rejected), recent drafts weighing most. The k-th token of a draft is kept with these odds to the k."""
-
-    def __init__(self, kept: float = 8.0, lost: float = 0.05):
-        self.kept = kept  # the start: above 99 in 100, a whole run of marked entries until drafts of it fail
-        self.lost = lost
-
-    def count(self, accepted: int, drafted: int) -> None:
-        self.kept = RECALL_MEMORY * self.kept + accepted
-        self.lost = RECALL_MEMORY * self.lost + (accepted < drafted)
-
-    def length(self, need: float, room: int) -> int:
-        """The longest draft, up to ``room``, whose last token is still kept with odds above ``need``, the share of
-        a drafted token that must be kept for it to pay (0: not even the first)."""
-        odds = self.kept / (self.kept + self.lost)
-        if odds <= need:
-            return 0
-        if need <= 0:
-            return room
-        return min(room, max(1, int(math.log(need) / math.log(odds))))
-
-
-class StepCosts:
-    """Running means of what decode steps of n sequences cost: without drafts, and per drafted token."""
-
-    def __init__(self):
-        self.plain: dict[int, float] = {}  # sequences -> seconds of a step without drafts
-        self.per_draft: dict[int, float] = {}  # sequences -> seconds a drafted token adds to their step
-
-    def observe(self, n: int, drafted: int, seconds: float) -> None:
-        plain = self.plain.get(n)
-        if not drafted:
-            self.plain[n] = _mean(plain, seconds)
-        elif plain is not None:  # a noisy step that stops drafting is corrected by the next probe
-            self.per_draft[n] = _mean(self.per_draft.get(n), max(seconds - plain, 0.0) / drafted)
-
-    def break_even(self, n: int) -> float:
-        """The share of a draft that must be kept for drafting to pay at n sequences; 1 or more: do not draft.
-
-        A kept token saves a plain step's time per sequence; every drafted
-        token costs per_draft. A sequence alone goes by the prior, so that it
-        drafts the same way every run and its seeded text repeats.
-        """
-        plain, per_draft = self.plain.get(n), self.per_draft.get(n)
-        if plain is None:
-            return 1.0  # no draft until a plain step of n sequences is timed
-        if n == 1 or per_draft is None or plain <= 0:
-            return prior(n)
-        return min(1.0, per_draft * n / plain)
-
-
-def prior(n: int) -> float:
-    return n * VERIFY_COST / (1 + n * VERIFY_COST)
-
-
-def _mean(mean: float | None, x: float) -> float:
-    return x if mean is None else COST_MEMORY * mean + (1 - COST_MEMORY) * x
 
 
 def lookup(tokens: np.ndarray, k: int) -> np.ndarray | None:

@@ -168,3 +168,26 @@ def test_after_a_recalled_draft_failed_the_next_is_about_what_it_kept_then_grows
         drafter.verified(seq, second, second)
         second = len(step(drafter, seq).draft)
     assert second == 64
+
+
+def test_at_several_sequences_drafts_go_only_where_they_pay_for_their_ubatch():
+    drafter = drafter_of(TEXT, greedy=True)
+    drafter.costs.observe(2, 0, 0.010)  # a plain step of two sequences: 5 ms a token
+    for _ in range(3):  # what drafts add: 29 ms for their ubatch and 2.7 ms a row
+        drafter.costs.observe(2, 4, 0.050)
+        drafter.costs.observe(2, 64, 0.210)
+    greedy = SamplingParams(max_tokens=500, temperature=0)
+
+    def step_of(seqs: list[Sequence]) -> list[Chunk]:
+        chunks = []
+        for seq in seqs:
+            seq.n_cached = len(seq.prompt) + len(seq.output) - 1
+            chunks.append(Chunk(seq, seq.n_cached, seq.n_cached + 1))
+        drafter.draft(chunks, 256)
+        return chunks
+
+    first = sequence(greedy, 11)
+    assert [len(c.draft) for c in step_of([first, sequence(greedy, 11)])] == [64, 64]  # long and likely: they pay
+    drafter.verified(first, 64, 0)
+    drafter.verified(first, 64, 0)  # the memory stopped holding: its next drafts are a token or two, unlikely kept
+    assert [c.draft for c in step_of([sequence(greedy, 11), sequence(greedy, 11)])] == [None, None]
