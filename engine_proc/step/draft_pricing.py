@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 # Until the engine has timed both kinds of step, a drafted token is taken to cost
 # what a step of one sequence costs (its weights read) about, as on a 2-core CPU.
 VERIFY_COST = 1.0
@@ -28,15 +26,19 @@ class Odds:
         self.kept = RECALL_MEMORY * self.kept + accepted
         self.lost = RECALL_MEMORY * self.lost + (accepted < drafted)
 
+    @property
+    def odds(self) -> float:
+        return self.kept / (self.kept + self.lost)
+
     def expected(self, k: int) -> float:
         """Tokens of a draft of k expected kept: each is kept with these odds to its place."""
-        odds = self.kept / (self.kept + self.lost)
+        odds = self.odds
         return k if odds >= 1.0 else odds * (1 - odds**k) / (1 - odds)
 
     def length(self, need: float, room: int) -> int:
         """The longest draft, up to ``room``, whose last token is still kept with odds above ``need``, the share of
         a drafted token that must be kept for it to pay (0: not even the first)."""
-        odds = self.kept / (self.kept + self.lost)
+        odds = self.odds
         if odds <= need:
             return 0
         if need <= 0:
@@ -60,7 +62,7 @@ class StepCosts:
     def __init__(self):
         self.plain: dict[int, float] = {}  # sequences -> seconds of a step without drafts
         # sequences -> decayed sums over steps with drafts: 1, rows, seconds added, rows², rows × seconds added
-        self.sums: dict[int, np.ndarray] = {}
+        self.sums: dict[int, list[float]] = {}
 
     def observe(self, n: int, drafted: int, seconds: float) -> None:
         plain = self.plain.get(n)
@@ -68,16 +70,17 @@ class StepCosts:
             self.plain[n] = _mean(plain, seconds)
         elif plain is not None:  # a noisy step that stops drafting is corrected by the next probe
             added = max(seconds - plain, 0.0)
-            sums = self.sums.setdefault(n, np.zeros(5))
-            sums *= FIT_MEMORY
-            sums += (1.0, drafted, added, drafted * drafted, drafted * added)
+            new = (1.0, drafted, added, drafted * drafted, drafted * added)
+            old = self.sums.get(n, [0.0] * 5)
+            self.sums[n] = [FIT_MEMORY * a + b for a, b in zip(old, new)]
 
     def added(self, n: int, rows: int) -> float:
         """Seconds ``rows`` drafted rows add to a step of n sequences (0 before a step with drafts was timed)."""
         sums = self.sums.get(n)
         if sums is None:
             return 0.0
-        _, k, e, kk, ke = sums / sums[0]  # means
+        w, k, e, kk, ke = sums
+        k, e, kk, ke = k / w, e / w, kk / w, ke / w  # means
         spread = kk - k * k
         if spread > (SPREAD * k) ** 2:
             per_row = (ke - k * e) / spread
