@@ -8,6 +8,7 @@ its ratio to the step without drafts (k = 0), and what one drafted token adds.
 The k's take turns within each round, so a shared machine's drift spreads
 over all of them; the figure is the median of the rounds. Usage:
     .venv/bin/python -m perf.verify_cost [--model PATH] [--sequences 1,8] [--drafts 0,1,2,4,8,16,32,64]
+        [--pos 600] [--flash-attn auto|on|off]
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main() -> None:
     ap.add_argument("--sequences", default="1,8", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--drafts", default="0,1,2,4,8,16,32,64", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"), help="llama.cpp's flash attention")
     args = ap.parse_args()
     model = resolve_model(args.model)
     top = max(args.sequences)
@@ -70,13 +72,15 @@ def main() -> None:
         threads=args.threads,
         batch_size=budget,
         cache_slots=0,
+        flash_attn=args.flash_attn,
     )
     runner = ModelRunner(model, config)
     try:
         seqs = prefill(runner, top, args.pos)
         drafts = np.random.default_rng(1).integers(100, 10000, max(args.drafts)).astype(np.int32)
         print(
-            f"# {os.path.basename(model)}, {config.n_threads} threads, position {args.pos}, "
+            f"# {os.path.basename(model)}, {config.n_threads} threads, flash attention {args.flash_attn}, "
+            f"position {args.pos}, "
             f"median of {args.rounds} rounds, load average {os.getloadavg()[0]:.1f} at the start\n"
         )
         for n in args.sequences:

@@ -52,11 +52,15 @@ class StepCosts:
     What drafts add is fitted as a fixed part plus a part a drafted row
     (least squares over the steps timed, recent ones weighing most): at
     several sequences llama.cpp takes as many tokens from each stream in a
-    ubatch, so a step's drafts go in a ubatch of their own, and a short
-    draft pays for that ubatch as a long one does (at 8 sequences on a
-    2-core CPU, 7-12 ms a row in drafts of 4-18 rows, 3.3-5.7 in drafts of
-    64-98). Until drafts of sizes far enough apart were timed, every row
-    costs their mean.
+    ubatch, so where some sequences draft, their drafts go in a ubatch of
+    their own, and a short draft pays for that ubatch as a long one does.
+    llama.cpp's CPU flash attention adds to it: it takes a stream's queries
+    in tiles of 64 only where a ubatch holds 64 of them, one at a time
+    otherwise, so on a 2-core CPU a drafted row costs 6-8 ms in drafts of
+    3-55 tokens a sequence and 3-4.5 in drafts of 63 (at 900 tokens of
+    context; perf/results/2026-12-03-draft-rows-flash-attention-tile.md).
+    Until drafts of sizes far enough apart were timed, every row costs
+    their mean.
     """
 
     def __init__(self):
