@@ -20,6 +20,31 @@ from perf import synth_lora
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 OTHER = "<|im_start|>user\nName three primary colors.<|im_end|>\n<|im_start|>assistant\n"
+# A token's rows computed in other batch shapes (a prompt's last token alone after its cached cells, or beside other
+# sequences) give logits up to ~0.1 nats apart on some CPUs (an AMD EPYC with AVX2), flash attention off too: greedy
+# text may part where its two likeliest tokens are this near (as tests/test_speculative.py allows drafts), and every
+# token before that is as likely in both to CLOSE. A wrong adapter set moves them by far more (test_first_token_*).
+NEAR_TIE = 0.25
+CLOSE = 0.2
+
+# A generated token: its id, its logprob, and the two likeliest ids and logprobs on its row that it could be (the
+# requests ignore end-of-generation, so an end token, likeliest or not, is never one).
+Row = tuple[int, float, list[int], list[float]]
+
+
+def same_text(a: list[Row], b: list[Row]) -> None:
+    """Two greedy runs of one prompt under one adapter set: the same tokens, as likely, up to a near tie if any."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x[0] != y[0]:
+            for row in (x, y):
+                assert set(row[2]) == {x[0], y[0]} and row[3][0] - row[3][1] < NEAR_TIE, (i, x, y)
+            return
+        assert abs(x[1] - y[1]) < CLOSE, (i, x, y)
+    assert len(a) == len(b)
+
+
+def ids(rows: list[Row]) -> tuple[int, ...]:
+    return tuple(r[0] for r in rows)
 
 
 @pytest.fixture(scope="session")
@@ -43,13 +68,13 @@ class Feed:
 
     def add(self, text: str, lora: list[tuple[int, float]], n: int = 24) -> int:
         self.next_id += 1
-        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, lora=lora)
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, lora=lora, logprobs=4)
         assert self.engine.add(Submit(self.next_id, self.tok.encode(text), params)) is None
         return self.next_id
 
-    def run(self) -> tuple[dict[int, list[int]], dict[int, int]]:
+    def run(self) -> tuple[dict[int, list[Row]], dict[int, int]]:
         """Step until idle: each request's tokens, and the prompt tokens the cache served it."""
-        tokens: dict[int, list[int]] = {}
+        tokens: dict[int, list[Row]] = {}
         cached: dict[int, int] = {}
         while self.engine.has_work():
             for out in (o for r in self.engine.step() for o in r.outputs):
@@ -57,10 +82,16 @@ class Feed:
                 if out.id not in cached:
                     cached[out.id] = out.cached_tokens
                 if out.token is not None:
-                    tokens.setdefault(out.id, []).append(out.token)
+                    lp = out.logprobs
+                    assert lp is not None
+                    top = [
+                        (t, p) for t, p in zip(lp.top_ids, lp.top_logprobs) if t not in self.engine.runner.eog_tokens
+                    ]
+                    ids, logprobs = [t for t, _ in top[:2]], [p for _, p in top[:2]]
+                    tokens.setdefault(out.id, []).append((out.token, lp.logprob, ids, logprobs))
         return tokens, cached
 
-    def alone(self, text: str, lora: list[tuple[int, float]]) -> list[int]:
+    def alone(self, text: str, lora: list[tuple[int, float]]) -> list[Row]:
         rid = self.add(text, lora)
         return self.run()[0][rid]
 
@@ -72,19 +103,19 @@ def feed(eng, tok) -> Feed:
 
 def test_scales_change_greedy_text(feed: Feed):
     base = feed.alone(PROMPT, [])
-    assert feed.alone(PROMPT, [(0, 0.0)]) == base  # scale 0 is no adapter
+    same_text(feed.alone(PROMPT, [(0, 0.0)]), base)  # scale 0 is no adapter
     half, whole = feed.alone(PROMPT, [(0, 0.5)]), feed.alone(PROMPT, [(0, 1.0)])
-    assert len({tuple(base), tuple(half), tuple(whole)}) == 3, "the adapter must change greedy text visibly"
+    assert len({ids(base), ids(half), ids(whole)}) == 3, "the adapter must change greedy text visibly"
 
 
 def test_sets_in_one_step_each_get_their_own(feed: Feed):
     """Four sequences, two prompts under three sets, admitted together: each one's text is what it gets alone."""
     want = {(p, s): feed.alone(p, [(0, s)] if s else []) for p, s in ((PROMPT, 0.0), (PROMPT, 1.0), (OTHER, 0.5))}
     want[(OTHER, 0.0)] = feed.alone(OTHER, [])
-    ids = {feed.add(p, [(0, s)] if s else []): (p, s) for p, s in want}
+    sent = {feed.add(p, [(0, s)] if s else []): (p, s) for p, s in want}
     got, _ = feed.run()
-    for rid, key in ids.items():
-        assert got[rid] == want[key], key
+    for rid, key in sent.items():
+        same_text(got[rid], want[key])
 
 
 def test_cache_never_crosses_adapter_sets(feed: Feed):
@@ -102,7 +133,7 @@ def test_cache_never_crosses_adapter_sets(feed: Feed):
     rid3 = feed.add(text, [(0, 0.75)])
     again, cached = feed.run()
     assert cached[rid3] == len(feed.tok.encode(text)) - 1  # the same set's cells are reused
-    assert again[rid3] == tokens[rid]
+    same_text(again[rid3], tokens[rid])
 
 
 def test_unknown_adapter_and_unload(eng: LLMEngine, feed: Feed, adapter: str):
