@@ -16,6 +16,11 @@ import httpx
 # nats between the two likeliest tokens. Kernels and batch shapes were seen to move a pair's gap by ~0.15
 # (0.245 -> 0.095 for the first token of the capital of France, the same server before and after other traffic).
 MARGIN = 0.5
+# Where two runs of one request computed a token's row in other batch shapes (a draft's rows against a plain step's,
+# a prompt's last token alone after its cached cells against in a fresh prefill), the logits were measured up to ~0.1
+# nats apart (an AMD EPYC, f32 keys, flash attention off), so their greedy texts may part only where the two best
+# tokens are under about twice that apart: this leaves room.
+NEAR_TIE = 0.25
 
 # A question after one answered in a word: SmolLM2's greedy reply is "Paris." and its end, each ahead of the next
 # likeliest by 4.0, 2.9 and 8.0 nats (the shared server), where a question alone starts on a tie (L -1.92, The -2.01).

@@ -17,14 +17,14 @@ from cllm.core.model_file import resolve_model
 from cllm.core.protocol import LoraLoad, SamplingParams, Submit
 from engine_proc.engine import LLMEngine
 from perf import synth_lora
+from tests.near_tie import NEAR_TIE
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 OTHER = "<|im_start|>user\nName three primary colors.<|im_end|>\n<|im_start|>assistant\n"
 # A token's rows computed in other batch shapes (a prompt's last token alone after its cached cells, or beside other
-# sequences) give logits up to ~0.1 nats apart on some CPUs (an AMD EPYC with AVX2), flash attention off too: greedy
-# text may part where its two likeliest tokens are this near (as tests/test_speculative.py allows drafts), and every
-# token before that is as likely in both to CLOSE. A wrong adapter set moves them by far more (test_first_token_*).
-NEAR_TIE = 0.25
+# sequences) give other logits on some CPUs (an AMD EPYC with AVX2), flash attention off too: greedy text may part at
+# a near tie (NEAR_TIE), and every token before that is as likely in both to CLOSE nats. A wrong adapter set moves
+# them by far more: at scales 0.25 to 1 it changes the first token of these prompts, or its logprob by 0.3-1.2 nats.
 CLOSE = 0.2
 
 # A generated token: its id, its logprob, and the two likeliest ids and logprobs on its row that it could be (the
@@ -87,8 +87,8 @@ class Feed:
                     top = [
                         (t, p) for t, p in zip(lp.top_ids, lp.top_logprobs) if t not in self.engine.runner.eog_tokens
                     ]
-                    ids, logprobs = [t for t, _ in top[:2]], [p for _, p in top[:2]]
-                    tokens.setdefault(out.id, []).append((out.token, lp.logprob, ids, logprobs))
+                    best, logprobs = [t for t, _ in top[:2]], [p for _, p in top[:2]]
+                    tokens.setdefault(out.id, []).append((out.token, lp.logprob, best, logprobs))
         return tokens, cached
 
     def alone(self, text: str, lora: list[tuple[int, float]]) -> list[Row]:
