@@ -261,15 +261,24 @@ def health(http: httpx.Client, level: str = "full") -> dict:
     return http.get("/health", params={"level": level}).json()["data"]
 
 
-def wait_idle(http: httpx.Client, timeout: float = 60.0) -> dict:
-    """Health once nothing is in flight and the engine reports no sequence."""
+def wait_idle(http: httpx.Client, timeout: float = 60.0, since: int | None = None) -> dict:
+    """Health once nothing is in flight and the engine reports no sequence; with ``since`` (the engine's generated
+    tokens before the work waited on: generated(http)), once its figures count tokens past it too. The engine sends
+    its figures when it goes idle, after a request's last tokens: a request can end before they arrive, and the
+    figures then still say idle from before it."""
 
     def idle():
         h = health(http)
         q = h.get("queue", {})
-        return h if h["healthy"] and q["in_flight"] == q["running"] == q["waiting"] == 0 else None
+        counted = since is None or h["engine"]["generated_tokens"] > since
+        return h if h["healthy"] and counted and q["in_flight"] == q["running"] == q["waiting"] == 0 else None
 
     return wait_until(idle, timeout)
+
+
+def generated(http: httpx.Client) -> int:
+    """The engine's generated tokens as of its last figures (wait_idle's ``since``)."""
+    return health(http)["engine"]["generated_tokens"]
 
 
 @pytest.fixture(scope="module")

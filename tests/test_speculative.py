@@ -21,7 +21,8 @@ from cllm.core.config_load import load_config
 from cllm.core.settings import ConfigError
 from engine_proc.step.draft_pricing import StepCosts
 from engine_proc.step.drafter import lookup
-from tests.conftest import start_server, wait_idle
+from tests.conftest import generated, start_server, wait_idle
+from tests.near_tie import NEAR_TIE
 from tests.test_metrics import scrape, value
 
 EXACT = ("--parallel", "4", "--ctx-size", "8192", "--flash-attn", "off", "--cache-type-k", "f32")
@@ -37,10 +38,8 @@ MAX_TOKENS = 128
 
 
 # Where a draft's rows and a plain step's row give other last bits, greedy text may part where the two best tokens
-# are nearly tied. The logits of the two kernels were measured up to ~0.1 nats apart (an AMD EPYC, f32 keys, flash
-# attention off), so a tie can flip only under about twice that; 0.25 nats leaves room, and a token kept without
-# being the sampler's pick would show as a token outside the top 2, or one far from tied, in the run without drafts.
-NEAR_TIE = 0.25
+# are nearly tied (NEAR_TIE); a token kept without being the sampler's pick would show as a token outside the top 2,
+# or one far from tied, in the run without drafts.
 # A parting ends the comparison, so one early in a reply would leave the rest of it unchecked: the prompts are ones
 # whose replies agree for most of their length, and a parting before this share of the longer reply fails.
 AGREED = 0.5
@@ -130,18 +129,19 @@ def servers():
             yield a, Plain(b)
 
 
-def accepted(http) -> float:
-    wait_idle(http)  # the engine reports its figures when it goes idle
+def accepted(http, since: int | None = None) -> float:
+    """Accepted draft tokens, as of the engine's figures that count every token past ``since`` (generated())."""
+    wait_idle(http, since=since)
     return value(scrape(http), "cllm_spec_accepted_tokens_total")
 
 
 @pytest.mark.parametrize("prompt", [COPY, QUOTE, ORDINARY], ids=["copy", "quote", "ordinary"])
 def test_greedy_text_is_the_same_with_speculation_on_and_off(servers, prompt):
     on, off = servers
-    before = accepted(on)
+    before, made = accepted(on), generated(on)
     same_or_parted_at_a_near_tie(chat(on, prompt, **TOP2), off.reply(prompt))
     if prompt is COPY:
-        assert accepted(on) - before > 40  # most of the copy came from drafts
+        assert accepted(on, since=made) - before > 40  # most of the copy came from drafts
 
 
 def test_concurrent_requests_give_the_same_text(servers):
@@ -170,13 +170,13 @@ def test_max_tokens_and_a_stop_string_inside_a_draft(servers):
     at = next((i for i in spots if i >= len(agreed) // 2), spots[-1])
     stop = text[at : at + 8]
     for body, finish in (({"max_tokens": 97}, "length"), ({"stop": [stop]}, "stop")):
-        before = accepted(on)
+        before, made = accepted(on), generated(on)
         a = chat(on, COPY, **body, **TOP2)
         b = off.reply(COPY, 97) if finish == "length" else chat(off.http, COPY, **body, **TOP2)
         assert b["finish_reason"] == finish
         if same_or_parted_at_a_near_tie(a, b) is None:
             assert a["finish_reason"] == finish
-        assert accepted(on) > before
+        assert accepted(on, since=made) > before
     assert b["message"]["content"] == text[:at]
     assert len(chat(on, COPY, max_tokens=97, logprobs=True)["logprobs"]["content"]) == 97
 
@@ -203,14 +203,14 @@ def test_a_grammar_constrained_request(servers):
     }
     fmt = {"type": "json_schema", "json_schema": {"name": "quote", "schema": schema}}
     prompt = f"Here is a file:\n\n{CODE}\n\nQuote its docstring in JSON."
-    before = accepted(on)
+    before, made = accepted(on), generated(on)
     a = chat(on, prompt, response_format=fmt, max_tokens=200, **TOP2)
     assert a["finish_reason"] == "stop"
     assert (
         json.loads(a["message"]["content"])["docstring"]
         == "A llama_batch backed by numpy arrays that live as long as it"
     )
-    assert accepted(on) > before  # the quote came from drafts, each token checked by the grammar
+    assert accepted(on, since=made) > before  # the quote came from drafts, each token checked by the grammar
     same_or_parted_at_a_near_tie(a, chat(off.http, prompt, response_format=fmt, max_tokens=200, **TOP2), grammar=True)
 
 
@@ -227,11 +227,11 @@ def test_a_seeded_sampled_request_is_reproducible(servers):
 
 def test_a_request_may_turn_speculation_off(servers):
     on, off = servers
-    before = accepted(on)
+    before, made = accepted(on), generated(on)
     # No drafts: the same kernels, so bit for bit; the plain server asked afresh, its prompt cached like this one's
     # (a cut reply from when it was not could differ in the last bits).
     assert chat(on, COPY, speculative=False, max_tokens=96) == chat(off.http, COPY, max_tokens=96)
-    assert accepted(on) == before
+    assert accepted(on, since=made) == before
     r = on.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "speculative": "yes"})
     assert r.status_code == 400 and "speculative" in r.text
 
