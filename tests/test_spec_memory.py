@@ -34,17 +34,18 @@ def completion(srv, key: str, **body) -> dict:
         return r.json()
 
 
-def counters(srv) -> dict[str, float]:
-    """llama-server's speculative counters and cllm's own, once the engine went idle and reported them."""
+def counters(srv, since: int | None = None) -> tuple[dict[str, float], int]:
+    """llama-server's speculative counters and cllm's own, once the engine went idle and reported them (with
+    ``since``, figures that count tokens past it: wait_idle); and its generated tokens then."""
     with httpx.Client(base_url=srv.url, timeout=60, headers={"Authorization": f"Bearer {KEYS[0]}"}) as c:
-        wait_idle(c)
+        generated = wait_idle(c, since=since)["engine"]["generated_tokens"]
         text = c.get("/metrics").text
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith(("llamacpp:spec_decode_num_", "cllm_spec_drafted_tokens_total", "cllm_spec_accepted")):
             name = line.split("{", 1)[0].split(" ", 1)[0]
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
+    return out, generated
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +69,9 @@ def accepted(answer: dict) -> int:
 
 def test_a_repeated_answer_comes_back_in_drafts_for_its_own_key_only(scoped):
     srv, first = scoped
-    before = counters(srv)
+    before, generated = counters(srv)
     again = completion(srv, KEYS[0])
-    after = counters(srv)
+    after, _ = counters(srv, since=generated)
     assert again["content"] == first["content"] and again["tokens_predicted"] == N
     assert accepted(again) >= 0.75 * N, again["timings"]  # all but the tokens its first draft needs
     assert accepted(again) <= again["timings"]["draft_n"]
