@@ -99,9 +99,9 @@ def test_a_drafted_token_the_target_would_not_pick_is_refused(drafted):
 
 def test_the_counters_move_with_the_draft_model(drafted):
     srv, _, _ = drafted
-    before = counters(srv)
+    before, generated = counters(srv)
     spec = completion(srv)
-    after = counters(srv)
+    after, _ = counters(srv, since=generated)
     moved = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     assert moved["llamacpp:spec_decode_num_accepted_tokens_total"] == accepted(spec) > 0
     assert moved["llamacpp:spec_decode_num_draft_tokens_total"] == spec["timings"]["draft_n"]

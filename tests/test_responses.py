@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests import test_tools
-from tests.conftest import SHARED, health, start_server, wait_idle
+from tests.conftest import SHARED, generated, start_server, wait_idle
 from tests.near_tie import CAPITAL
 from tests.near_tie import greedy as greedy_said
 
@@ -122,7 +122,9 @@ RULES = (
 
 
 def test_previous_response_id_continues_the_conversation(oai, http):
+    made = generated(http)
     first = greedy(oai, input="My name is Alice.", instructions=RULES)
+    made = wait_idle(http, since=made)["engine"]["generated_tokens"]
     resent = greedy(
         oai,
         instructions=RULES,
@@ -132,17 +134,17 @@ def test_previous_response_id_continues_the_conversation(oai, http):
             {"role": "user", "content": "What is my name?"},
         ],
     )
-    wait_idle(http)
-    hits_before = health(http)["prefix_cache"]["hit_tokens"]
+    idle = wait_idle(http, since=made)
+    hits_before, made = idle["prefix_cache"]["hit_tokens"], idle["engine"]["generated_tokens"]
     second = greedy(oai, input="What is my name?", instructions=RULES, previous_response_id=first.id)
     # The same prompt as resending the conversation: the cache holds the resent one and serves all of it but the
     # last token. (Not the same text: that last token is prefilled alone, and under flash attention its logits
     # may differ in their last bits from the resent prompt's, see docs/internals.md, "What is exact".)
     assert second.usage.input_tokens == resent.usage.input_tokens > first.usage.input_tokens
     assert second.previous_response_id == first.id
-    wait_idle(http)
+    hits = wait_idle(http, since=made)["prefix_cache"]["hit_tokens"]
     cached = second.usage.input_tokens_details.cached_tokens  # the engine's count for this request
-    assert health(http)["prefix_cache"]["hit_tokens"] - hits_before == cached == second.usage.input_tokens - 1
+    assert hits - hits_before == cached == second.usage.input_tokens - 1
 
 
 def test_retrieve_delete_and_unknown_ids(oai, http):

@@ -238,8 +238,9 @@ def test_a_request_may_turn_speculation_off(servers):
 
 def test_metrics_count_drafted_and_accepted_tokens(servers):
     on, _ = servers
+    made = generated(on)
     chat(on, COPY)
-    wait_idle(on)
+    wait_idle(on, since=made)
     samples = scrape(on)
     drafted, kept = value(samples, "cllm_spec_drafted_tokens_total"), value(samples, "cllm_spec_accepted_tokens_total")
     assert 0 < kept <= drafted
