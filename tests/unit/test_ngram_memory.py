@@ -9,7 +9,7 @@ from cllm.core.protocol import SamplingParams
 from engine_proc.sampling.sampler import SeqSampler
 from engine_proc.sequence import FIRST_DRAFT, Chunk, Sequence
 from engine_proc.step.drafter import TRUSTED_RUN, Drafter
-from engine_proc.step.ngram_memory import CONTEXT, ENTRY_BYTES, NgramMemory
+from engine_proc.step.ngram_memory import CONTEXT, ENTRY_BYTES, LONG_CONTEXT, NgramMemory
 
 RNG = np.random.default_rng(7)
 PROMPT = RNG.integers(0, 49152, 300).astype(np.int32)
@@ -51,11 +51,33 @@ def test_a_window_filed_again_with_the_same_token_keeps_its_mark():
 
 
 def test_a_window_a_text_holds_twice_with_two_next_tokens_is_a_fork():
-    text = np.concatenate((PROMPT[:100], [7], PROMPT[100 - CONTEXT : 100], [8], PROMPT[200:300])).astype(np.int32)
+    text = np.concatenate((PROMPT[:100], [7], PROMPT[:100], [8], PROMPT[200:300])).astype(np.int32)
     memory = NgramMemory(1)
     memory.remember(text, 0, scope=11, greedy=True)
     assert memory.chain(PROMPT[:100], 11, 8) == ([], 0)  # followed by 7 once and by 8 once: no draft
     assert memory.chain(text[:102], 11, 8)[0] == text[102:110].tolist()
+
+
+def test_a_longer_window_tells_two_answers_apart_where_a_short_one_forks():
+    """Two answers share a 16-token window and part after it (a file copied, and the same file with a name
+    renamed): the LONG_CONTEXT tokens before it tell which answer a draft follows."""
+    shared = ANSWER[100 : 100 + CONTEXT]
+    copied = np.concatenate((PROMPT, ANSWER[:LONG_CONTEXT], shared, ANSWER[150:])).astype(np.int32)
+    renamed = np.concatenate((PROMPT, ANSWER[50 : 50 + LONG_CONTEXT], shared, ANSWER[120:150])).astype(np.int32)
+    memory = NgramMemory(1)
+    memory.remember(copied, len(PROMPT), scope=11, greedy=True)
+    memory.remember(renamed, len(PROMPT), scope=11, greedy=True)
+    fork = len(PROMPT) + LONG_CONTEXT + CONTEXT  # where the two answers part, after the shared window
+    for answer in (copied, renamed):
+        tokens, trusted = memory.chain(answer[: fork - 20], 11, 40)
+        assert tokens == answer[fork - 20 : fork + 20].tolist() and trusted == 40  # on through the fork
+    # The prompt alone, then the shared window: too short a text to tell which, the draft stops at the fork.
+    assert memory.chain(np.concatenate((PROMPT[:10], shared)).astype(np.int32), 11, 8) == ([], 0)
+    # Nor does a text prompt lookup filed: its longer windows are not kept (only an answer's are).
+    memory = NgramMemory(1)
+    memory.remember(copied, len(copied), scope=11, greedy=True)
+    memory.remember(renamed, len(renamed), scope=11, greedy=True)
+    assert memory.chain(copied[: fork - 20], 11, 40)[0] == copied[fork - 20 : fork].tolist()
 
 
 def test_a_sampled_answer_is_remembered_unmarked():
