@@ -25,7 +25,11 @@ common/ngram-mod.cpp, does the same with one table for every client).
   answers that wrap its lines differently) is marked forked, and a draft ends
   before it. The step that verifies the draft samples the token there anyway,
   and a draft that ran on through a fork would throw its rows away half the
-  time.
+  time. Unless a longer key settles it: every answer token is also filed under
+  the LONG_CONTEXT tokens before it, and where those were followed by one
+  token only, the draft goes on with it (two answers of one text share short
+  windows and part at each edit; the longer window tells which one a sequence
+  repeats).
 - Kept across restarts with --cache-dir: saved when the engine stops and read
   when it starts, in a file named for the model file (save, load).
 """
