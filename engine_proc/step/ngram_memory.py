@@ -110,25 +110,25 @@ class NgramMemory:
             return [], 0
         with np.errstate(over="ignore"):
             h = int(np.dot(text[-CONTEXT:].astype(np.uint64), _POWERS))
-        if self.tags[mix_int(h ^ scope) & self.mask] == 0:  # most lookups of text never seen end here
+        slot_of, tokens, flags = self._slot, self.tokens, self.flags  # the loop runs a step for every sequence
+        slot = slot_of(h, scope)
+        if slot is None:  # most lookups of text never seen end here
             return [], 0
         window = text[-LONG_CONTEXT:].tolist()
         out: list[int] = []
         trusted = 0
-        while len(out) < k:
-            slot = self._slot(h, scope)
-            if slot is None:
-                break
-            if self.flags[slot] & FORKED:
-                slot = self._slot(self._long(window), scope) if len(window) >= LONG_CONTEXT else None
-                if slot is None or self.flags[slot] & FORKED:
+        while slot is not None and len(out) < k:
+            if flags[slot] & FORKED:
+                slot = slot_of(self._long(window), scope) if len(window) >= LONG_CONTEXT else None
+                if slot is None or flags[slot] & FORKED:
                     break
-            token = int(self.tokens[slot])
-            if trusted == len(out) and self.flags[slot] & MARKED:
+            token = int(tokens[slot])
+            if trusted == len(out) and flags[slot] & MARKED:
                 trusted += 1
             out.append(token)
             h = ((h - window[-CONTEXT] * _P_TOP) * _P + token) & _MASK
             window.append(token)
+            slot = slot_of(h, scope)
         return out, trusted
 
     def _slot(self, h: int, scope: int) -> int | None:
