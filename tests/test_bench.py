@@ -123,8 +123,12 @@ def test_bench_http_measures_the_server_and_its_processes(server):
     assert (r["errors"], r["short"], r["generated_tokens"]) == (0, 0, 15)
     assert r["ttft"]["p50"] is not None and r["ttft"]["p50"] <= r["latency"]["p50"]
     # what harnesses report of a stream: the gaps between its events with text, the time per token after the
-    # first, and how many tokens an event carries (one each: two streams are never held back in the engine)
-    assert 0 < r["itl"]["p50"] <= r["itl"]["p99"] < r["latency"]["p50"] and r["tpot"]["p50"] > 0
+    # first, and how many tokens an event carries (one each: two streams are never held back in the engine).
+    # A gap lies inside one request, so none outlasts the longest request; a busy machine can stretch one gap
+    # past the median request, so only the median gap is held to the median request.
+    itl = r["itl"]
+    assert 0 < itl["p50"] < r["latency"]["p50"] and itl["p50"] <= itl["p99"] <= itl["max"] <= r["latency"]["max"]
+    assert r["tpot"]["p50"] > 0
     assert 1 <= r["tokens_per_event"] <= 1.25
     assert {"engine", "frontend"} <= r["cpu_seconds"].keys()
 

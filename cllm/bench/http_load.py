@@ -13,7 +13,7 @@ Reports output tokens/s, end-to-end latency and, streaming, the terms
 benchmark harnesses use (llama-benchy, `vllm bench serve`, AIPerf): TTFT to
 the first event with text, ITL as the gaps between events with text, TPOT as
 a request's time after its first token over its tokens after the first, all
-as p50/p90/p99, and the tokens an event with text carries on average; errors,
+as p50/p90/p99 and max, and the tokens an event with text carries on average; errors,
 with --pid the CPU seconds each process of the server's tree spent per
 generated token; and where the server's /metrics has llama-server's
 speculative decoding counters (cllm, llama-server --metrics), the drafted and
@@ -169,9 +169,9 @@ async def _load(
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
-        return {"p50": None, "p90": None, "p99": None}
+        return {"p50": None, "p90": None, "p99": None, "max": None}
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(max(values))}
 
 
 def run_cell(
