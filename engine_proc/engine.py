@@ -192,6 +192,16 @@ class LLMEngine:
             lora=lora,
             mark=mark,
         )
+        # Its prompt asked again may pick its first token from the logits its prefill gave (PrefixCache.lookup):
+        # where the cache reuses any cells (not in exact mode) and its sampler can pick from a kept row.
+        seq.keeps_logits = (
+            self.scheduler.cache is not None
+            and not self.scheduler.exact
+            and not images
+            and self.sampler.keeps(sampler)
+            and req.sampling.logprobs is None
+            and not seq.scored
+        )
         self.scheduler.add(seq)
         return None
 
@@ -258,6 +268,14 @@ class LLMEngine:
         """The step's llama_decode calls, their tokens recorded: the first tokens of streamed prompts are yielded
         as their run ends (see prefill_runs)."""
         self.decoding.first(step, turn)
+        if self.scheduler.recalled:  # first tokens that need no decode (Recorder.recall)
+            firsts: list[SeqOutput] = []
+            with self._timer.part("sampling"):
+                self.recorder.recall(self.scheduler.recalled, firsts, turn.done)
+            self.generated_tokens += len(firsts)
+            self._timer.lap("other")
+            yield StepResult(firsts, last=False)
+            self._timer.start()
         first, later = prefill_runs(step.prefill, self.scheduler.exact)
         for chunks in first:
             sent: list[SeqOutput] = []

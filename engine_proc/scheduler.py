@@ -124,6 +124,9 @@ class Scheduler:
         self.steady = settings.steady
         self.parked = 0
         self.left: list[Sequence] = []  # parked sequences that left, whose chains on the device the engine frees
+        # Admitted with all their prompt's cells and the logits after it from the cache (PrefixCache.lookup): their
+        # first token is picked from those, before this step's runs (Recorder.recall), which the engine drains.
+        self.recalled: list[Sequence] = []
         self._pending_since: int | None = None  # the step since which a wave has had something to do
 
     def has_work(self) -> bool:
@@ -268,7 +271,10 @@ class Scheduler:
             continued = self.slots.admit(seq, self.running) or continued
             self.running.append(seq)
             self._ordered = False
-            budget = self._prefill(seq, budget, prefill)
+            if seq.prefilling or seq.end_logits is None:
+                budget = self._prefill(seq, budget, prefill)
+            else:
+                self.recalled.append(seq)
         self._compact()
         return self._sort()
 

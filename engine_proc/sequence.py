@@ -76,6 +76,11 @@ class Sequence:
     lora: int = 0  # the LoRA adapter set it decodes under (engine_proc/run/lora.py; 0: none)
     # Under an adapter set, the set's hash, which the prefix cache's key mixes its first token with (see key). 0: none.
     mark: int = 0
+    # The logits after its prompt, which pick its first token: kept from its prefill when ``keeps_logits`` (its
+    # cache entry offers them to the same prompt later), or handed over by such an entry, whose cells then serve
+    # the whole prompt and its first token needs no decode (PrefixCache.lookup).
+    keeps_logits: bool = False
+    end_logits: np.ndarray | None = None
     # Its known tokens, prompt then output, in one array whose capacity doubles: known() is a view, not a copy.
     tokens: np.ndarray = field(init=False)
     # Cells its images take beyond their positions (M-RoPE): the position of a cell after them is its index less

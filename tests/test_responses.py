@@ -137,14 +137,14 @@ def test_previous_response_id_continues_the_conversation(oai, http):
     idle = wait_idle(http, since=made)
     hits_before, made = idle["prefix_cache"]["hit_tokens"], idle["engine"]["generated_tokens"]
     second = greedy(oai, input="What is my name?", instructions=RULES, previous_response_id=first.id)
-    # The same prompt as resending the conversation: the cache holds the resent one and serves all of it but the
-    # last token. (Not the same text: that last token is prefilled alone, and under flash attention its logits
-    # may differ in their last bits from the resent prompt's, see docs/internals.md, "What is exact".)
+    # The same prompt as resending the conversation: the cache holds the resent one and serves all of it, with the
+    # logits its prefill gave, so the answer is the resent one's too (tests/test_repeated_prompt.py).
     assert second.usage.input_tokens == resent.usage.input_tokens > first.usage.input_tokens
+    assert second.output_text == resent.output_text
     assert second.previous_response_id == first.id
     hits = wait_idle(http, since=made)["prefix_cache"]["hit_tokens"]
     cached = second.usage.input_tokens_details.cached_tokens  # the engine's count for this request
-    assert hits - hits_before == cached == second.usage.input_tokens - 1
+    assert hits - hits_before == cached == second.usage.input_tokens
 
 
 def test_retrieve_delete_and_unknown_ids(oai, http):

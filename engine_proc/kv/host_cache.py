@@ -42,6 +42,12 @@ class Stored:
     tokens: np.ndarray  # the tokens whose KV cells ``data`` holds, position by position
     data: np.ndarray | None  # bytes, as llama_state_seq_get_data wrote them (None: in ``disk``'s file, not read yet)
     disk: OnDisk | None = None  # the file it comes from, if it is not in host RAM
+    logits: np.ndarray | None = None  # its stream's entry's (prefix_cache.Entry), which go with it
+    upto: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + (0 if self.logits is None else self.logits.nbytes)
 
 
 class HostCache:
@@ -67,9 +73,9 @@ class HostCache:
         in_ram = self.max_bytes > 0 and len(tokens) >= MIN_CELLS and not self.holds(tokens)
         return in_ram or (self.disk is not None and self.disk.wants(tokens))
 
-    def put(self, tokens: np.ndarray, data: np.ndarray) -> None:
-        """Keep the cells (and write them to disk); entries whose tokens are a prefix of these go, as they add
-        nothing."""
+    def put(self, tokens: np.ndarray, data: np.ndarray, logits: np.ndarray | None = None, upto: int = 0) -> None:
+        """Keep the cells (and write them to disk), with the logits after their first ``upto`` tokens if the entry
+        kept them; entries whose tokens are a prefix of these go, as they add nothing."""
         if self.disk is not None:
             self.disk.put(tokens, data)
         if data.nbytes > self.max_bytes or len(tokens) < MIN_CELLS or self.holds(tokens):
@@ -77,20 +83,21 @@ class HostCache:
         for e in self._alike(tokens):
             if starts_with(tokens, e.tokens):
                 self.take(e)
-        stored = Stored(tokens, data)
+        stored = Stored(tokens, data, logits=logits, upto=upto)
         self.entries[id(stored)] = stored
         self._by_head.setdefault(tokens[:HEAD].tobytes(), {})[id(stored)] = stored
-        self.bytes += data.nbytes
+        self.bytes += stored.nbytes
         while self.bytes > self.max_bytes:
             self.take(next(iter(self.entries.values())))
 
-    def lookup(self, prompt: np.ndarray, longest: int, unit: int) -> tuple[Stored | None, int]:
-        """The entry sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``), and its
-        length;
+    def lookup(self, prompt: np.ndarray, longest: int, unit: int, whole: bool = False) -> tuple[Stored | None, int]:
+        """The entry sharing the longest prefix with ``prompt`` (at most ``longest``, a multiple of ``unit``; with
+        ``whole``, all of it if the entry kept the logits after it), and its length;
         a file's if it shares more than host RAM's (its cells not read yet: see load)."""
         best, n_best = None, 0
         for e in self._alike(prompt):
-            n = min(common_prefix(prompt, e.tokens), longest) // unit * unit
+            shared = common_prefix(prompt, e.tokens)
+            n = len(prompt) if whole and e.upto == len(prompt) == shared else min(shared, longest) // unit * unit
             if n > n_best:
                 best, n_best = e, n
         if self.disk is not None:
@@ -115,7 +122,7 @@ class HostCache:
         del alike[id(stored)]
         if not alike:
             del self._by_head[head]
-        self.bytes -= stored.data.nbytes
+        self.bytes -= stored.nbytes
 
     def cells(self) -> int:
         return sum(len(e.tokens) for e in self.entries.values())

@@ -113,6 +113,10 @@ class Entry:
     last_used: int
     persisted: bool = False  # handed to the disk cache, or passed over
     warmed: bool = False  # brought from a file while the engine was idle, and not reused since
+    # The logits after tokens[:upto], the prompt of the sequence that left it, computed with its cells: that
+    # prompt asked again reuses all of them and picks its first token from these (see lookup).
+    logits: np.ndarray | None = None
+    upto: int = 0
 
 
 class PrefixCache:
@@ -136,9 +140,9 @@ class PrefixCache:
             stats.disk_rejected = self.disk.rejected
         return stats
 
-    def keep(self, slot: int, tokens: np.ndarray) -> None:
+    def keep(self, slot: int, tokens: np.ndarray, logits: np.ndarray | None = None, upto: int = 0) -> None:
         self._clock += 1
-        self.entries[slot] = Entry(tokens, self._clock)
+        self.entries[slot] = Entry(tokens, self._clock, logits=logits, upto=upto)
         self._kept_at = time.monotonic()
 
     def persist_wait(self) -> float | None:
@@ -201,7 +205,7 @@ class PrefixCache:
             self.disk.close()
 
     def lookup(
-        self, prompt: np.ndarray, running: Held, host: bool = True, into: int = -1
+        self, prompt: np.ndarray, running: Held, host: bool = True, into: int = -1, whole: bool = False
     ) -> tuple[int, int, Stored | None]:
         """(slot, tokens, None) of the longest reusable prefix of ``prompt`` among the
         entries and the running sequences' reusable tokens;
@@ -210,8 +214,17 @@ class PrefixCache:
         the one in ``into``, the slot the prompt's sequence will take (nothing to copy
         into it), else the shortest one (the fewest cells to move out of the way).
 
-        The prompt's last token is always left to prefill: its logits pick the
-        first new token.
+        The prompt's last token is left to prefill: its logits pick the first
+        new token. But with ``whole`` (its sequence can pick that token from
+        kept logits, Sampler.keeps), an entry left by the same prompt serves
+        all of it with the logits its prefill gave (Entry.logits). Decoding
+        the last token again in a step of one row would give its cells other
+        last bits than the prompt's chunk did, and at a near tie a greedy
+        answer asked again then parts from the first one, as the embedded
+        model's copy tasks did in 10 of 12 prompts (perf/results/
+        2026-12-03-repeated-prompt-kept-logits.md); so the memory of earlier
+        answers (engine_proc/step/ngram_memory.py) had nothing to draft
+        from, and a repeated prompt's first token waits for no decode.
         """
         longest = len(prompt) - 1
         entries = list(self.entries.items())
@@ -222,12 +235,14 @@ class PrefixCache:
         src, best = -1, (0, False, False, 0)
         for slot, tokens, is_entry, shared_n in candidates:
             n = min(shared_n, longest) // self.unit * self.unit
+            if whole and is_entry and shared_n > longest and self.entries[slot].upto == len(prompt):
+                n = len(prompt)
             rank = (n, is_entry, slot == into, -len(tokens))
             if n and rank > best:
                 src, best = slot, rank
         reuse = best[0]
         while host and self.host is not None:
-            stored, n = self.host.lookup(prompt, longest, self.unit)
+            stored, n = self.host.lookup(prompt, longest, self.unit, whole)
             if n < reuse + RESTORE_GAIN:
                 break
             if self.host.load(stored):

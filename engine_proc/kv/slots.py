@@ -85,7 +85,8 @@ class Slots:
         keep = seq.image_edge(self.reusable(seq))  # not half an image
         if self.cache is not None and keep:
             self.kv.trim(seq.slot, seq.position(keep))
-            self.cache.keep(seq.slot, seq.key(keep))
+            whole = keep >= len(seq.prompt) and seq.end_logits is not None
+            self.cache.keep(seq.slot, seq.key(keep), *((seq.end_logits, len(seq.prompt)) if whole else ()))
         else:
             self.kv.clear(seq.slot)
 
@@ -118,15 +119,18 @@ class Slots:
         held = self._held_now(running)
         prompt = seq.key(1 if seq.scored else len(seq.prompt))  # a scored prompt needs every token's logits
         into = self._next_slot(running)  # the slot the sequence takes: _fetch leaves the free slots as they are
-        src, reuse, stored = cache.lookup(prompt, held, into=into)
+        whole = seq.keeps_logits  # the whole prompt, if an entry kept the logits after it (PrefixCache.lookup)
+        src, reuse, stored = cache.lookup(prompt, held, into=into, whole=whole)
         if stored is not None:
             src = self._fetch(stored, held, into)
             if src < 0:  # no stream can take it this step: the best a stream holds, then
-                src, reuse, stored = cache.lookup(prompt, held, host=False, into=into)
+                src, reuse, stored = cache.lookup(prompt, held, host=False, into=into, whole=whole)
         reuse = seq.image_edge(reuse)
         cache.count(reuse, stored, src)
         slot = seq.slot = self._take(into)
         entry = cache.entries.get(src)
+        if entry is not None and reuse == len(seq.prompt):
+            seq.end_logits = entry.logits
         if entry is not None and (len(entry.tokens) - reuse) * 8 <= reuse:
             if src != slot:
                 self._swap(src, slot)
@@ -164,7 +168,7 @@ class Slots:
     def _stash(self, slot: int, entry: Entry, held: Held) -> None:
         """Copy the cells of an entry about to lose its stream to host RAM, if they are worth it."""
         if self.cache.worth_keeping(entry, held) and self.kv.settled(slot):
-            self.cache.host.put(entry.tokens, self.kv.save(slot))
+            self.cache.host.put(entry.tokens, self.kv.save(slot), entry.logits, entry.upto)
 
     def _fetch(self, stored: Stored, held: Held, into: int) -> int:
         """Bring an entry back from host RAM or a file into a free stream; that stream, -1 if none can take it now.
@@ -189,7 +193,7 @@ class Slots:
         if not self.kv.restore(dst, stored.data):
             self.kv.clear(dst)
             return -1
-        cache.keep(dst, stored.tokens)
+        cache.keep(dst, stored.tokens, stored.logits, stored.upto)
         return dst
 
     def _next_slot(self, running: list[Sequence]) -> int:

@@ -341,8 +341,25 @@ class Sampler:
         log_z = float(top) + float(np.log(work.sum()))
         return TokenLogprobs(float(logits[token] - log_z), top_ids, (logits[top_ids] - log_z).tolist())
 
+    def keeps(self, s: SeqSampler) -> bool:
+        """Whether ``pick`` can draw the sequence's tokens from a logits row the host keeps (greedy or the common
+        chain on the host: no llama.cpp chain, which reads its rows from the context)."""
+        return s.chain is None and not s.device
+
+    def pick(self, s: SeqSampler, logits: np.ndarray) -> int:
+        """The sequence's next token from a row the host keeps (one ``keeps`` allows); as sample_rows picks it."""
+        if s.draw is not None:
+            return draw_rows(logits[None, :], [s.draw], np.array([s.ban_eog]), self._is_eog)[0]
+        return self._argmax_of(logits, s.ban_eog)
+
+    def row(self, row: int) -> np.ndarray:
+        """A copy of a logits row of the last decode."""
+        return self._logits(row).copy()
+
     def _argmax(self, row: int, ban_eog: bool) -> int:
-        logits = self._logits(row)
+        return self._argmax_of(self._logits(row), ban_eog)
+
+    def _argmax_of(self, logits: np.ndarray, ban_eog: bool) -> int:
         token = int(logits.argmax())
         if ban_eog and token in self._ban_eog:  # rare: look again without the EOS tokens, leaving the row intact
             scratch = self._scratch

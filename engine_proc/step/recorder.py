@@ -53,12 +53,24 @@ class Recorder:
             else:
                 out = self._output(seq, next(picked), row)
             if chunk.start < len(seq.prompt):  # its first output: what the prefix cache served, the prompt's logprobs
+                if seq.keeps_logits and row is not None:
+                    seq.end_logits = self.sampler.row(row)
                 out.cached_tokens = seq.reused
                 if chunk.scores:
                     out.prompt_logprobs = seq.prompt_logprobs
             outputs.append(out)
             if out.finish:
                 done.append(seq)
+
+    def recall(self, seqs: list[Sequence], outputs: list[SeqOutput], done: list[Sequence]) -> None:
+        """The first tokens of sequences the cache served whole (Scheduler.recalled), from the logits it kept."""
+        for seq in seqs:
+            out = self._output(seq, self.sampler.pick(seq.sampler, seq.end_logits), -1)
+            out.cached_tokens = seq.reused
+            outputs.append(out)
+            if out.finish:
+                done.append(seq)
+        seqs.clear()
 
     def _verify(self, chunk: Chunk, last_row: int, outputs: list[SeqOutput], done: list[Sequence]) -> None:
         """Sample row by row while the draft holds: every token is the one the sampler picks on its row.
