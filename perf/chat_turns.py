@@ -11,9 +11,10 @@ repeat and stream). Everything goes through /v1/chat/completions or
           history with the server's own replies (up to --max-tokens each).
           TTFT of turns 2+, mean and p90, over all conversations.
   repeat  One ~700-token prompt sent again and again at c=1, 256 tokens each
-          (ignore_eos): output tok/s end to end, the first request left out.
+          (ignore_eos), the prompt cached by a request before: output tok/s end
+          to end, and the median TTFT.
   stream  Fresh short prompts at c=1, 100 tokens each (ignore_eos): output
-          tok/s of streams read token by token.
+          tok/s of streams read token by token, and the median TTFT.
 
 Prints a Markdown table per workload with the ratio cllm / llama-server. Usage:
     .venv/bin/python -m perf.chat_turns [--workloads chat,repeat,stream] [--conversations 1,8,16] [--rounds 2]
@@ -69,20 +70,22 @@ def chat(client: httpx.Client, conversations: int, turns: int, max_tokens: int, 
 
 def tok_per_s(
     clients: dict[str, httpx.Client], order: tuple[str, ...], prompts: list[str], max_tokens: int
-) -> dict[str, float]:
-    """Each server's output tokens per second over the requests, at c=1.
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each server's output tokens per second over the requests, at c=1, and its median TTFT.
 
     The servers take each prompt in turn, their order alternating request by
     request, so a drift of this machine's speed (it moves by several percent
     within minutes) falls on all of them alike.
     """
     tokens, seconds = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0.0)
+    ttfts: dict[str, list[float]] = {s: [] for s in order}
     for i, prompt in enumerate(prompts):
         for s in order if i % 2 == 0 else order[::-1]:
             r = stream(clients[s], "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True})
             tokens[s] += r.completion_tokens
             seconds[s] += r.seconds
-    return {s: tokens[s] / seconds[s] for s in order}
+            ttfts[s].append(r.ttft)
+    return {s: tokens[s] / seconds[s] for s in order}, {s: statistics.median(ttfts[s]) for s in order}
 
 
 def p90(values: list[float]) -> float:
@@ -127,23 +130,34 @@ def run_chat(clients: dict, args) -> str:
 
 
 def run_rate(clients: dict, args, prompts_of_round, max_tokens: int) -> str:
-    """A row per round: each server's tok/s, and each cllm server's ratio to llama-server's; then the median ratios."""
+    """A row per round: each server's tok/s and median TTFT, and each cllm server's ratios to llama-server's; then
+    the median ratios."""
     cllms = [s for s in clients if s != "llama-server"]
     lines = [
-        "| round | llama-server tok/s | " + " | ".join(f"{s} tok/s | {s} ÷ llama-server" for s in cllms) + " |",
+        "| round | llama-server tok/s, TTFT ms | "
+        + " | ".join(f"{s} tok/s, TTFT ms | {s} ÷ llama-server: tok/s, TTFT" for s in cllms)
+        + " |",
         "|---|---|" + "---|---|" * len(cllms),
     ]
     ratios: dict[Any, list[float]] = {s: [] for s in cllms}
+    firsts: dict[Any, list[float]] = {s: [] for s in cllms}
     for r, order in enumerate(alternate(args.rounds, tuple(clients))):
-        rate = tok_per_s(clients, order, prompts_of_round(r), max_tokens)
+        rate, ttft = tok_per_s(clients, order, prompts_of_round(r), max_tokens)
         for s in cllms:
             ratios[s].append(rate[s] / rate["llama-server"])
+            firsts[s].append(ttft[s] / ttft["llama-server"])
         lines.append(
-            f"| {r + 1} | {rate['llama-server']:.1f} | "
-            + " | ".join(f"{rate[s]:.1f} | {ratios[s][-1]:.3f}" for s in cllms)
+            f"| {r + 1} | {rate['llama-server']:.1f}, {1000 * ttft['llama-server']:.1f} | "
+            + " | ".join(
+                f"{rate[s]:.1f}, {1000 * ttft[s]:.1f} | {ratios[s][-1]:.3f}, {firsts[s][-1]:.2f}" for s in cllms
+            )
             + " |"
         )
-    lines.append("| median | | " + " | ".join(f"| {statistics.median(ratios[s]):.3f}" for s in cllms) + " |")
+    lines.append(
+        "| median | | "
+        + " | ".join(f"| {statistics.median(ratios[s]):.3f}, {statistics.median(firsts[s]):.2f}" for s in cllms)
+        + " |"
+    )
     return "\n".join(lines)
 
 
