@@ -221,10 +221,9 @@ class PrefixCache:
         the last token again in a step of one row would give its cells other
         last bits than the prompt's chunk did, and at a near tie a greedy
         answer asked again then parts from the first one, as the embedded
-        model's copy tasks did in 10 of 12 prompts (perf/results/
-        2026-12-03-repeated-prompt-kept-logits.md); so the memory of earlier
-        answers (engine_proc/step/ngram_memory.py) had nothing to draft
-        from, and a repeated prompt's first token waits for no decode.
+        model's copy tasks did in 10 of 12 prompts without speculation
+        (perf/results/2026-12-03-repeated-prompt-kept-logits.md); and a
+        repeated prompt's first token now waits for no decode.
         """
         longest = len(prompt) - 1
         entries = list(self.entries.items())
