@@ -99,6 +99,9 @@ def run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], rng: random.Ran
         sched.add(seq)
     while sched.has_work():
         step = sched.schedule()
+        for seq in sched.recalled:  # served whole with an entry's logits: the engine picks their first token
+            assert not seq.prefilling and seq.end_logits is not None and not seq.output
+        sched.recalled.clear()
         kv.decode()
         for chunk in [*step.decode, *step.prefill]:
             seq = chunk.seq
@@ -108,6 +111,8 @@ def run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], rng: random.Ran
         done = set()
         for seq in sched.running:  # as the engine samples: a token for every sequence past its known ones
             if not seq.prefilling and seq.n_cached == len(seq.prompt) + len(seq.output):
+                if seq.keeps_logits and seq.end_logits is None:  # the prompt's logits row, as Recorder.record keeps
+                    seq.end_logits = np.full(1, seq.id, np.float32)
                 seq.append(rng.randrange(1000, 2000))
                 if len(seq.output) == seq.params.max_tokens:
                     done.add(seq.id)

@@ -88,6 +88,34 @@ def test_a_prompt_asked_again_with_the_same_reply_moves_no_cells():
     assert len(sched.cache.entries) == 2
 
 
+@pytest.mark.parametrize("host_bytes", [0, 1 << 20], ids=["no-host-ram", "host-ram"])
+def test_a_prompt_asked_again_is_served_whole_where_its_entry_kept_logits(host_bytes, monkeypatch):
+    """Sequences that keep their prompt's logits leave them with their entry, in its stream or in host RAM; the
+    same prompt asked again then reuses every cell and takes those logits (Scheduler.recalled). One that does
+    not keep them (logprobs, a llama.cpp chain) prefills the last token again."""
+    monkeypatch.setattr(host_cache, "MIN_CELLS", HEAD)
+    rng = random.Random(4)
+    kv = FakeStreams(3)
+    sched = Scheduler(SchedulerSettings(2, 3, 64, 4096, prefix_cache=True, exact=False, host_bytes=host_bytes), kv)
+    prompts = [np.array([p] + [rng.randrange(100) for _ in range(59)], np.int32) for p in range(4)]
+    ids = iter(range(10**6))
+
+    def ask(prompt: np.ndarray, keeps: bool = True) -> Sequence:
+        seq = Sequence(next(ids), prompt, SamplingParams(max_tokens=3), None, keeps_logits=keeps)
+        run(sched, kv, [seq], rng)
+        return seq
+
+    first = [ask(p) for p in prompts]
+    again = [ask(p) for p in reversed(prompts)]  # the latest first: its entry is still in a stream
+    # Whole or nothing: entries pushed out of the streams went to host RAM, or are gone without it.
+    reused = [s.reused for s in again]
+    assert set(reused) <= {0, 60} and (reused == [60] * 4 if host_bytes else reused[:2] == [60, 60])
+    served = [(s, f) for s, f in zip(again, reversed(first)) if s.reused]
+    assert all(s.end_logits is not None and s.end_logits[0] == f.id for s, f in served)  # the first ask's own row
+    plain = ask(prompts[0], keeps=False)  # the last asked: its entry is in a stream
+    assert plain.reused == len(prompts[0]) - 1 and plain.end_logits is None
+
+
 def test_exact_mode_reuses_only_whole_prompt_blocks():
     rng = random.Random(3)
     kv = FakeStreams(2)
