@@ -223,9 +223,10 @@ def encode(http, text: str) -> list[int]:
     return http.post("/encode", json={"text": text}).json()["data"]["tokens"]
 
 
-def complete(http, prompt: list[int]) -> tuple[str, int]:
+def complete(http, prompt: list[int], **extra) -> tuple[str, int]:
     """The greedy text that follows ``prompt`` and the prompt tokens the cache served."""
-    r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, **extra}
+    r = http.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     body = r.json()
     return body["choices"][0]["text"], body["usage"]["prompt_tokens_details"]["cached_tokens"]

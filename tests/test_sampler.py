@@ -142,24 +142,27 @@ def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, t
     # and its last; the steps between leave their outputs in the ring unannounced.
     # A stream's are announced at every step, alone whatever the stream interval;
     # with coalesce_streams streams and an interval longer than the requests, only
-    # as a whole request's.
-    prompts = [tok.encode(t) for t in ("Count from one to twenty:", "List the planets:", "Name a color:", "Hi")]
+    # as a whole request's. Each case's prompts are new to the prefix cache: a prompt asked
+    # again gets its first token from kept logits, in a result of its own before the step's prefill.
+    texts = ("Count from one to twenty:", "List the planets:", "Name a color:", "Hi")
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     ends = [True, False, False, False, False, True]
     rid = itertools.count(30)
     coalesce = engine.coalesce_streams
     try:
         engine.coalesce_streams = 4
-        for per_step, streams, interval, expected in (
-            (False, 1, 0.0, ends),
-            (True, 1, 0.0, [True] * 6),
-            (True, 1, 60.0, [True] * 6),
-            (True, 4, 0.0, [True] * 6),
-            (True, 4, 60.0, ends),
+        for case, (per_step, streams, interval, expected) in enumerate(
+            (
+                (False, 1, 0.0, ends),
+                (True, 1, 0.0, [True] * 6),
+                (True, 1, 60.0, [True] * 6),
+                (True, 4, 0.0, [True] * 6),
+                (True, 4, 60.0, ends),
+            )
         ):
             engine.stream_interval = interval
-            for prompt in prompts[:streams]:
-                engine.add(Submit(next(rid), prompt, params, per_step=per_step))
+            for text in texts[:streams]:
+                engine.add(Submit(next(rid), tok.encode(f"({case}) {text}"), params, per_step=per_step))
             urgent = []
             while engine.has_work():
                 for result in engine.step():
