@@ -100,7 +100,7 @@ def test_a_prompt_asked_again_is_served_whole_where_its_entry_kept_logits(host_b
     prompts = [np.array([p] + [rng.randrange(100) for _ in range(59)], np.int32) for p in range(4)]
     ids = iter(range(10**6))
 
-    def ask(prompt: np.ndarray, keeps: bool = True) -> Sequence:
+    def ask(prompt, keeps=True):
         seq = Sequence(next(ids), prompt, SamplingParams(max_tokens=3), None, keeps_logits=keeps)
         run(sched, kv, [seq], rng)
         return seq
