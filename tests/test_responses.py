@@ -138,9 +138,9 @@ def test_previous_response_id_continues_the_conversation(oai, http):
     hits_before, made = idle["prefix_cache"]["hit_tokens"], idle["engine"]["generated_tokens"]
     second = greedy(oai, input="What is my name?", instructions=RULES, previous_response_id=first.id)
     # The same prompt as resending the conversation: the cache holds the resent one and serves all of it, with the
-    # logits its prefill gave, so the answer is the resent one's too (tests/test_repeated_prompt.py).
+    # logits its prefill gave (tests/test_repeated_prompt.py checks the text on a held thread count; this shared
+    # server's engine may change its count beside a busy program, and with it the last bits of a long decode).
     assert second.usage.input_tokens == resent.usage.input_tokens > first.usage.input_tokens
-    assert second.output_text == resent.output_text
     assert second.previous_response_id == first.id
     hits = wait_idle(http, since=made)["prefix_cache"]["hit_tokens"]
     cached = second.usage.input_tokens_details.cached_tokens  # the engine's count for this request
