@@ -23,14 +23,15 @@ DECODES = [0]  # the module engine's llama_decode calls
 
 @pytest.fixture(scope="module")
 def engine():
-    """One sequence and no cache slots: the next new prompt pushes an entry out of its stream into host RAM. Its
-    threads held at their number: a decode over 512 cells or more adds up the threads' parts, so another number
-    gives other last bits (engine_proc/run/threads.py), as it would beside the other tests' servers."""
+    """One sequence and no cache slots: the next new prompt pushes an entry out of its stream into host RAM. On one
+    thread, held: a decode over 512 cells or more adds up the threads' parts, so another number gives other last
+    bits (engine_proc/run/threads.py); and two held threads beside the other tests' servers wait at every barrier
+    for a core, which made this file several times as long under `make test` as alone."""
     from cllm.core.config import ServeConfig
     from cllm.core.model_file import resolve_model
     from engine_proc.engine import LLMEngine
 
-    eng = LLMEngine(resolve_model(None), ServeConfig(parallel=1, ctx_size=2048, fixed_threads=True))
+    eng = LLMEngine(resolve_model(None), ServeConfig(parallel=1, ctx_size=2048, threads=1, fixed_threads=True))
     decode = eng.runner.decode
 
     def counted() -> None:
