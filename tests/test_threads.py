@@ -25,14 +25,14 @@ def _engine(**settings) -> LLMEngine:
 
 
 def _greedy(engine: LLMEngine, prompts: list[list[int]], first_id: int, decode_on: int = 0) -> list[list]:
-    """Each prompt's 48 greedy tokens with their top-2 logprobs, decoded together; ``decode_on``: the prompts
+    """Each prompt's 24 greedy tokens with their top-2 logprobs, decoded together; ``decode_on``: the prompts
     prefilled on one thread, then decoded on that many."""
     got: dict[int, list] = {first_id + i: [] for i in range(len(prompts))}
     if decode_on:
         engine.runner.set_threads(1)
     for i, prompt in enumerate(prompts):
         engine.add(
-            Submit(first_id + i, prompt, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logprobs=2))
+            Submit(first_id + i, prompt, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2))
         )
     while engine.has_work():
         for out in (o for result in engine.step() for o in result.outputs):
