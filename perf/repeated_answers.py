@@ -8,12 +8,13 @@ answers drafts a repeated answer only as far as it is the first one.
 
 Usage:
     .venv/bin/python -m perf.repeated_answers [--model PATH|smollm2-f16] [--sets 1,2,3] [--spec-type none|ngram]
-        [--max-tokens 256]
+        [--max-tokens 256] [--draft-max 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections import defaultdict
 
 import msgspec
@@ -33,11 +34,19 @@ def main() -> None:
     ap.add_argument("--sets", default="1,2,3", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--spec-type", default="none")
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--draft-max", type=int, default=ServeConfig().draft_max)
     args = ap.parse_args()
     from engine_proc.engine import LLMEngine  # loads llama.cpp
 
     model = model_path(args.model) if args.model in MODELS else resolve_model(args.model)
-    config = ServeConfig(parallel=1, ctx_size=4096, threads=2, fixed_threads=True, spec_type=args.spec_type)
+    config = ServeConfig(
+        parallel=1,
+        ctx_size=4096,
+        threads=2,
+        fixed_threads=True,
+        spec_type=args.spec_type,
+        draft_max=args.draft_max,
+    )
     engine = LLMEngine(model, config)
     tokenizer = Tokenizer(model)
     template = tokenizer.chat_template()
@@ -48,8 +57,10 @@ def main() -> None:
     tokenizer.close()
     texts: dict[int, list[int]] = defaultdict(list)
     step = engine.step
+    steps = [0]
 
     def recording():
+        steps[0] += 1
         for result in step():
             for out in result.outputs:
                 if out.token is not None:
@@ -59,10 +70,16 @@ def main() -> None:
     engine.step = recording  # type: ignore[method-assign]
     encode = msgspec.msgpack.Encoder().encode
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    runs = []
     for first_id in (1, 1000):  # every prompt once, then every prompt again
+        t, before = time.perf_counter(), steps[0]
         drive(engine, [encode(Submit(first_id + i, p, params)) for i, p in enumerate(prompts)], 1)
+        runs.append(f"{time.perf_counter() - t:.1f} s, {steps[0] - before} steps")
     engine.close()
-    print(f"# {model}: copy tasks of sets {args.sets}, spec {args.spec_type}, greedy, {args.max_tokens} tokens at most")
+    print(
+        f"# {model}: copy tasks of sets {args.sets}, spec {args.spec_type}, draft max {args.draft_max}, greedy, "
+        f"{args.max_tokens} tokens at most; first run {runs[0]}, repeated {runs[1]}"
+    )
     alike = 0
     for i in range(len(prompts)):
         a, b = texts[1 + i], texts[1000 + i]
