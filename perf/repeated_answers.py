@@ -1,6 +1,6 @@
 """Greedy answers asked twice in-process: where the repeated answer parts from the first one.
 
-The copy tasks of perf/speculative.py, one at a time, then all of them again,
+The copy tasks of perf/speculative.py, one at a time (or --concurrency at once), then all of them again,
 on an engine with the prefix cache: for each prompt, the first token where
 the repeated answer differs (its length where it does not), and how many of
 the prompts answered alike. With speculation on, the memory of earlier
@@ -8,7 +8,7 @@ answers drafts a repeated answer only as far as it is the first one.
 
 Usage:
     .venv/bin/python -m perf.repeated_answers [--model PATH|smollm2-f16] [--sets 1,2,3] [--spec-type none|ngram]
-        [--max-tokens 256] [--draft-max 64]
+        [--max-tokens 256] [--draft-max 64] [--concurrency 1]
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ def main() -> None:
     ap.add_argument("--spec-type", default="none")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--draft-max", type=int, default=ServeConfig().draft_max)
+    ap.add_argument("--concurrency", type=int, default=1)
     args = ap.parse_args()
     from engine_proc.engine import LLMEngine  # loads llama.cpp
 
     model = model_path(args.model) if args.model in MODELS else resolve_model(args.model)
     config = ServeConfig(
-        parallel=1,
-        ctx_size=4096,
+        parallel=args.concurrency,
+        ctx_size=4096 * args.concurrency,
         threads=2,
         fixed_threads=True,
         spec_type=args.spec_type,
@@ -73,12 +74,12 @@ def main() -> None:
     runs = []
     for first_id in (1, 1000):  # every prompt once, then every prompt again
         t, before = time.perf_counter(), steps[0]
-        drive(engine, [encode(Submit(first_id + i, p, params)) for i, p in enumerate(prompts)], 1)
+        drive(engine, [encode(Submit(first_id + i, p, params)) for i, p in enumerate(prompts)], args.concurrency)
         runs.append(f"{time.perf_counter() - t:.1f} s, {steps[0] - before} steps")
     engine.close()
     print(
-        f"# {model}: copy tasks of sets {args.sets}, spec {args.spec_type}, draft max {args.draft_max}, greedy, "
-        f"{args.max_tokens} tokens at most; first run {runs[0]}, repeated {runs[1]}"
+        f"# {model}: copy tasks of sets {args.sets}, c = {args.concurrency}, spec {args.spec_type}, "
+        f"draft max {args.draft_max}, greedy, {args.max_tokens} tokens at most; first run {runs[0]}, repeated {runs[1]}"
     )
     alike = 0
     for i in range(len(prompts)):
