@@ -51,15 +51,13 @@ from engine_proc.step.images import Images, NoImages
 from engine_proc.step.recorder import Recorder
 from engine_proc.step.runs import Runs
 from engine_proc.step.timer import NO_TIMER, StepTimer, Timer
+from engine_proc.step.wake import Waker
 
 if TYPE_CHECKING:
     from engine_proc.vision.projector import Vision
 
 # While sequences decode, embeddings get at most this fraction (1/n) of a step's budget.
 EMBED_SHARE = 4
-# Streams in a step from which their tokens may wait for the next ones, where llama.cpp's threads fill the CPUs
-# (docs/internals.md: Streaming); fewer get a token an event.
-COALESCE_STREAMS = 4
 
 
 @dataclass(slots=True)
@@ -115,10 +113,8 @@ class LLMEngine:
         )
         self._timer: Timer = NO_TIMER
         self.steps = 0
-        self.stream_interval = config.stream_interval_ms / 1000
         cpu_bound = self.runner.info.gpu_layers == 0 and self.runner.threads.most >= (os.cpu_count() or 1)
-        self.coalesce_streams = COALESCE_STREAMS if cpu_bound else float("inf")
-        self._woke = 0.0  # when the frontend was last woken
+        self.waker = Waker(config.stream_interval_ms / 1000, cpu_bound)
         self._step_wall = 0.0  # the last step's seconds
         self.generated_tokens = 0
         # Per-step figures gathered until the next stats(): a float and an int a step.
@@ -300,7 +296,7 @@ class LLMEngine:
             turn.t1 = t1 = time.perf_counter()
             # The last parked sequences may leave in a step of their own: the engine's final figures go with it.
             urgent = bool(turn.done or turn.parked or turn.refused) or any(c.samples for c in step.prefill)
-            wake = self._wake(urgent or not self.has_work(), step.decode, t1 - turn.t0, t1)
+            wake = self.waker.wake(urgent or not self.has_work(), step.decode, t1 - turn.t0, t1)
             self.steps += 1
             self.generated_tokens += len(turn.outputs)
             self.batch_sizes.append(len(step.decode) + len({id(c.seq) for c in step.prefill}))
@@ -311,18 +307,6 @@ class LLMEngine:
         if step.decode:  # embedding is prefill work: a full budget of it beside decoding streams slows them ~15x
             budget = min(budget, self.runner.token_budget // EMBED_SHARE)
         return budget
-
-    def _wake(self, urgent: bool, decode: list[Chunk], took: float, now: float) -> bool:
-        """Whether the frontend wants this step's outputs now: if a request begins (its first token
-        times TTFT) or ends (``urgent``), or a token read as it comes (per_step) is in it. With
-        coalesce_streams or more of those, they may wait in the ring while the next step, if as
-        long as this one (``took``), still ends within the stream interval of the last wake-up."""
-        if not urgent:
-            streams = sum(c.seq.per_step for c in decode)
-            if not streams or (streams >= self.coalesce_streams and now + took - self._woke < self.stream_interval):
-                return False
-        self._woke = now
-        return True
 
     def _step_ahead(self, ahead: Ahead, chunks: list[Chunk], tokens: list[int], turn: Turn) -> Iterator[StepResult]:
         """A steady step whose decode batch is the one before it a position on (StepAhead.go_on).
@@ -342,7 +326,7 @@ class LLMEngine:
         with timer.part("overlapped"):
             parked = self.lookahead.land(ahead, turn.outputs)
             t1 = time.perf_counter()
-            wake = self._wake(bool(parked), chunks, self._step_wall, t1)
+            wake = self.waker.wake(bool(parked), chunks, self._step_wall, t1)
             self.steps += 1
             self.generated_tokens += len(turn.outputs)
             self.batch_sizes.append(len(chunks))

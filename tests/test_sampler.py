@@ -148,9 +148,9 @@ def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, t
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     ends = [True, False, False, False, False, True]
     rid = itertools.count(30)
-    coalesce = engine.coalesce_streams
+    coalesce = engine.waker.coalesce_streams
     try:
-        engine.coalesce_streams = 4
+        engine.waker.coalesce_streams = 4
         for case, (per_step, streams, interval, expected) in enumerate(
             (
                 (False, 1, 0.0, ends),
@@ -160,7 +160,7 @@ def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, t
                 (True, 4, 60.0, ends),
             )
         ):
-            engine.stream_interval = interval
+            engine.waker.stream_interval = interval
             for text in texts[:streams]:
                 engine.add(Submit(next(rid), tok.encode(f"({case}) {text}"), params, per_step=per_step))
             urgent = []
@@ -170,8 +170,8 @@ def test_a_request_read_whole_wakes_the_frontend_only_to_begin_and_end(engine, t
                         urgent.append(result.wake)
             assert urgent == expected, (per_step, streams, interval)
     finally:
-        engine.stream_interval = ServeConfig().stream_interval_ms / 1000
-        engine.coalesce_streams = coalesce
+        engine.waker.stream_interval = ServeConfig().stream_interval_ms / 1000
+        engine.waker.coalesce_streams = coalesce
 
 
 def _device_or_host(tok, device: DeviceSampling) -> dict:
