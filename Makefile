@@ -59,8 +59,10 @@ serve: $(SERVE_STAMP)
 # Two layers: tests/unit/ (no model, no server: seconds), then the tests on the embedded model;
 # a failing unit layer stops `make test` before the long one.
 NOT_EXTRA   := -m "not ray and not docker"
-# The unit layer loads no plugin of the fuzzing tools (hypothesis, schemathesis): their imports took longer than its tests.
-UNIT_LAYER  := $(PY) -m pytest -q -p no:schemathesis -p no:hypothesispytest -p no:anyio tests/unit $(NOT_EXTRA)
+# The unit layer loads no plugin of the fuzzing tools (hypothesis, schemathesis): their imports took longer than its
+# tests. Its tests go out to a worker a CPU (pytest-xdist) like the model layer's: about a third of its time went
+# waiting on subprocesses and sockets.
+UNIT_LAYER  := $(PY) -m pytest -q -p no:schemathesis -p no:hypothesispytest -p no:anyio -n auto --maxprocesses 4 tests/unit $(NOT_EXTRA)
 # The model layer's files in worker processes (pytest-xdist), one file a worker so that a module's server stays
 # one: most of its tests wait on a server pinned to one or two threads, so a worker keeps about a CPU busy. Files
 # go out in tests/conftest.py's order (the longest first), so both workers finish together.

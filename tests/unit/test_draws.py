@@ -83,7 +83,8 @@ def test_numbers_depend_on_the_seed_and_the_count_alone():
 
 
 def test_the_nucleus_keeps_the_token_that_crosses_top_p():
-    row = np.full(VOCAB, -30.0, np.float32)
+    # A background of distinct logits: one of equal ones makes every token a candidate for top-k (seconds of sorting).
+    row = -30.0 - np.arange(VOCAB, dtype=np.float32) / VOCAB
     row[[7, 8, 9, 10]] = np.log([0.5, 0.3, 0.15, 0.05])  # top-p 0.7: 7 (0 before it), 8 (0.5 before it), not 9 (0.8)
     rows = np.repeat(row[None], 1000, axis=0)
     got = Counter(draw_rows(rows, [Draw.new(1.0, 40, 0.7, 0.0, i) for i in range(1000)], None, np.zeros(VOCAB, bool)))
