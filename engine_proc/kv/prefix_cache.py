@@ -100,11 +100,21 @@ class Held:
         """(slot, tokens, shared prefix) of every running sequence."""
         return list(zip(self._slots, self._arrays, prefix_lengths(prompt, self._heads, self._arrays).tolist()))
 
-    def holds(self, prefix: np.ndarray) -> bool:
-        """Whether a running sequence's tokens begin with all of ``prefix``."""
-        if len(prefix) > self._longest or not self._arrays:  # often so: entries outlast what runs now
-            return False
-        return bool((prefix_lengths(prefix, self._heads, self._arrays) == len(prefix)).any())
+    def holding(self, prefixes: list[np.ndarray]) -> list[bool]:
+        """For each of ``prefixes``, whether a running sequence's tokens begin with all of it: the first PROBE
+        tokens of all of them against all of the running ones' in one vector op (an entry to place asks this
+        of every free slot's entry), the rest compared only where those agree."""
+        out = [False] * len(prefixes)
+        ask = [i for i, p in enumerate(prefixes) if len(p) <= self._longest]  # often few: entries outlast what runs
+        if not ask or not self._arrays:
+            return out
+        heads = heads_of([prefixes[i] for i in ask])
+        within = np.arange(PROBE) < np.array([len(prefixes[i]) for i in ask])[:, None]
+        agree = ((heads[:, None, :] == self._heads[None, :, :]) | ~within[:, None, :]).all(axis=2)
+        for q, r in zip(*np.nonzero(agree)):
+            i = ask[q]
+            out[i] = out[i] or common_prefix(prefixes[i], self._arrays[r]) == len(prefixes[i])
+        return out
 
 
 @dataclass(slots=True)
@@ -287,8 +297,8 @@ class PrefixCache:
             return -1, None
         dst = self.victim(free_slots, running)
         there = self.entries.get(dst)
-        worth_there = self._worth(there, running)
-        if dst < 0 or worth_there >= self._worth(entry, running):
+        worth_there, worth = self._worths([there, entry], running)
+        if dst < 0 or worth_there >= worth:
             return -1, entry
         if worth_there >= 0 and len(there.tokens) >= 2 * len(entry.tokens) and self.worth_keeping(entry, running):
             return -1, entry
@@ -299,7 +309,7 @@ class PrefixCache:
         """Whether an entry losing its stream has cells no running sequence holds and host RAM would keep.
         A warmed entry no prompt has reused is not: its file still serves it, and a copy into new host
         pages (~2.3 ms a MB) would be paid by the request that displaced it."""
-        if entry.warmed or self._worth(entry, running) < 0:
+        if entry.warmed or self._worths([entry], running)[0] < 0:
             return False
         return self.host is not None and self.host.wants(entry.tokens)
 
@@ -310,13 +320,13 @@ class PrefixCache:
         holds too costs next to nothing (that sequence will leave them
         behind); the others cost their recency.
         """
-        return min(free_slots, key=lambda s: (self._worth(self.entries.get(s), running), s), default=-1)
+        worths = self._worths([self.entries.get(s) for s in free_slots], running)
+        return min(zip(worths, free_slots), default=(0, -1))[1]
 
     @staticmethod
-    def _worth(entry: Entry | None, running: Held) -> int:
-        """-2 for no entry, -1 for one whose cells a running sequence holds too, else its recency."""
-        if entry is None:
-            return -2
-        if running.holds(entry.tokens):
-            return -1
-        return entry.last_used
+    def _worths(entries: list[Entry | None], running: Held) -> list[int]:
+        """Each entry's worth: -2 for no entry, -1 for one whose cells a running sequence holds too, else its
+        recency."""
+        some = [e for e in entries if e is not None]
+        held = iter(running.holding([e.tokens for e in some]))
+        return [-2 if e is None else -1 if next(held) else e.last_used for e in entries]

@@ -385,8 +385,10 @@ def test_prefix_lengths_and_held_match_the_plain_comparisons():
         assert got == [common_prefix(prompt, a) for a in arrays]
     held = Held({slot: a for slot, a in enumerate(arrays[:4])})
     held.add(10, arrays[4])
-    for prefix in prompts + arrays:
-        assert held.holds(prefix) == any(starts_with(a, prefix) for a in arrays[:5]), prefix
+    asked = prompts + arrays
+    assert held.holding(asked) == [any(starts_with(a, p) for a in arrays[:5]) for p in asked]
+    everyone = Held(dict(enumerate(arrays)))  # many running sequences, some sharing their first tokens
+    assert everyone.holding(asked) == [any(starts_with(a, p) for a in arrays) for p in asked]
     assert [(slot, n) for slot, _, n in held.prefixes(base)] == [
         (0, 0),
         (1, 1),
@@ -394,7 +396,9 @@ def test_prefix_lengths_and_held_match_the_plain_comparisons():
         (3, PROBE),
         (10, PROBE + 1),
     ]
-    assert not Held({}).holds(base[:1])
+    # arrays[8] parts from base past the first PROBE tokens: only the whole comparison tells them apart
+    assert Held({0: base}).holding([arrays[8], base[: PROBE + 2], arrays[6]]) == [False, True, False]
+    assert Held({}).holding([base[:1], base]) == [False, False]
 
 
 @pytest.mark.parametrize("unit", [1, 4])
