@@ -39,10 +39,11 @@ class Budget:
 # ---- the contestants -------------------------------------------------------------------------------
 
 
-def launch(label: str, cmd: list[str], port: int, logs: str) -> servers.Server:
-    """Start a server in a session of its own and wait, bounded, until /health answers 200."""
+def launch(label: str, cmd: list[str], port: int, logs: str, env: dict[str, str] | None = None) -> servers.Server:
+    """Start a server (``env`` added to its environment) in a session of its own and wait, bounded, until /health
+    answers 200."""
     system = "cllm" if label.startswith("cllm") else "llama-server"
-    return servers.launch(system, cmd, port, "/health", label=label, logs=logs, new_session=True)
+    return servers.launch(system, cmd, port, "/health", env=env, label=label, logs=logs, new_session=True)
 
 
 def server_cmd(
@@ -242,16 +243,18 @@ def speculation(args, model: str, record) -> None:
 
     from perf import speculative
 
-    labels = list(speculative.SYSTEMS)
+    # No draft-model systems: the one model carried is the embedded one, which would draft for itself.
+    labels = [label for label, (_, extra) in speculative.SYSTEMS.items() if "{draft}" not in extra]
     started = []
     try:
         for label in labels:
             system, extra = speculative.SYSTEMS[label]
             port = servers.free_port()
             parallel, seq = (2, 2048) if DRY else (8, 4096)
-            started.append(
-                launch(label, server_cmd(system, args, model, parallel, parallel * seq, port, extra), port, args.logs)
-            )
+            cmd = server_cmd(system, args, model, parallel, parallel * seq, port, extra)
+            # cllm's two clients, as perf/speculative.py starts it: the other key's run gets no help from the memory
+            env = {"CLLM_API_KEY": ",".join(speculative.KEYS)} if system == "cllm" else None
+            started.append(launch(label, cmd, port, args.logs, env))
         clients = {label: httpx.Client(base_url=s.url, timeout=REQUEST_TIMEOUT) for label, s in zip(labels, started)}
         opts = argparse.Namespace(
             concurrency=[1, 8] if not DRY else [1],

@@ -164,7 +164,8 @@ def test_gpu_run_dry_on_this_cpu(tmp_path):
         if system != "raw":
             assert any(r["system"] == system and r.get("memory", {}).get("rss_mib", 0) > 0 for r in rows)
     assert all(not r.get("errors") and r.get("short", 0) == 0 for r in rows if "tokens_per_second" in r)
-    assert doc["speculation"]["results"][0]["table"].startswith("| workload |")  # the carried model, joined and checked
+    spec = doc["speculation"]["results"][0]["table"]  # the carried model, joined and checked
+    assert spec.startswith("| workload |") and "cllm ÷ best llama-server | cllm ÷ cllm-nospec |" in spec
     sweep = doc["models"]["tiny"]["engine"]  # cllm bench engine --sweep: host us per step beside llama_decode's
     assert {(r["arrivals"], r["steady"], r["concurrency"], r["sampled"]) for r in sweep} == {
         (a, on, c, s)
