@@ -48,9 +48,8 @@ fi
 # The libraries find each other and CUDA's (cuBLAS may sit in a Python package rather than the toolkit).
 . perf/gpu_libs.sh "$WORK/build/bin"
 
-# The embedded model's first part, when it came with this run (perf/gpu_bundle.sh); gpu_run.sh joins the rest.
-PART1=$(dirname "$BUNDLE")/model-1/part
-[ -f "$PART1" ] && cp "$PART1" "$WORK/real-model.part1"
+# The embedded model's part that came with this call, kept for gpu_run.sh, which joins the rest.
+. perf/gpu_model_join.sh
 
 # One check that the Python side loads the libraries just built, and (but in a dry run) finds the GPU: a run
 # that would measure the CPU instead stops here, in seconds.

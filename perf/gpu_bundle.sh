@@ -6,10 +6,11 @@
 #                     pure-Python llama_cpp/ package (it finds the built libraries via LLAMA_CPP_LIB_PATH)
 #   wheels/           Python 3.12 x86-64 manylinux wheels of cllm's and the load generator's
 #                     dependencies (httpx: perf/speculative.py), less numpy (the machine has it)
-#   model-1/, model-2/  the embedded model in two parts (below)
+#   ../model-1/, ../model-2/, ...  the embedded model in parts, one a device call (perf/gpu_model_parts.py)
 # On the GPU machine, from the repository root, with these ignored paths sent along:
-#   run 1, with .gpu/bundle and .gpu/model-1:   bash perf/gpu_build.sh                (≤ ~7 min)
-#   run 2, with .gpu/model-2, on the same disk: bash perf/gpu_run.sh OUTDIR           (≤ 6 min)
+#   call 1, with .gpu/bundle and .gpu/model-1:   bash perf/gpu_build.sh                (≤ ~7 min)
+#   call 2, with .gpu/model-2, on the same disk: bash perf/gpu_run.sh OUTDIR           (≤ 6 min)
+#   call 3, with .gpu/model-3 if there is one:   bash perf/gpu_run.sh OUTDIR2 --parts speculation
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -77,21 +78,5 @@ rm -f "$OUT"/wheels/*.whl
     --platform manylinux1_x86_64 --platform any -d "$OUT/wheels" $PINS
 echo "gpu bundle in $OUT: $(du -sh "$OUT" | cut -f1) ($(du -sh "$OUT/llama-src.tar.gz" | cut -f1) source, $(ls "$OUT"/wheels | wc -l) wheels)"
 
-# The embedded model (98 MB, for the speculation part: synthetic weights copy nothing) travels in two
-# parts beside the bundle: model-1 with the build run, model-2 with the measuring run (its checksum too).
-MODELS=$(dirname "$OUT")
-MODEL=$("$PY" -c "from cllm.core.model_file import embedded_model_path as e; print(e())" 2>/dev/null || true)
-rm -rf "$MODELS/model-1" "$MODELS/model-2"
-if [ -n "$MODEL" ] && [ -f "$MODEL" ]; then
-    mkdir -p "$MODELS/model-1" "$MODELS/model-2"
-    "$PY" - "$MODEL" "$MODELS" "${GPU_MODEL_PART1_MIB:-42}" <<'PYEOF'
-import hashlib, os, sys
-model, out, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
-data = open(model, "rb").read()
-cut = mib << 20
-open(os.path.join(out, "model-1", "part"), "wb").write(data[:cut])
-open(os.path.join(out, "model-2", "part"), "wb").write(data[cut:])
-open(os.path.join(out, "model-2", "sha256"), "w").write(hashlib.sha256(data).hexdigest() + "\n")
-PYEOF
-    echo "embedded model in two parts: $(du -sh "$MODELS/model-1" | cut -f1) in $MODELS/model-1 (with run 1), $(du -sh "$MODELS/model-2" | cut -f1) in $MODELS/model-2 (with run 2)"
-fi
+# The embedded model (for the speculation part: synthetic weights copy nothing), in parts a device call each.
+"$PY" -m perf.gpu_model_parts "$OUT"

@@ -60,3 +60,5 @@ BIN=$WORK/build/bin
 # shellcheck disable=SC2046
 tar -C "$BIN" -cf - $(cd "$BIN" && ls lib*.so* llama-server llama-batched-bench) | xz -T0 -6 > "$BUNDLE/llama-cuda.tar.xz"
 echo "prebuilt CUDA llama.cpp: $(du -sh "$BUNDLE/llama-cuda.tar.xz" | cut -f1) in $BUNDLE/llama-cuda.tar.xz"
+# The bundle grew: the embedded model's parts again, the first in what call 1 now has left.
+"$PY" -m perf.gpu_model_parts "$BUNDLE"

@@ -15,12 +15,9 @@ export LLAMA_CPP_LIB_PATH=$PWD/$WORK/build/bin
 export PYTHONPATH=$PWD:$PWD/$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 export GPU_BIN=$PWD/$WORK/build/bin GPU_MODELS=$PWD/$WORK/models
 mkdir -p "$OUTDIR"
-# The embedded model, when its two parts came with the two runs: the speculation part needs real weights.
-PART2=$(dirname "${GPU_BUNDLE:-.gpu/bundle}")/model-2
-if [ -f "$PART2/part" ] && [ -f "$WORK/real-model.part1" ]; then
-    cat "$WORK/real-model.part1" "$PART2/part" > "$WORK/real-model.gguf"
-    export GPU_REAL_MODEL=$PWD/$WORK/real-model.gguf GPU_REAL_MODEL_SHA256=$(cat "$PART2/sha256")
-fi
+# The embedded model, once all its parts came with the calls so far: the speculation part needs real weights.
+BUNDLE=${GPU_BUNDLE:-.gpu/bundle}
+. perf/gpu_model_join.sh
 # A bound beyond the run's own budget: SIGTERM makes it stop its servers and write what it has.
 LIMIT=()
 command -v timeout >/dev/null && LIMIT=(timeout -k 15 "${GPU_RUN_TIMEOUT:-520}")
