@@ -1,7 +1,7 @@
 """The parts of a GPU run (perf/gpu_run.py), each measuring on one model file: raw llama.cpp
 (llama-batched-bench), a server over HTTP (llama-server or cllm, greedy then sampled, then its memory), the
-speculation copy tasks, and `cllm bench engine --sweep`; with the servers' start and bounded stop.
-GPU_RUN_DRY=1 shrinks the speculation part's shapes for a dry run on a CPU build.
+speculation copy tasks, `cllm bench engine --sweep`, and the next turn after a restart; with the servers' start and
+bounded stop. GPU_RUN_DRY=1 shrinks the speculation and restart parts' shapes for a dry run on a CPU build.
 """
 
 from __future__ import annotations
@@ -268,6 +268,22 @@ def speculation(args, model: str, record) -> None:
     finally:
         for s in started:
             stop(s)
+
+
+def restart(args, model: str, record) -> None:
+    """The next turn of a ~4,000-token conversation after a restart on --cache-dir, against the same turn on the
+    server that wrote the files (perf/restart_cache.py's round: issue 61 asks for <= 1.3x), two rounds."""
+    import tempfile
+
+    from perf import restart_cache
+
+    gpu = ("--n-gpu-layers", "999", "--flash-attn", "on")
+    settings = servers.Settings(model, args.threads, 2, 2048 if DRY else 8192, gpu)
+    history = 300 if DRY else 4000
+    for i in range(1 if DRY else 2):
+        with tempfile.TemporaryDirectory(prefix="cllm-kv-") as cache_dir:
+            sections = max(1, history // restart_cache.TOKENS_PER_SECTION)
+            record(restart_cache.one_round(settings, cache_dir, 100 + i, sections, 4 if DRY else 32))
 
 
 def engine_sweep(args, model: str, record, seconds: float) -> None:

@@ -64,6 +64,25 @@ def _engine_table(engine: list[dict]) -> list[str]:
     return lines
 
 
+def _restart_table(rounds: list[dict]) -> list[str]:
+    """perf/restart_cache.py's rounds: TTFT of the same next turn after a restart and without one."""
+    lines = [
+        "",
+        "The next turn of a long conversation (perf/restart_cache.py, streamed, TTFT s; cached: prompt tokens the "
+        "cache served; target: after ÷ no restart <= 1.3):",
+        "",
+        "| round | prompt tokens | after restart (cached) | no restart (cached) | after ÷ no restart | cold |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(rounds, 1):
+        after, same = r["after restart"], r["no restart"]
+        lines.append(
+            f"| {i} | {after['prompt_tokens']} | {after['ttft']:.3f} ({after['cached']}) | {same['ttft']:.3f} "
+            f"({same['cached']}) | {_ratio(after['ttft'], same['ttft'])} | {r['cold']['ttft']:.3f} |"
+        )
+    return lines
+
+
 def table(doc: dict) -> str:
     lines = [
         f"# cllm on {doc['device']}",
@@ -117,6 +136,8 @@ def table(doc: dict) -> str:
             ]
         if m.get("engine"):
             lines += _engine_table(m["engine"])
+        if m.get("restart"):
+            lines += _restart_table(m["restart"])
         errs = [r for r in rows if r.get("errors")]
         for r in errs:
             lines.append(f"\n{r['system']} c={r['concurrency']}: {r['errors']} errors, the first: {r['first_error']}")

@@ -11,7 +11,8 @@ The servers get the same file, --parallel, KV cells, threads, every layer offloa
 cllm's load generator (cllm/bench/http_load.py) sends fresh prompts at each concurrency, greedy, then sampled
 (temperature 0.7, top-p 0.9). Memory (RSS of the process tree, VRAM by nvidia-smi) is read after a server's
 cells. With a real model file (--real-model, or the embedded one when installed) copy tasks also measure
-speculation (perf/speculative.py): cllm with and without n-gram drafting, llama-server's n-gram drafters.
+speculation (perf/speculative.py): cllm with and without n-gram drafting, llama-server's n-gram drafters. On the
+first model, the next turn of a long conversation after a restart on --cache-dir (perf/restart_cache.py).
 
 The parts themselves are perf/gpu_parts.py's; this file plans them. Every part has a time budget, parts that
 no longer fit the whole run's are skipped (and said so), every wait is bounded and every server is stopped.
@@ -33,7 +34,7 @@ import time
 from typing import Any
 
 from perf import synth_model
-from perf.gpu_parts import DRY, PROMPT, Budget, engine_sweep, gpu_used, http, raw, speculation
+from perf.gpu_parts import DRY, PROMPT, Budget, engine_sweep, gpu_used, http, raw, restart, speculation
 from perf.gpu_report import render
 
 # (models, greedy c, sampled c, generated tokens, prompt tokens, seconds for the whole run)
@@ -116,9 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--models", default=",".join(PLAN["models"]), help="synth_model presets, in order of importance")
     ap.add_argument(
         "--parts",
-        default="servers,speculation,engine",
+        default="servers,speculation,engine,restart",
         help="of: servers (every contestant on every model), speculation (a real model's copy tasks), "
-        "engine (cllm bench engine --sweep on each model)",
+        "engine (cllm bench engine --sweep on each model), restart (the next turn after a restart, first model)",
     )
     ap.add_argument(
         "--contestants",
@@ -170,6 +171,7 @@ def _parts(args: argparse.Namespace) -> list[tuple[str, Any]]:
     )
     parts += [("speculation", None)] if "speculation" in chosen else []
     parts += [(p, ("engine", ())) for p in presets if p != "1b"] if "engine" in chosen else []
+    parts += [(presets[0], ("restart", ()))] if "restart" in chosen and presets else []
     parts += [(p, c) for p in presets if p == "1b" for c in contestants] if "servers" in chosen else []
     return parts
 
@@ -216,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             need = ESTIMATE.get(preset, 40) // (2 if label == "raw" else 1) + (0 if os.path.exists(path) else 15)
             if label == "engine":
                 need = ESTIMATE.get(preset, 40)
+            elif label == "restart":
+                need = 30 if DRY else 60
             if budget.left() < need:
                 doc["skipped"].append(f"{preset} {label}: {budget.left():.0f} s left, about {need} s needed")
                 continue
@@ -235,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
                 guarded(
                     doc, f"{preset} engine", lambda: engine_sweep(args, path, sweep.append, max(30.0, budget.left()))
                 )
+            elif label == "restart":
+                rounds = model.setdefault("restart", [])
+                guarded(doc, f"{preset} restart", lambda: restart(args, path, rounds.append))
             else:
                 guarded(
                     doc, f"{preset} {label}", lambda: http(args, label, path, model["results"].append, budget, extra)

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from perf import servers
-from perf.prefix_cache import handbook, stream
+from perf.prefix_cache import handbook, idle, reused, stream
 
 TIMEOUT = 1800.0
 RESULTS = os.path.join(servers.PERF, "results")
@@ -58,14 +58,15 @@ def one_round(settings: servers.Settings, cache_dir: str, seed: int, sections: i
         servers.start("cllm", settings, args=("--cache-dir", first_dir), label="restart-cache-1") as srv,
         httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c,
     ):
+        before = idle(c)
         first = stream(c, "/v1/chat/completions", {"messages": turn(system, question), "max_tokens": max_tokens})
-        hits = _cached(c, 0)[1]
-        row["cold"] = {"ttft": first.ttft, "prompt_tokens": first.prompt_tokens, "cached": hits}
+        row["cold"] = {"ttft": first.ttft, "prompt_tokens": first.prompt_tokens, "cached": reused(c, before)}
         _written(c)
         shutil.copytree(first_dir, second_dir)
         messages = turn(system, question, first.text, ask)
+        before = idle(c)
         r = stream(c, "/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens})
-        row["no restart"] = {"ttft": r.ttft, "prompt_tokens": r.prompt_tokens, "cached": _cached(c, hits)[0]}
+        row["no restart"] = {"ttft": r.ttft, "prompt_tokens": r.prompt_tokens, "cached": reused(c, before)}
     files = [os.path.join(d, f) for d, _, names in os.walk(second_dir) for f in names if f.endswith(".kv")]
     row["files"], row["file_mib"] = len(files), sum(os.path.getsize(f) for f in files) / 2**20
     with (
@@ -73,12 +74,15 @@ def one_round(settings: servers.Settings, cache_dir: str, seed: int, sections: i
         httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c,
     ):
         # A short request first, as a serving engine has had: its first llama_decode sets up what every later one
-        # reuses.
+        # reuses. Its figures are in before the turn's are counted (idle: the engine stepped since).
+        started = idle(c)
         stream(c, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})
-        hits = _cached(c, 0)[1]
+        before = idle(c, started)
         r = stream(c, "/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens})
-        row["after restart"] = {"ttft": r.ttft, "prompt_tokens": r.prompt_tokens, "cached": _cached(c, hits)[0]}
-        figures = health(c)["prefix_cache"]
+        after = idle(c, before)
+        hits = after["prefix_cache"]["hit_tokens"] - before["prefix_cache"]["hit_tokens"]
+        row["after restart"] = {"ttft": r.ttft, "prompt_tokens": r.prompt_tokens, "cached": hits}
+        figures = after["prefix_cache"]
         row["disk_hits"], row["disk_load_seconds"] = figures["disk_hits"], figures["disk_load_seconds"]
     return row
 
@@ -90,17 +94,6 @@ def _written(client: httpx.Client) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError("the first turn's cells were not written to the cache folder in 120 s")
         time.sleep(0.1)
-
-
-def _cached(client: httpx.Client, before: int) -> tuple[int, int]:
-    """The last request's prompt tokens the cache served (from the engine's running count), and the count."""
-    deadline = time.monotonic() + 60
-    while True:
-        data = health(client)
-        if data["queue"] == {"in_flight": 0, "running": 0, "waiting": 0} or time.monotonic() > deadline:
-            hit = data["prefix_cache"]["hit_tokens"]
-            return hit - before, hit
-        time.sleep(0.05)
 
 
 def main() -> None:

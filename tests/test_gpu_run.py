@@ -174,5 +174,8 @@ def test_gpu_run_dry_on_this_cpu(tmp_path):
         for s in (False, True)
     }  # a CPU build: auto is off
     assert all(r["host_us_per_step"]["cpu"]["host"] > 0 and r["decode_ms"] > 0 and r["decode_steps"] > 0 for r in sweep)
+    (turn,) = doc["models"]["tiny"]["restart"]  # the next turn after a restart: served from the file
+    assert turn["after restart"]["cached"] > 0 and turn["disk_hits"] == 1, turn
     md = (out / "results.md").read_text()
+    assert "| after ÷ no restart |" in md
     assert "| 4 | 0.7 / 0.9 |" in md and "SPEED only" in md and "host share" in md
