@@ -187,7 +187,8 @@ $(GEMMA):
 # ---- a GPU run (perf/gpu_run.py): what travels to a GPU machine without network, and its dry run here ----
 .PHONY: gpu-bundle gpu-prebuild test-gpu-dry
 
-# .gpu/bundle/: the pruned llama.cpp source and Python 3.12 wheels, for perf/gpu_build.sh + perf/gpu_run.sh there.
+# .gpu/bundle/: Python 3.12 wheels and llama_cpp, for perf/gpu_build.sh + perf/gpu_run.sh there; beside it, the pruned
+# llama.cpp source (.gpu/llama-src.tar.gz) and the embedded model in parts, a device call each.
 gpu-bundle: $(STAMP)
 	PYTHON=$(abspath $(PY)) bash perf/gpu_bundle.sh
 

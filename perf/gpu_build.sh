@@ -19,8 +19,7 @@ mkdir -p "$WORK"
 if [ ! -f "$WORK/site/.installed" ]; then
     rm -rf "$WORK/site" "$WORK/llama.cpp"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$BUNDLE"/wheels/*.whl
-    tar -xzf "$BUNDLE/llama-src.tar.gz" -C "$WORK"
-    mv "$WORK/llama_cpp" "$WORK/site/llama_cpp"
+    tar -xzf "$BUNDLE/llama-py.tar.gz" -C "$WORK/site"
     touch "$WORK/site/.installed"
 fi
 
@@ -34,6 +33,9 @@ else
     else
         BACKEND=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
     fi
+    # The source travels beside the bundle (perf/gpu_bundle.sh): with call 1 only when there is no prebuilt.
+    SRC=$(dirname "$BUNDLE")/llama-src.tar.gz
+    [ -d "$WORK/llama.cpp" ] || tar -xzf "$SRC" -C "$WORK" || { echo "gpu_build: no $SRC to build from" >&2; exit 1; }
     GEN=()
     command -v ninja >/dev/null && GEN=(-G Ninja)
     LOG=$WORK/build.log

@@ -86,8 +86,15 @@ def main() -> None:
         print("no embedded model here: the GPU run's speculation part will be skipped")
         return
     limit = int(os.environ.get("GPU_CARRY_MIB", "64")) * MIB
-    room = limit - tree_bytes() - MARGIN
-    parts = split(model, out, room - folder_bytes(bundle), room)
+    tree, cargo = tree_bytes(), folder_bytes(bundle)
+    room = limit - tree - MARGIN
+    if cargo > room:
+        raise SystemExit(
+            f"{bundle} ({cargo / MIB:.1f} MiB) beside the tree ({tree / MIB:.1f} MiB) is more than a device call "
+            f"carries ({limit // MIB} MiB, less {MARGIN // MIB} to spare)"
+        )
+    print(f"call 1 with {bundle}: {(tree + cargo) / MIB:.1f} MiB with the tree")
+    parts = split(model, out, room - cargo, room)
     where = os.path.relpath(out, ROOT)
     calls = [f"call {k} with {where}/model-{k} ({n / MIB:.1f} MiB)" for k, n in enumerate(parts, 1) if n]
     print(f"embedded model in {len([n for n in parts if n])} parts (call 1 also carries {bundle}): " + ", ".join(calls))

@@ -16,7 +16,8 @@ WORK=${GPU_CUDA_WORK:-.gpu/cuda}
 TOOLS=perf/cache/cuda
 JOBS=${JOBS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}
 command -v nvcc >/dev/null || { echo "no nvcc on PATH" >&2; exit 1; }
-[ -f "$BUNDLE/llama-src.tar.gz" ] || { echo "no $BUNDLE/llama-src.tar.gz: run perf/gpu_bundle.sh first" >&2; exit 1; }
+SRC=$(dirname "$BUNDLE")/llama-src.tar.gz
+[ -f "$SRC" ] || { echo "no $SRC: run perf/gpu_bundle.sh first" >&2; exit 1; }
 
 if [ ! -f "$TOOLS/lib/libcublas.so" ]; then
     mkdir -p "$TOOLS/wheel"
@@ -44,7 +45,7 @@ fi
 
 mkdir -p "$WORK"
 # tar restores the archive's times, so a second run over the same source rebuilds nothing.
-[ -d "$WORK/llama.cpp" ] || tar -xzf "$BUNDLE/llama-src.tar.gz" -C "$WORK" llama.cpp
+[ -d "$WORK/llama.cpp" ] || tar -xzf "$SRC" -C "$WORK" llama.cpp
 export CPATH=$PWD/$TOOLS/include${CPATH:+:$CPATH}
 # GGML_NATIVE off: the device's processor is not this one; every layer runs on the GPU anyway.
 cmake -S "$WORK/llama.cpp" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
