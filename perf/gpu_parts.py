@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -273,8 +274,6 @@ def speculation(args, model: str, record) -> None:
 def restart(args, model: str, record) -> None:
     """The next turn of a ~4,000-token conversation after a restart on --cache-dir, against the same turn on the
     server that wrote the files (perf/restart_cache.py's round: issue 61 asks for <= 1.3x), two rounds."""
-    import tempfile
-
     from perf import restart_cache
 
     gpu = ("--n-gpu-layers", "999", "--flash-attn", "on")

@@ -113,7 +113,7 @@ class Held:
         agree = ((heads[:, None, :] == self._heads[None, :, :]) | ~within[:, None, :]).all(axis=2)
         for q, r in zip(*np.nonzero(agree)):
             i = ask[q]
-            out[i] = out[i] or common_prefix(prefixes[i], self._arrays[r]) == len(prefixes[i])
+            out[i] = out[i] or starts_with(self._arrays[r], prefixes[i])
         return out
 
 
