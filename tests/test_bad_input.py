@@ -128,6 +128,51 @@ def test_body_that_is_not_an_object_or_empty(http):
         assert r.status_code == 400 and r.json()["error"] == error
 
 
+def schema(levels: int) -> str:
+    """A JSON schema of objects in objects, ``levels`` levels of JSON deep (two a schema)."""
+    return '{"type":"object","properties":{"a":' * (levels // 2) + '{"type":"string"}' + "}}" * (levels // 2)
+
+
+CHAT = '"messages":[{"role":"user","content":"Hi"}]'
+# Each door with a JSON schema of the given depth (DEEP) where it takes one, elsewhere a field it has never heard of
+# (a tool's schema would be written into the prompt), and where its answer says what is wrong.
+DEEP_BODIES = [
+    ("/generate", '{"prompt":"Hi","max_tokens":2,"extra":DEEP}', "message"),
+    (
+        "/v1/chat/completions",
+        "{"
+        + CHAT
+        + ',"max_tokens":2,"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":DEEP}}}',
+        "error",
+    ),
+    ("/v1/messages", '{"model":"m","max_tokens":2,' + CHAT + ',"extra":DEEP}', "error"),
+    (
+        "/v1/responses",
+        '{"input":"Hi","max_output_tokens":16,"text":{"format":{"type":"json_schema","name":"n","schema":DEEP}}}',
+        "error",
+    ),
+    (
+        "/api/chat",
+        '{"model":"SmolLM2-135M-Instruct.Q4_1",' + CHAT + ',"stream":false,"options":{"num_predict":2},"format":DEEP}',
+        "error",
+    ),
+    ("/completion", '{"prompt":"Hi","n_predict":2,"json_schema":DEEP}', "error"),
+    ("/v1/embeddings", '{"input":"Hi","extra":DEEP}', "error"),
+]
+
+
+@pytest.mark.parametrize("path,body,field", DEEP_BODIES)
+def test_a_body_nested_too_deep_is_a_400_and_one_within_the_limit_is_served(http, path, body, field):
+    """A few hundred levels of nesting in a small body made the readers' recursion end in a 500 (every door)."""
+    headers = {"content-type": "application/json"}
+    for levels in (600, 5000):
+        r = http.post(path, content=body.replace("DEEP", schema(levels)).encode(), headers=headers)
+        assert r.status_code == 400, r.text
+        assert "nests deeper than 128 levels" in str(r.json()[field]), r.text
+    r = http.post(path, content=body.replace("DEEP", schema(110)).encode(), headers=headers)
+    assert r.status_code == 200, r.text
+
+
 def test_still_serving_after_all_that(http):
     r = http.post("/generate", json={"prompt": "Hello", "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200 and r.json()["data"]["generated_tokens"] == 3
