@@ -22,6 +22,7 @@ class Drafting:
     rest: int = 0  # steps to wait before drafting again after a draft failed outright
     misses: int = 0  # drafts in a row that failed outright
     recalled: bool = False  # its draft in this step is an earlier answer, from the memory (Drafter.recall)
+    after: int = -1  # then the answer's token after the draft, which the draft's last row should give; -1: none
     drafted: int = 0  # tokens, over the request, for its timings (llama-server's draft_n)
     accepted: int = 0
 

@@ -278,6 +278,16 @@ class ModelRunner:
         """Stream ``slot`` := the cells ``save`` took (at once, not at the next decode); False if they do not fit."""
         return L.llama_state_seq_set_data(self.ctx, data.ctypes.data_as(_BYTES), data.nbytes, slot) == data.nbytes
 
+    def decode_tokens(self, tokens: list[int], start: int, slot: int, logits: bool) -> np.ndarray | None:
+        """One llama_decode of ``tokens`` at positions start.. of stream ``slot`` outside any step; ``logits``: each
+        token's logits row, copied (n_tokens x n_vocab)."""
+        n, b = len(tokens), self._b
+        b.token[:n], b.pos[:n], b.seq_id[:n], b.logits[:n] = tokens, range(start, start + n), slot, logits
+        b.decode(self.ctx, n)
+        if not logits:
+            return None
+        return np.array([np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, k), (self.n_vocab,)) for k in range(n)])
+
     def trim(self, slot: int, keep: int) -> None:
         L.llama_memory_seq_rm(self.memory, slot, keep, -1)
 

@@ -352,6 +352,14 @@ class Sampler:
             return draw_rows(logits[None, :], [s.draw], np.array([s.ban_eog]), self._is_eog)[0]
         return self._argmax_of(logits, s.ban_eog)
 
+    def near(self, s: SeqSampler, row: int, token: int, other: int, gap: float) -> bool:
+        """Whether, on a plain greedy sequence's row, ``other`` is a token it may pick within ``gap`` of the logit of
+        ``token``, its argmax."""
+        if s.chain is not None or s.draw is not None or (s.ban_eog and other in self._ban_eog):
+            return False
+        logits = self._logits(row)
+        return float(logits[token] - logits[other]) <= gap
+
     def row(self, row: int) -> np.ndarray:
         """A copy of a logits row of the last decode."""
         return self._logits(row).copy()

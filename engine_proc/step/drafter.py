@@ -29,6 +29,12 @@ token holds once the one before it did, and a draft goes on while its last
 token's odds still beat the share it must keep (Odds.length). Its guesses
 from other text go as prompt lookup's do. A seeded sampled request drafts
 from its own text only, so that its text repeats whatever came before it.
+Where a remembered token and the verifying row's argmax are closer than
+llama.cpp's kernels move a logit between step shapes (measured at the
+start: engine_proc/run/spread.py), a greedy sequence keeps the remembered
+one (Drafter.keeps): the same request asked again then gets its earlier
+answer back whole, in drafts, where the argmax would part from it at the
+first near tie.
 
 With a draft model (`--spec-type draft-simple`, engine_proc/step/draft_model.py), a sequence that drafts by the
 same rules and finds nothing in text (or every one, without ngram) asks the model for up to --spec-draft-n-max
@@ -45,6 +51,8 @@ from cllm.core.config import ServeConfig
 from cllm.core.protocol import EngineStats
 from engine_proc.run.draft_runner import DraftRunner
 from engine_proc.run.model_runner import ModelRunner
+from engine_proc.run.spread import logits_spread
+from engine_proc.sampling.sampler import Sampler
 from engine_proc.sequence import FIRST_DRAFT, Chunk, Drafting, Sequence
 from engine_proc.step.draft_model import DraftModel
 from engine_proc.step.draft_pricing import Odds, StepCosts, prior
@@ -73,10 +81,13 @@ def make_drafter(config: ServeConfig, runner: ModelRunner) -> Drafter | None:
     if path is not None:
         memory.load(path)
     model = None
+    spread = logits_spread(runner, 0) if memory is not None else 0.0  # before any stream holds cells
     if "draft-simple" in types and config.model_draft is not None:
         draft = DraftRunner(config.model_draft, runner, config)
         model = DraftModel(draft, config.spec_draft_n_max, config.spec_draft_n_min, config.spec_draft_p_min)
-    return Drafter(config.draft_max, runner.seq_ctx, memory, path, config.spec_memory_shared, "ngram" in types, model)
+    return Drafter(
+        config.draft_max, runner.seq_ctx, memory, path, config.spec_memory_shared, "ngram" in types, model, spread
+    )
 
 
 class Drafter:
@@ -89,6 +100,7 @@ class Drafter:
         shared: bool = False,
         ngram: bool = True,
         model: DraftModel | None = None,
+        spread: float = 0.0,
     ):
         self.draft_max = draft_max
         self.seq_ctx = seq_ctx
@@ -107,6 +119,7 @@ class Drafter:
         self.model = model  # drafts by a draft model where text gives none (draft-simple)
         self._model_seconds = 0.0  # this step's drafting by the model
         self.recall = Odds()  # how far the memory's earlier answers hold
+        self.spread = spread  # logits apart the kernels' step shapes move a token (engine_proc/run/spread.py)
 
     def draft(self, decode: list[Chunk], budget: int) -> None:
         """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
@@ -195,10 +208,11 @@ class Drafter:
         recalled: list[int] = []
         trusted = 0
         if self.memory is not None and not (seq.params.temperature > 0 and seq.params.seed is not None):
-            recalled, trusted = self.memory.chain(text, 0 if self.shared else seq.scope, room)
-            k = self.recall.length(need, trusted) if trusted >= TRUSTED_RUN else 0
+            # one token past the room: the one the draft's last row should give (Drafter.keeps)
+            recalled, trusted = self.memory.chain(text, 0 if self.shared else seq.scope, room + 1)
+            k = self.recall.length(need, min(trusted, room)) if trusted >= TRUSTED_RUN else 0
             if k:
-                d.recalled = True
+                d.recalled, d.after = True, recalled[k] if k < trusted else -1
                 return np.array(recalled[:k], np.int32)
         d.recalled = False
         if d.rest:
@@ -214,6 +228,19 @@ class Drafter:
         if draft is None and self.model is not None:
             return min(room, self.model.n_max)
         return draft
+
+    def keeps(self, seq: Sequence, sampler: Sampler, row: int, token: int, drafted: int) -> bool:
+        """Whether a remembered token the verifying row did not pick is kept: a plain greedy sequence's, within the
+        kernels' spread of the row's argmax.
+
+        The earlier answer was decoded in other step shapes (mostly a row a
+        step); where its token and this row's argmax are closer than the
+        kernels move a logit between step shapes, either is the greedy token
+        as far as the model can tell, and keeping the earlier one brings the
+        rest of the answer back in drafts, where the argmax would part from
+        it for good.
+        """
+        return seq.drafting.recalled and sampler.near(seq.sampler, row, token, drafted, self.spread)
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """The sampler kept ``accepted`` of the ``drafted`` tokens: adapt the sequence's next draft."""

@@ -77,15 +77,21 @@ class Recorder:
 
         Row j follows the draft's first j tokens, so its token is what the
         sequence's own sampler (its seeded draw, grammar and penalties
-        included) picks there, whether or not it matches the draft; it stops
-        at the first token that differs from the draft. The cells past the
-        last kept token are dropped.
+        included) picks there, whether or not it matches the draft (or a
+        remembered token near its pick: Drafter.keeps); it stops at the first
+        token that differs from the draft. The cells past the last kept token
+        are dropped.
         """
         seq, draft = chunk.seq, chunk.draft
         first = last_row - len(draft)
         for j in range(len(draft) + 1):
             seq.n_cached = chunk.start + j + 1
-            out = self._output(seq, self.sampler.sample_rows([seq.sampler], [first + j])[0], first + j)
+            row = first + j
+            token = self.sampler.sample_rows([seq.sampler], [row])[0]
+            want = int(draft[j]) if j < len(draft) else seq.drafting.after  # the earlier answer's, if remembered
+            if want >= 0 and token != want and self.drafter.keeps(seq, self.sampler, row, token, want):
+                token = want  # a near tie (Drafter.keeps)
+            out = self._output(seq, token, row)
             outputs.append(out)
             if out.finish:
                 done.append(seq)
