@@ -162,6 +162,8 @@ class Drafter:
             sizes = sorted(len(c.draft) for c in drafted)
             k = max(sizes, key=lambda n: n * sum(s >= n for s in sizes))
             for c in drafted:
+                if len(c.draft) > k and c.seq.drafting.recalled:  # the remembered token its last row should give
+                    c.seq.drafting.after = int(c.draft[k])
                 c.draft = c.draft[:k] if len(c.draft) >= k else None
             drafted = [c for c in drafted if c.draft is not None]
         if n > 1 and drafted and not probe:

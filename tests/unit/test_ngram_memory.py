@@ -213,3 +213,25 @@ def test_at_several_sequences_drafts_go_only_where_they_pay_for_their_ubatch():
     drafter.verified(first, 64, 0)
     drafter.verified(first, 64, 0)  # the memory stopped holding: its next drafts are a token or two, unlikely kept
     assert [c.draft for c in step_of([sequence(greedy, 11), sequence(greedy, 11)])] == [None, None]
+
+
+def test_a_remembered_draft_knows_the_token_its_last_row_should_give():
+    """Drafter.keeps weighs the draft's last row against the answer's next token: the one after the draft, also where
+    a step of several sequences cuts their drafts to one length."""
+    drafter = drafter_of(TEXT, greedy=True)
+    greedy = SamplingParams(max_tokens=500, temperature=0)
+    seq = sequence(greedy, 11)
+    assert len(step(drafter, seq).draft) == 64 and seq.drafting.after == ANSWER[64]
+    # Beside a second sequence 40 tokens into the same answer with room for 40 more: both drafts are cut to 40.
+    drafter.costs.observe(2, 0, 0.02)  # a plain step of two sequences timed: they may draft
+    first = sequence(greedy, 11)
+    second = Sequence(2, PROMPT[:-1], SamplingParams(max_tokens=82, temperature=0), SeqSampler(None), scope=11)
+    for t in np.concatenate((PROMPT[-1:], ANSWER[:40])):
+        second.append(int(t))
+    chunks = []
+    for s in (first, second):
+        s.n_cached = len(s.prompt) + len(s.output) - 1
+        chunks.append(Chunk(s, s.n_cached, s.n_cached + 1))
+    drafter.draft(chunks, 128)
+    assert [len(c.draft) for c in chunks] == [40, 40]
+    assert first.drafting.after == ANSWER[40] and second.drafting.after == ANSWER[80]
