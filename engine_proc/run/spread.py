@@ -40,10 +40,16 @@ def logits_spread(runner: ModelRunner, slot: int) -> float:
     at = max(0, min(PREFIX, runner.seq_ctx - ROWS))  # a short context's streams never take the long path
     text = list(buf[:n]) * (at // n + 2)
     rows = text[at : at + ROWS]
-    if at:
-        runner.decode_tokens(text[:at], 0, slot, False)
-    many = runner.decode_tokens(rows, at, slot, True)
-    runner.trim(slot, at)
-    one = np.concatenate([runner.decode_tokens([t], at + k, slot, True) for k, t in enumerate(rows)])
-    runner.clear(slot)
+    # On all the engine's threads, whatever its probe left it: one thread adds a row's keys up in one part, as
+    # several rows do (no spread), and the engine goes back to all of them once the CPUs are free.
+    runner.set_threads(runner.threads.most)
+    try:
+        if at:
+            runner.decode_tokens(text[:at], 0, slot, False)
+        many = runner.decode_tokens(rows, at, slot, True)
+        runner.trim(slot, at)
+        one = np.concatenate([runner.decode_tokens([t], at + k, slot, True) for k, t in enumerate(rows)])
+    finally:
+        runner.set_threads(runner.threads.n)
+        runner.clear(slot)
     return float(np.median(np.abs(one - many).max(axis=1)))
