@@ -4,12 +4,13 @@ spread, within which two tokens are tied as far as this model on this machine ca
 A step that verifies a draft decodes several rows of a sequence; a plain
 step, one. Once a stream's view of its cells reaches 512 (past 256 used),
 llama.cpp's CPU flash attention splits one row's keys among the threads
-and adds the parts up in another order than it does for several rows, and quantized weights take each
-activation through a rounding that moves with it: on SmolLM2-135M a row's
-most moved logit moves by ~0.6 in Q4_1 and ~0.03 in F16 between the two
-(perf/results/2026-12-04-speculation-near-ties-kept-q4-1.md). So a greedy answer
-decoded again in other step shapes parts from the first where two tokens
-are that close (engine_proc/step/drafter.py: Drafter.keeps).
+and adds the parts up in another order than it does for several rows,
+and quantized weights take each activation through a rounding that moves
+with it: on SmolLM2-135M a row's most moved logit moves by ~0.6 in Q4_1
+and ~0.03 in F16 between the two
+(perf/results/2026-12-04-speculation-near-ties-kept-q4-1.md). So a greedy
+answer decoded again in other step shapes parts from the first where two
+tokens are that close (engine_proc/step/drafter.py: Drafter.keeps).
 """
 
 from __future__ import annotations
