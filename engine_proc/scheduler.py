@@ -206,14 +206,14 @@ class Scheduler:
         if not seq.output:  # finished on its first token: the prompt's last one fills its row (an image's is no token)
             seq.output.append(0 if seq.images and seq.images[-1].end == len(seq.prompt) else int(seq.prompt[-1]))
 
-    def wave(self) -> list[Chunk]:
+    def wave(self, step: Step) -> None:
         """After a steady step's decode, when one is due: the parked sequences leave and waiting requests start
-        in their slots; the new requests' first chunks."""
-        prefill: list[Chunk] = []
+        in their slots, their first chunks into ``step.prefill`` in what its chunks left of the budget: they
+        share a llama_decode with them (engine_proc/run/prefill_runs.py)."""
         if self._wave_due():
             self._leave()
-            self._admit_waiting(self.token_budget, prefill)
-        return prefill
+            budget = self.token_budget - len(step.decode) - sum(c.end - c.start for c in step.prefill)
+            self._admit_waiting(budget, step.prefill)
 
     def _leave(self) -> None:
         self.left += self.remove({s.id for s in self.running if s.parked})

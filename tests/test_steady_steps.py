@@ -193,3 +193,29 @@ def test_decodes_run_ahead_with_the_chains_on_the_device(tok, monkeypatch):
         assert tokens == again[200 + i], i  # greedy and seeded alike, run again
         if i % 3 != 1:
             assert tokens == base[100 + i], i  # greedy: the host's text without steady steps
+
+
+def test_a_burst_of_long_prompts_all_get_their_tokens(tok):
+    """Eight prompts of over half a step at once (copy tasks at c = 8, as perf/speculative.py's): a wave starts them in
+    what the step's own prompt chunks leave of the budget. It once gave them a whole budget of their own, beside
+    the chunks of a prompt still prefilling, and the llama_decode they share overflowed the batch: the engine
+    died on a GPU, where steady steps are on by default."""
+    from cllm.core.config import ServeConfig
+    from cllm.core.model_file import resolve_model
+    from cllm.core.protocol import SamplingParams, Submit
+    from engine_proc.engine import LLMEngine
+
+    engine = LLMEngine(resolve_model(None), ServeConfig(parallel=8, ctx_size=8 * 1024, steady_steps="on"))
+    try:
+        budget = engine.runner.token_budget
+        text = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(25))
+        submits = []
+        for i in range(8):
+            prompt = tok.encode(f"Copy this, {i}:\n{text}")
+            assert budget // 2 < len(prompt) < budget
+            submits.append(Submit(400 + i, prompt, SamplingParams(max_tokens=3, ignore_eos=True), per_step=False))
+        got = _drive(engine, submits)
+    finally:
+        engine.close()
+    for s in submits:
+        assert len(got[s.id]) == 3 and got[s.id][-1][1] == "length", (s.id, got[s.id])

@@ -122,7 +122,7 @@ class SteadyDecoding:
             turn.parked += len(turn.done)
             self.recorder.park(turn.done)
         with self.runs.timer.part("schedule"):
-            step.prefill += self.scheduler.wave()
+            self.scheduler.wave(step)
             self.recorder.free_left()
 
     def decode(self, step: Step, turn: Turn) -> None:

@@ -236,6 +236,48 @@ def test_running_sequences_stay_in_one_run_of_slots_moving_as_few_streams_as_it_
     assert decode_slots() == [1, 2, 3, 4] and moves == ["swap"]  # slot 5's moved into 3, which kept an entry
 
 
+def _steady_run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], clients: int, rng: random.Random):
+    """Every sequence through steady steps, ``clients`` at a time (closed loop), each step's decode then its
+    prompt chunks written as llama.cpp would; the books checked after every step. Each step's decode batch (its
+    slots) and the tokens of its prompt chunks that share a llama_decode (engine_proc/run/prefill_runs.py)."""
+    pending, outputs, shapes, shared = list(seqs), {s.id: 0 for s in seqs}, [], []
+    while pending or sched.has_work():
+        while pending and len(sched.waiting) + len(sched.running) - sched.parked < clients:
+            sched.add(pending.pop(0))
+        step = sched.schedule()
+        kv.decode()
+        shapes.append(tuple(c.seq.slot for c in step.decode))
+        # One run of slots: one graph (gaps are for waiting requests to fill, and prompts still prefilling).
+        if shapes[-1] and not sched.waiting and not any(s.prefilling for s in sched.running):
+            assert shapes[-1] == tuple(range(shapes[-1][0], shapes[-1][0] + len(shapes[-1]))), shapes[-1]
+        for chunk in step.decode:  # the decode runs first; a parked sequence's row is written and ignored
+            seq = chunk.seq
+            assert kv.held(seq.slot) == seq.known(chunk.start).tolist()
+            kv.write(seq.slot, chunk.start, [seq.output[-1]])
+            if seq.parked:
+                continue
+            seq.n_cached = chunk.end
+            seq.append(rng.randrange(1000, 2000))
+            outputs[seq.id] += 1
+            if len(seq.output) == seq.params.max_tokens:
+                sched.park(seq)
+        sched.wave(step)  # then the wave's admissions, beside the step's other prompt chunks
+        shared.append(sum(c.end - c.start for c in step.prefill))
+        kv.decode()
+        for chunk in step.prefill:
+            seq = chunk.seq
+            kv.write(seq.slot, chunk.start, seq.known(chunk.end)[chunk.start :].tolist())
+            seq.n_cached = chunk.end
+            if not seq.prefilling:
+                seq.append(rng.randrange(1000, 2000))
+                outputs[seq.id] += 1
+        for seq in sched.running:
+            assert kv.held(seq.slot)[: seq.n_cached] == seq.known(seq.n_cached).tolist()
+    assert all(outputs[s.id] == s.params.max_tokens for s in seqs)  # a parked sequence gives nothing more
+    assert sched.parked == 0
+    return shapes, shared
+
+
 def test_steady_steps_change_the_decode_batch_only_in_waves_and_keep_the_books():
     rng = random.Random(7)
     kv = FakeStreams(20)
@@ -250,42 +292,27 @@ def test_steady_steps_change_the_decode_batch_only_in_waves_and_keep_the_books()
         )
         for i in range(64)
     ]
-    pending, outputs, shapes = list(seqs), {s.id: 0 for s in seqs}, []
-    while pending or sched.has_work():
-        while pending and len(sched.waiting) + len(sched.running) - sched.parked < 16:  # closed-loop clients
-            sched.add(pending.pop(0))
-        step = sched.schedule()
-        kv.decode()
-        shapes.append(tuple(c.seq.slot for c in step.decode))
-        if shapes[-1] and not sched.waiting:  # one run of slots: one graph (gaps are for waiting requests to fill)
-            assert shapes[-1] == tuple(range(shapes[-1][0], shapes[-1][0] + len(shapes[-1]))), shapes[-1]
-        for chunk in step.decode:  # the decode runs first; a parked sequence's row is written and ignored
-            seq = chunk.seq
-            assert kv.held(seq.slot) == seq.known(chunk.start).tolist()
-            kv.write(seq.slot, chunk.start, [seq.output[-1]])
-            if seq.parked:
-                continue
-            seq.n_cached = chunk.end
-            seq.append(rng.randrange(1000, 2000))
-            outputs[seq.id] += 1
-            if len(seq.output) == seq.params.max_tokens:
-                sched.park(seq)
-        prefill = step.prefill + sched.wave()  # then the wave's admissions, in llama_decode calls of their own
-        kv.decode()
-        for chunk in prefill:
-            seq = chunk.seq
-            kv.write(seq.slot, chunk.start, seq.known(chunk.end)[chunk.start :].tolist())
-            seq.n_cached = chunk.end
-            if not seq.prefilling:
-                seq.append(rng.randrange(1000, 2000))
-                outputs[seq.id] += 1
-        for seq in sched.running:
-            assert kv.held(seq.slot)[: seq.n_cached] == seq.known(seq.n_cached).tolist()
-    assert all(outputs[s.id] == s.params.max_tokens for s in seqs)  # a parked sequence gives nothing more
-    assert sched.parked == 0
+    shapes, _ = _steady_run(sched, kv, seqs, 16, rng)
     full = [(a, b) for a, b in zip(shapes, shapes[1:]) if len(a) >= 8 and a and b]
     changed = sum(a != b for a, b in full)
     assert changed * 5 < len(full), (changed, len(full))  # decoding together changes shape in waves, not every step
+
+
+def test_a_waves_prompts_fit_the_budget_beside_the_steps_own():
+    """A burst of prompts longer than the budget (copy tasks at c = 8 on a GPU): the wave admits in what the step's
+    own prompt chunks left, so the llama_decode they share never holds more than the budget (it overflowed the
+    batch, and the engine died, when the wave took a whole budget of its own)."""
+    rng = random.Random(3)
+    kv = FakeStreams(10)
+    sched = Scheduler(SchedulerSettings(8, 10, 256, 4096, prefix_cache=True, exact=False), kv)
+    sched.steady = True
+    seqs = [
+        Sequence(i, np.array([rng.randrange(100) for _ in range(rng.randrange(300, 700))], np.int32),
+                 SamplingParams(max_tokens=rng.randrange(10, 30)), None)
+        for i in range(16)
+    ]
+    _, shared = _steady_run(sched, kv, seqs, 8, rng)
+    assert max(shared) == 256, shared  # full steps, and none over
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["cache", "exact"])
