@@ -40,6 +40,10 @@ class Tokenizer:
         silence_llama_logs()
         params = L.llama_model_default_params()
         params.vocab_only = True
+        # No devices (an empty, NULL-ended list): without a list llama.cpp picks every GPU and asks each for its
+        # free memory, which makes a CUDA context, ~600 MiB of VRAM, in this process that runs nothing there.
+        none = (ctypes.c_void_p * 1)()
+        params.devices = ctypes.cast(none, ctypes.c_void_p)
         self.model = L.llama_model_load_from_file(model_path.encode(), params)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load the vocabulary of {model_path}")
