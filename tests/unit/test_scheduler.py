@@ -307,8 +307,12 @@ def test_a_waves_prompts_fit_the_budget_beside_the_steps_own():
     sched = Scheduler(SchedulerSettings(8, 10, 256, 4096, prefix_cache=True, exact=False), kv)
     sched.steady = True
     seqs = [
-        Sequence(i, np.array([rng.randrange(100) for _ in range(rng.randrange(300, 700))], np.int32),
-                 SamplingParams(max_tokens=rng.randrange(10, 30)), None)
+        Sequence(
+            i,
+            np.array([rng.randrange(100) for _ in range(rng.randrange(300, 700))], np.int32),
+            SamplingParams(max_tokens=rng.randrange(10, 30)),
+            None,
+        )
         for i in range(16)
     ]
     _, shared = _steady_run(sched, kv, seqs, 8, rng)
