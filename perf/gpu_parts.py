@@ -286,11 +286,12 @@ def restart(args, model: str, record) -> None:
 
 
 def engine_sweep(args, model: str, record, seconds: float) -> None:
-    """`cllm bench engine --sweep` in a process of its own, with lockstep then staggered arrivals: the step's
-    host work per step beside llama_decode's, and the share of decode steps that reused their compute graph,
-    at c = 1, 8, 32, 64, greedy and sampled."""
+    """`cllm bench engine --sweep` in a process of its own, in lockstep with sampling on the host then on the
+    device, then with staggered arrivals: the step's host work per step beside llama_decode's, and the share of
+    decode steps that reused their compute graph, at c = 1, 8, 32, 64, greedy and sampled."""
     end = time.monotonic() + seconds
-    for arrivals, steady in (("lockstep", "auto"), ("staggered", "on"), ("staggered", "off")):
+    sweeps = (("lockstep", "auto", "off"), ("lockstep", "auto", "on"), ("staggered", "on", "off"))
+    for arrivals, steady, device in sweeps:
         cmd = [
             sys.executable,
             "-m",
@@ -309,11 +310,14 @@ def engine_sweep(args, model: str, record, seconds: float) -> None:
             arrivals,
             "--steady",
             steady,
+            "--device-sampling",
+            device,
         ]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10.0, end - time.monotonic()))
         if out.returncode:
             raise RuntimeError(
-                f"cllm bench engine --arrivals {arrivals} --steady {steady} failed: {out.stderr[-1500:]}"
+                f"cllm bench engine --arrivals {arrivals} --steady {steady} --device-sampling {device} failed: "
+                f"{out.stderr[-1500:]}"
             )
         for r in json.loads(out.stdout.strip().splitlines()[-1]):
             keep = (

@@ -110,7 +110,10 @@ def table(doc: dict) -> str:
             ]
         other = any(r.get("system") == OTHER for r in rows)
         if other:
-            lines[-2:] = [lines[-2] + " cllm device sampling | its ÷ best llama-server |", lines[-1] + "---|---|"]
+            lines[-2:] = [
+                lines[-2] + " cllm device sampling | its ÷ raw | its ÷ best llama-server |",
+                lines[-1] + "---|---|---|",
+            ]
         cells = sorted(
             {(r["concurrency"], r["sampled"]) for r in rows if "concurrency" in r}, key=lambda x: (x[1], x[0])
         )
@@ -124,7 +127,7 @@ def table(doc: dict) -> str:
             )
             if other:
                 dv = _rate(rows, OTHER, c, sampled)
-                line += f" {_num(dv)} | {_ratio(dv, best)} |"
+                line += f" {_num(dv)} | {_ratio(dv, rawv)} | {_ratio(dv, best)} |"
             lines.append(line)
         mem = [r for r in rows if "memory" in r]
         if mem:

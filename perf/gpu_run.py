@@ -69,9 +69,10 @@ CONTESTANTS = [
     ("cllm", ()),
     ("cllm device sampling", ("--device-sampling", "on")),
 ]
-# Seconds a server's part needs on a GPU, about, at 256 generated tokens a request (64: 35 / 40 / 50), as measured
-# in perf/results/2026-11-26-gpu-h100.md: what the run's budget plans with.
-ESTIMATE = {"tiny": 10, "smollm2": 80, "1b": 90, "8b": 120}
+# Seconds a server's part and the engine's sweeps need on a GPU, about, at 256 generated tokens a request, as measured
+# in perf/results/2026-12-04-gpu-h200.md (1b between the two): what the run's budget plans with.
+ESTIMATE = {"tiny": 10, "smollm2": 45, "1b": 60, "8b": 75}
+ENGINE_ESTIMATE = {"tiny": 10, "smollm2": 95, "1b": 130, "8b": 180}
 
 
 def guarded(doc: dict, what: str, part) -> None:
@@ -123,7 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--contestants",
-        default="raw,llama-server,llama-server -bs,cllm",
+        # -bs left out by default: slower than llama-server's default in most cells (2026-11-26-gpu-h100.md)
+        default="raw,llama-server,cllm,cllm device sampling",
         help="of: " + ", ".join(label for label, _ in CONTESTANTS),
     )
     ap.add_argument("--budget", type=float, default=PLAN["budget"], help="seconds for the whole run")
@@ -217,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             path = os.path.join(args.models_dir, f"{preset}.gguf")
             need = ESTIMATE.get(preset, 40) // (2 if label == "raw" else 1) + (0 if os.path.exists(path) else 15)
             if label == "engine":
-                need = ESTIMATE.get(preset, 40)
+                need = ENGINE_ESTIMATE.get(preset, 90)
             elif label == "restart":
                 need = 30 if DRY else 60
             if budget.left() < need:

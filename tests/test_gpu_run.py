@@ -157,7 +157,7 @@ def test_gpu_run_dry_on_this_cpu(tmp_path):
     doc = json.loads((out / "results.json").read_text())
     assert doc["dry"] and not doc["notes"], doc["notes"]
     rows = doc["models"]["tiny"]["results"]
-    for system in ("raw", "llama-server", "llama-server -bs", "cllm"):
+    for system in ("raw", "llama-server", "cllm", "cllm device sampling"):
         cells = {(r["concurrency"], r["sampled"]) for r in rows if r["system"] == system and "tokens_per_second" in r}
         want = {(1, False), (4, False)} | (set() if system == "raw" else {(4, True)})
         assert cells == want, (system, cells)
@@ -167,9 +167,9 @@ def test_gpu_run_dry_on_this_cpu(tmp_path):
     spec = doc["speculation"]["results"][0]["table"]  # the carried model, joined and checked
     assert spec.startswith("| workload |") and "cllm ÷ best llama-server | cllm ÷ cllm-nospec |" in spec
     sweep = doc["models"]["tiny"]["engine"]  # cllm bench engine --sweep: host us per step beside llama_decode's
-    assert {(r["arrivals"], r["steady"], r["concurrency"], r["sampled"]) for r in sweep} == {
-        (a, on, c, s)
-        for a, on in (("lockstep", False), ("staggered", True), ("staggered", False))
+    assert {(r["arrivals"], r["steady"], r["device_sampling"], r["concurrency"], r["sampled"]) for r in sweep} == {
+        (a, on, device, c, s)
+        for a, on, device in (("lockstep", False, False), ("lockstep", False, True), ("staggered", True, False))
         for c in (1, 8, 32, 64)
         for s in (False, True)
     }  # a CPU build: auto is off
