@@ -278,21 +278,27 @@ def _steady_run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], clients
     return shapes, shared
 
 
-def test_steady_steps_change_the_decode_batch_only_in_waves_and_keep_the_books():
-    rng = random.Random(7)
-    kv = FakeStreams(20)
-    sched = Scheduler(SchedulerSettings(16, 20, 256, 4096, prefix_cache=True, exact=False), kv)
+def _steady(seed: int, parallel: int, n: int, prompt: tuple[int, int], gen: tuple[int, int]):
+    """``n`` requests of random prompt and output lengths (in those ranges) through steady steps, ``parallel`` at
+    a time, a step's budget 256 tokens (_steady_run)."""
+    rng = random.Random(seed)
+    kv = FakeStreams(parallel + 4)
+    sched = Scheduler(SchedulerSettings(parallel, parallel + 4, 256, 4096, prefix_cache=True, exact=False), kv)
     sched.steady = True
     seqs = [
         Sequence(
             i,
-            np.array([rng.randrange(100) for _ in range(rng.randrange(5, 30))], np.int32),
-            SamplingParams(max_tokens=rng.randrange(10, 40)),
+            np.array([rng.randrange(100) for _ in range(rng.randrange(*prompt))], np.int32),
+            SamplingParams(max_tokens=rng.randrange(*gen)),
             None,
         )
-        for i in range(64)
+        for i in range(n)
     ]
-    shapes, _ = _steady_run(sched, kv, seqs, 16, rng)
+    return _steady_run(sched, kv, seqs, parallel, rng)
+
+
+def test_steady_steps_change_the_decode_batch_only_in_waves_and_keep_the_books():
+    shapes, _ = _steady(7, 16, 64, (5, 30), (10, 40))
     full = [(a, b) for a, b in zip(shapes, shapes[1:]) if len(a) >= 8 and a and b]
     changed = sum(a != b for a, b in full)
     assert changed * 5 < len(full), (changed, len(full))  # decoding together changes shape in waves, not every step
@@ -302,20 +308,7 @@ def test_a_waves_prompts_fit_the_budget_beside_the_steps_own():
     """A burst of prompts longer than the budget (copy tasks at c = 8 on a GPU): the wave admits in what the step's
     own prompt chunks left, so the llama_decode they share never holds more than the budget (it overflowed the
     batch, and the engine died, when the wave took a whole budget of its own)."""
-    rng = random.Random(3)
-    kv = FakeStreams(10)
-    sched = Scheduler(SchedulerSettings(8, 10, 256, 4096, prefix_cache=True, exact=False), kv)
-    sched.steady = True
-    seqs = [
-        Sequence(
-            i,
-            np.array([rng.randrange(100) for _ in range(rng.randrange(300, 700))], np.int32),
-            SamplingParams(max_tokens=rng.randrange(10, 30)),
-            None,
-        )
-        for i in range(16)
-    ]
-    _, shared = _steady_run(sched, kv, seqs, 8, rng)
+    _, shared = _steady(3, 8, 16, (300, 700), (10, 30))
     assert max(shared) == 256, shared  # full steps, and none over
 
 
