@@ -278,7 +278,7 @@ def _steady_run(sched: Scheduler, kv: FakeStreams, seqs: list[Sequence], clients
     return shapes, shared
 
 
-def _steady(seed: int, parallel: int, n: int, prompt: tuple[int, int], gen: tuple[int, int]):
+def _steady(seed, parallel, n, prompt, gen):
     """``n`` requests of random prompt and output lengths (in those ranges) through steady steps, ``parallel`` at
     a time, a step's budget 256 tokens (_steady_run)."""
     rng = random.Random(seed)
