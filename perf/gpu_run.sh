@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run 2 on the GPU machine (≤ 9 min), after perf/gpu_build.sh: perf/gpu_run.py with the libraries, binaries
-# and Python packages that build left in $GPU_WORK. Results (results.md, results.json, plot.png, the
-# servers' logs) land in OUTDIR. GPU_RUN_DRY=1: tiny shapes and short counts, for a CPU build.
+# and Python packages that build left in $GPU_WORK. Results (results.md, results.json, plot.png, and the
+# servers' logs in logs.tgz: a device call brings back at most 8 files) land in OUTDIR. GPU_RUN_DRY=1: tiny
+# shapes and short counts, for a CPU build.
 #   perf/gpu_run.sh OUTDIR [perf/gpu_run.py options, e.g. --models 8b --budget 200]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +22,7 @@ BUNDLE=${GPU_BUNDLE:-.gpu/bundle}
 # A bound beyond the run's own budget: SIGTERM makes it stop its servers and write what it has.
 LIMIT=()
 command -v timeout >/dev/null && LIMIT=(timeout -k 15 "${GPU_RUN_TIMEOUT:-520}")
-"${LIMIT[@]}" "$PY" -m perf.gpu_run "$OUTDIR" "$@"
+status=0
+"${LIMIT[@]}" "$PY" -m perf.gpu_run "$OUTDIR" "$@" || status=$?
+[ -d "$OUTDIR/logs" ] && tar -czf "$OUTDIR/logs.tgz" -C "$OUTDIR" logs && rm -rf "$OUTDIR/logs"
+exit $status

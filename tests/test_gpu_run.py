@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import numpy as np
 import psutil
@@ -176,6 +177,9 @@ def test_gpu_run_dry_on_this_cpu(tmp_path):
     assert all(r["host_us_per_step"]["cpu"]["host"] > 0 and r["decode_ms"] > 0 and r["decode_steps"] > 0 for r in sweep)
     (turn,) = doc["models"]["tiny"]["restart"]  # the next turn after a restart: served from the file
     assert turn["after restart"]["cached"] > 0 and turn["disk_hits"] == 1, turn
+    with tarfile.open(out / "logs.tgz") as logs:  # the servers' logs in one file: a device call returns 8 at most
+        assert any(n.endswith("cllm.log") for n in logs.getnames()), logs.getnames()
+    assert not (out / "logs").exists()
     md = (out / "results.md").read_text()
     assert "| after ÷ no restart |" in md
     assert "| 4 | 0.7 / 0.9 |" in md and "SPEED only" in md and "host share" in md
