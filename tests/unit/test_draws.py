@@ -90,3 +90,14 @@ def test_the_nucleus_keeps_the_token_that_crosses_top_p():
     got = Counter(draw_rows(rows, [Draw.new(1.0, 40, 0.7, 0.0, i) for i in range(1000)], None, np.zeros(VOCAB, bool)))
     assert set(got) == {7, 8}
     assert abs(got[8] / 1000 - 0.3 / 0.8) < 0.06
+
+
+@pytest.mark.parametrize("vocab, top_k", [(49152, 40), (49152, 256), (VOCAB, 256), (32000, 40)])
+def test_every_token_of_the_top_k_can_be_drawn(vocab, top_k):
+    # At a high temperature with no top-p the top-k tokens are about equally likely: each of them must turn up,
+    # so a floor that leaves out even the k-th (draw_rows's candidates) fails here. Seeded: the same draws each run.
+    row = np.random.default_rng(1).standard_normal(vocab).astype(np.float32)
+    n = 40 * top_k
+    got = set(draw_rows(np.repeat(row[None], n, axis=0), [Draw.new(1e4, top_k, 1.0, 0.0, i) for i in range(n)], None,
+                        np.zeros(vocab, bool)))
+    assert got == set(np.argsort(-row, kind="stable")[:top_k].tolist())
