@@ -98,6 +98,12 @@ def test_every_token_of_the_top_k_can_be_drawn(vocab, top_k):
     # so a floor that leaves out even the k-th (draw_rows's candidates) fails here. Seeded: the same draws each run.
     row = np.random.default_rng(1).standard_normal(vocab).astype(np.float32)
     n = 40 * top_k
-    got = set(draw_rows(np.repeat(row[None], n, axis=0), [Draw.new(1e4, top_k, 1.0, 0.0, i) for i in range(n)], None,
-                        np.zeros(vocab, bool)))
+    got = set(
+        draw_rows(
+            np.repeat(row[None], n, axis=0),
+            [Draw.new(1e4, top_k, 1.0, 0.0, i) for i in range(n)],
+            None,
+            np.zeros(vocab, bool),
+        )
+    )
     assert got == set(np.argsort(-row, kind="stable")[:top_k].tolist())
