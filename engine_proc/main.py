@@ -61,6 +61,8 @@ def main() -> int:
         log.error("%s", e)
         return EXIT_LOAD_FAILED
     _log_start(engine.info, f"{launch.model_id}#{launch.replica}")
+    if engine.runner.warmed:
+        log.info("warm-up: a %d-token prompt decoded and dropped in %.2f s", *engine.runner.warmed)
     try:
         loop.run(engine)
     except _Stop:

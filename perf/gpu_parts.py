@@ -273,16 +273,19 @@ def speculation(args, model: str, record) -> None:
 
 def restart(args, model: str, record) -> None:
     """The next turn of a ~4,000-token conversation after a restart on --cache-dir, against the same turn on the
-    server that wrote the files (perf/restart_cache.py's round: issue 61 asks for <= 1.3x), two rounds."""
+    server that wrote the files (perf/restart_cache.py's round: issue 61 asks for <= 1.3x), two rounds, each with the
+    start's warm-up (--warmup auto: on with GPU layers) and without it. A dry run has one round, warmed up."""
     from perf import restart_cache
 
     gpu = ("--n-gpu-layers", "999", "--flash-attn", "on")
-    settings = servers.Settings(model, args.threads, 2, 2048 if DRY else 8192, gpu)
     history = 300 if DRY else 4000
     for i in range(1 if DRY else 2):
-        with tempfile.TemporaryDirectory(prefix="cllm-kv-") as cache_dir:
-            sections = max(1, history // restart_cache.TOKENS_PER_SECTION)
-            record(restart_cache.one_round(settings, cache_dir, 100 + i, sections, 4 if DRY else 32))
+        for warmup in ("on",) if DRY else ("auto", "off"):
+            settings = servers.Settings(model, args.threads, 2, 2048 if DRY else 8192, (*gpu, "--warmup", warmup))
+            with tempfile.TemporaryDirectory(prefix="cllm-kv-") as cache_dir:
+                sections = max(1, history // restart_cache.TOKENS_PER_SECTION)
+                row = restart_cache.one_round(settings, cache_dir, 100 + i, sections, 4 if DRY else 32)
+                record({**row, "warmup": warmup})
 
 
 def engine_sweep(args, model: str, record, seconds: float) -> None:

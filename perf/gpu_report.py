@@ -71,13 +71,14 @@ def _restart_table(rounds: list[dict]) -> list[str]:
         "The next turn of a long conversation (perf/restart_cache.py, streamed, TTFT s; cached: prompt tokens the "
         "cache served; target: after ÷ no restart <= 1.3):",
         "",
-        "| round | prompt tokens | after restart (cached) | no restart (cached) | after ÷ no restart | cold |",
-        "|---|---|---|---|---|---|",
+        "| run | --warmup | prompt tokens | after restart (cached) | no restart (cached) | after ÷ no restart | cold |",
+        "|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rounds, 1):
         after, same = r["after restart"], r["no restart"]
         lines.append(
-            f"| {i} | {after['prompt_tokens']} | {after['ttft']:.3f} ({after['cached']}) | {same['ttft']:.3f} "
+            f"| {i} | {r.get('warmup', '-')} | {after['prompt_tokens']} | {after['ttft']:.3f} ({after['cached']}) | "
+            f"{same['ttft']:.3f} "
             f"({same['cached']}) | {_ratio(after['ttft'], same['ttft'])} | {r['cold']['ttft']:.3f} |"
         )
     return lines

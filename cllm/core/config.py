@@ -26,6 +26,7 @@ MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the pref
 CacheType = Literal["f32", "f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
 DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/sampling/sampler.py)
 SteadySteps = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/scheduler.py)
+Warmup = Literal["auto", "on", "off"]  # auto: with GPU layers (engine_proc/run/model_runner.py: warm_up)
 # llama-server's --spec-type names that cllm implements, a comma list combining them; ngram: prompt lookup and a
 # memory of earlier answers (engine_proc/step/drafter.py), draft-simple: a draft model (engine_proc/step/draft_model.py)
 SpecType = Annotated[str, Meta(pattern=r"^(none|ngram|draft-simple)(,(ngram|draft-simple))*$")]
@@ -151,6 +152,11 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
         "compute graph (and CUDA graphs): a finished sequence stays parked in the batch and new requests start "
         "together, at the cost of up to a wave's wait (docs/internals.md: Steady steps); auto: on with GPU layers, "
         "never with speculative decoding", ENGINE, per_model=True,
+    )] = "auto"
+    warmup: Annotated[Warmup, setting(
+        "before serving, decode a long prompt in one stream and drop it, so that the first long prompt served pays "
+        "no first-use costs (a GPU loads its kernels and grows its memory pool at first use); auto: with GPU layers "
+        "(on a CPU it would cost seconds of start for little)", ENGINE, per_model=True,
     )] = "auto"
     stream_interval_ms: Annotated[float, setting(
         "how long a streamed token may wait in the engine for the next ones, where a step streams to 4 requests or "

@@ -36,6 +36,10 @@ FLASH_ATTN = {
 }
 
 
+# Cells the start's warm-up prompt fills (at most a stream's): the conversation turns that meet first-use costs
+# after a restart reach a few thousand (perf/restart_cache.py's 4,000).
+WARMUP_TOKENS = 4096
+
 CACHE_TYPES = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
 
 
@@ -112,6 +116,9 @@ class ModelRunner:
         # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
         self._n_reused = L.llama_perf_context(self.ctx).n_reused
         self.reused = False
+        self.warmed: tuple[int, float] | None = None  # the start's warm-up: tokens decoded, seconds
+        if config.warmup == "on" or (config.warmup == "auto" and mparams.n_gpu_layers > 0):
+            self.warm_up(WARMUP_TOKENS)
 
         self.info = ModelInfo(
             model_path=model_path,
@@ -136,6 +143,23 @@ class ModelRunner:
             cache_type_k=config.cache_type_k,
             cache_type_v=config.cache_type_v,
         )
+
+    def warm_up(self, n_tokens: int) -> None:
+        """Decode a prompt of up to ``n_tokens`` (any ids) in stream 0, a step's budget at a time, then one token
+        after it, and clear the cache: llama.cpp's first decodes of prompt-sized batches and of a long stream load
+        their kernels and grow their buffers now, not in the first request that needs them."""
+        t, n, b = time.perf_counter(), min(n_tokens, self.seq_ctx - 1), self._b
+        for start, k in [(s, min(self.token_budget, n - s)) for s in range(0, n, self.token_budget)] + [(n, 1)]:
+            b.token[:k] = np.arange(start, start + k) % self.n_vocab
+            b.pos[:k] = np.arange(start, start + k)
+            b.seq_id[:k] = 0
+            b.logits[:k] = 0
+            b.logits[k - 1] = 1
+            b.decode(self.ctx, k)
+        L.llama_synchronize(self.ctx)
+        L.llama_memory_clear(self.memory, True)
+        self._n_reused = L.llama_perf_context(self.ctx).n_reused
+        self.warmed = n + 1, time.perf_counter() - t
 
     def fill(self, chunks: list[Chunk], plain: bool = False, tokens: list[int] | None = None) -> list[int | None]:
         """Put the chunks in the batch the next decode() runs; each one's last logits row (see Batch.fill)."""
