@@ -13,6 +13,7 @@ seq_ids in one ubatch, so the scheduler keeps running sequences in one run of co
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import time
 
@@ -44,6 +45,16 @@ CACHE_TYPES = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TY
 
 
 _BYTES = ctypes.POINTER(ctypes.c_ubyte)
+
+
+def _new_pages(size: int) -> np.ndarray:
+    """A new host buffer for a stream's bytes, its pages faulted in at once where the OS can (Linux's MAP_POPULATE):
+    the copy into pages first touched one by one cost 4-5x the copy itself on this project's 2-core VM
+    (perf/results/2026-12-04-stream-save-populated-pages-cpu.md). Elsewhere, or small, a plain array."""
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if not populate or size < 1 << 20:
+        return np.empty(size, np.uint8)
+    return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate), np.uint8)
 
 
 class ModelLoadError(RuntimeError):
@@ -290,7 +301,7 @@ class ModelRunner:
         """
         size = L.llama_state_seq_get_size(self.ctx, slot)
         if scratch is None:
-            data = np.empty(size, np.uint8)
+            data = _new_pages(size)
         else:
             if self._scratch[scratch].nbytes < size:  # grown with room: streams grow by a few cells a step
                 self._scratch[scratch] = np.empty(size + size // 4, np.uint8)
