@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import llama_cpp as L
 
-from tests.test_steady_steps import _drive, _submits
+from tests.test_steady_steps import LENGTHS, _drive, _submits
 
 
 def _engine(warmup: str):
@@ -33,3 +33,26 @@ def test_the_warm_up_leaves_the_cache_empty_and_the_tokens_as_they_were(tok):
     finally:
         cold.close()
     assert with_it == without
+
+
+def test_a_warm_up_that_fails_leaves_an_empty_cache_and_a_serving_engine(tok, monkeypatch):
+    from engine_proc.run.batch import Batch
+
+    decode, calls = Batch.decode, []
+
+    def failing_second(self, ctx, n_tokens):  # llama_decode's error code, as a full device would give it
+        calls.append(n_tokens)
+        if len(calls) == 2:
+            raise RuntimeError("llama_decode failed with code 1")
+        decode(self, ctx, n_tokens)
+
+    monkeypatch.setattr(Batch, "decode", failing_second)
+    engine = _engine("on")
+    try:
+        r = engine.runner
+        assert len(calls) == 2 and r.warmed is None
+        assert all(L.llama_memory_seq_pos_max(r.memory, s) == -1 for s in range(r.n_streams))
+        got = _drive(engine, _submits(tok, 0))
+    finally:
+        engine.close()
+    assert [len(tokens) for tokens in got.values()] == LENGTHS

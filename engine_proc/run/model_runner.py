@@ -129,7 +129,10 @@ class ModelRunner:
         self.reused = False
         self.warmed: tuple[int, float] | None = None  # the start's warm-up: tokens decoded, seconds
         if config.warmup == "on" or (config.warmup == "auto" and mparams.n_gpu_layers > 0):
-            self.warm_up(WARMUP_TOKENS)
+            try:
+                self.warm_up(WARMUP_TOKENS)
+            except RuntimeError:  # a decode that failed here is no reason not to serve: the cells go all the same
+                L.llama_memory_clear(self.memory, True)
 
         self.info = ModelInfo(
             model_path=model_path,
