@@ -290,8 +290,8 @@ class PrefixCache:
           less than itself,
         - unless host RAM would keep either and the entry in that slot is at least
           twice as long: then the entry itself goes to host RAM. Both are kept either
-          way, and the copy out costs by the byte (new host pages cost ~2.3 ms a MB
-          here: a 900-cell conversation's ~23 ms before a one-off prompt's first token).
+          way, and the copy out costs by the byte, new host pages more (a 5.2 MB
+          entry: 1.7 ms here, into pages faulted in at once: ModelRunner.save).
         """
         if any(starts_with(e.tokens, entry.tokens) for e in self.entries.values()):
             return -1, None
@@ -308,7 +308,7 @@ class PrefixCache:
     def worth_keeping(self, entry: Entry, running: Held) -> bool:
         """Whether an entry losing its stream has cells no running sequence holds and host RAM would keep.
         A warmed entry no prompt has reused is not: its file still serves it, and a copy into new host
-        pages (~2.3 ms a MB) would be paid by the request that displaced it."""
+        pages would be paid by the request that displaced it."""
         if entry.warmed or self._worths([entry], running)[0] < 0:
             return False
         return self.host is not None and self.host.wants(entry.tokens)

@@ -49,7 +49,7 @@ _BYTES = ctypes.POINTER(ctypes.c_ubyte)
 
 def _new_pages(size: int) -> np.ndarray:
     """A new host buffer for a stream's bytes, its pages faulted in at once where the OS can (Linux's MAP_POPULATE):
-    the copy into pages first touched one by one cost 4-5x the copy itself on this project's 2-core VM
+    a copy into pages first touched one by one took 4-5x as long on this project's 2-core VM
     (perf/results/2026-12-04-stream-save-populated-pages-cpu.md). Elsewhere, or small, a plain array."""
     populate = getattr(mmap, "MAP_POPULATE", 0)
     if not populate or size < 1 << 20:
