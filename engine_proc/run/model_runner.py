@@ -13,7 +13,6 @@ seq_ids in one ubatch, so the scheduler keeps running sequences in one run of co
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 import time
 
@@ -27,6 +26,7 @@ from cllm.core.model_meta import meta as _meta
 from cllm.core.protocol import ModelInfo
 from engine_proc.run.batch import Batch, EmbdBatch
 from engine_proc.run.decode_thread import DecodeThread
+from engine_proc.run.host_pages import new_pages
 from engine_proc.run.threads import Threads, server_cpu
 from engine_proc.sequence import Chunk
 
@@ -45,16 +45,6 @@ CACHE_TYPES = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TY
 
 
 _BYTES = ctypes.POINTER(ctypes.c_ubyte)
-
-
-def _new_pages(size: int) -> np.ndarray:
-    """A new host buffer for a stream's bytes, its pages faulted in at once where the OS can (Linux's MAP_POPULATE):
-    a copy into pages first touched one by one took 4-5x as long on this project's 2-core VM
-    (perf/results/2026-12-04-stream-save-populated-pages-cpu.md). Elsewhere, or small, a plain array."""
-    populate = getattr(mmap, "MAP_POPULATE", 0)
-    if not populate or size < 1 << 20:
-        return np.empty(size, np.uint8)
-    return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate), np.uint8)
 
 
 class ModelLoadError(RuntimeError):
@@ -304,7 +294,7 @@ class ModelRunner:
         """
         size = L.llama_state_seq_get_size(self.ctx, slot)
         if scratch is None:
-            data = _new_pages(size)
+            data = new_pages(size)
         else:
             if self._scratch[scratch].nbytes < size:  # grown with room: streams grow by a few cells a step
                 self._scratch[scratch] = np.empty(size + size // 4, np.uint8)
