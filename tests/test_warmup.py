@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import llama_cpp as L
 
+from cllm.core.config import Warmup
 from tests.test_steady_steps import LENGTHS, _drive, _submits
 
 
-def _engine(warmup: str):
+def _engine(warmup: Warmup):
     from cllm.core.config import ServeConfig
     from cllm.core.model_file import resolve_model
     from engine_proc.engine import LLMEngine
