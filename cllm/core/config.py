@@ -156,7 +156,7 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename
     warmup: Annotated[Warmup, setting(
         "before serving, decode a long prompt in one stream and drop it, so that the first long prompt served pays "
         "no first-use costs (a GPU loads its kernels and grows its memory pool at first use); auto: with GPU layers "
-        "(on a CPU it would cost seconds of start for little)", ENGINE, per_model=True,
+        "(a CPU has no kernels to load, and the prompt's prefill would only delay the start)", ENGINE, per_model=True,
     )] = "auto"
     stream_interval_ms: Annotated[float, setting(
         "how long a streamed token may wait in the engine for the next ones, where a step streams to 4 requests or "

@@ -13,8 +13,9 @@ temperature, then the draw; so the distribution is llama.cpp's exactly, and
 needs only the top-k tokens of each row. They are found through the maxima
 of groups of GROUP tokens (one pass over the matrix): the tokens at or
 above the k-th largest maximum of coarser groups (a few groups each) hold
-them. Without a top-k, the nucleus needs the softmax of the whole vocabulary: an exp over 49k floats a
-row that numpy does no faster than llama.cpp, so such a chain stays there.
+them. Without a top-k, the nucleus needs the softmax of the whole
+vocabulary: an exp over 49k floats a row that numpy does no faster than
+llama.cpp, so such a chain stays there.
 
 The draw's random number is a hash of the request's seed and the count of
 its draws (splitmix64), not a generator's state: a seeded request repeats
