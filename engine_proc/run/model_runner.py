@@ -152,15 +152,10 @@ class ModelRunner:
         """Decode a prompt of up to ``n_tokens`` (any ids) in stream 0, a step's budget at a time, then one token
         after it, and clear the cache: llama.cpp's first decodes of prompt-sized batches and of a long stream load
         their kernels and grow their buffers now, not in the first request that needs them."""
-        t, n, b = time.perf_counter(), min(n_tokens, self.seq_ctx - 1), self._b
-        for start, k in [(s, min(self.token_budget, n - s)) for s in range(0, n, self.token_budget)] + [(n, 1)]:
-            b.token[:k] = np.arange(start, start + k) % self.n_vocab
-            b.pos[:k] = np.arange(start, start + k)
-            b.seq_id[:k] = 0
-            b.logits[:k] = 0
-            b.logits[k - 1] = 1
-            b.decode(self.ctx, k)
-        L.llama_synchronize(self.ctx)
+        t, n = time.perf_counter(), min(n_tokens, self.seq_ctx - 1)
+        for start in range(0, n, self.token_budget):
+            self.decode_tokens(np.arange(start, min(start + self.token_budget, n)) % self.n_vocab, start, 0, False)
+        self.decode_tokens([n % self.n_vocab], n, 0, True)  # a decode step's shape, its logits read
         L.llama_memory_clear(self.memory, True)
         self._n_reused = L.llama_perf_context(self.ctx).n_reused
         self.warmed = n + 1, time.perf_counter() - t
