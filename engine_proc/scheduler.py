@@ -59,16 +59,12 @@ from dataclasses import dataclass
 from engine_proc.kv.disk_cache import DiskCache
 from engine_proc.kv.prefix_cache import PrefixCache
 from engine_proc.kv.slots import KvStreams, Slots
-from engine_proc.sequence import Chunk, Sequence
+from engine_proc.sequence import SCORED_ROWS, Chunk, Sequence
 
 # Prefill block of exact mode, in tokens: small blocks let the cache reuse
 # more of a prompt, large ones prefill a cold prompt faster. Outside exact
 # mode, also the least a step prefills however many sequences decode.
 PREFILL_BLOCK = 128
-# Prompt tokens a chunk of a scored prompt (one that asks for its prompt's
-# logprobs) may hold: each gets a logits row in llama.cpp's output buffer,
-# n_vocab floats (64 rows of gemma-3's 262k: 64 MiB).
-SCORED_ROWS = 64
 # Steps a request may wait beyond admit_per_step's bound before it is started anyway.
 MAX_WAIT = 4
 # Steady steps: below this many decoding sequences the batch changes at once; above, in waves, once

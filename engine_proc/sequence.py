@@ -11,6 +11,12 @@ from engine_proc.sampling.draws import mix_int
 from engine_proc.sampling.sampler import SeqSampler
 
 FIRST_DRAFT = 2  # tokens a sequence drafts before it has shown how much it copies
+# Logits rows a llama_decode asks beyond one a sequence: llama.cpp reserves its compute buffer for the most rows a
+# decode may ask (n_vocab floats each; 64 rows of SmolLM2's 49k: 12 MiB, of gemma-3's 262k: 64 MiB), on the GPU
+# when layers are. A chunk of a scored prompt (one that asks for its prompt's logprobs), which is a llama_decode of
+# its own (engine_proc/run/prefill_runs.py), holds at most SCORED_ROWS tokens; a step's drafts add at most DRAFT_ROWS.
+SCORED_ROWS = 64
+DRAFT_ROWS = 128
 
 
 @dataclass(slots=True)

@@ -18,7 +18,10 @@ if TYPE_CHECKING:
 
 
 class Batch:
-    def __init__(self, n: int):
+    def __init__(self, n: int, outputs: int | None = None):
+        """``n`` tokens; ``outputs``: the most logits rows a decode may ask (the context's n_outputs_max, past which
+        llama.cpp aborts the process); None: any."""
+        self.outputs = n if outputs is None else outputs
         # Whether a sequence's positions may lag its cells (an M-RoPE model's images: Sequence.position); else a
         # token's position is its index, with no lookup.
         self.shifted = False
@@ -87,6 +90,8 @@ class Batch:
 
     def decode(self, ctx, n_tokens: int) -> None:
         """llama_decode of the batch's first ``n_tokens`` tokens."""
+        if self.outputs < n_tokens and (rows := int(np.count_nonzero(self.logits[:n_tokens]))) > self.outputs:
+            raise RuntimeError(f"a decode asked for {rows} logits rows, more than the context's {self.outputs}")
         self.batch.n_tokens = n_tokens
         rc = L.llama_decode(ctx, self.batch)
         if rc != 0:

@@ -28,7 +28,7 @@ from engine_proc.run.batch import Batch, EmbdBatch
 from engine_proc.run.decode_thread import DecodeThread
 from engine_proc.run.host_pages import new_pages
 from engine_proc.run.threads import Threads, server_cpu
-from engine_proc.sequence import Chunk
+from engine_proc.sequence import DRAFT_ROWS, SCORED_ROWS, Chunk
 
 FLASH_ATTN = {
     "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -87,6 +87,10 @@ class ModelRunner:
         self.n_streams = config.kv_streams + config.prefix_cache
         self.n_ubatch = min(self.token_budget, 512)
         cparams = context_params(config, self.token_budget, self.n_ubatch, self.n_streams)
+        # The most logits rows a decode asks: a row a stream, and a step's scored prompt rows or drafts
+        # (engine_proc/sequence.py); llama.cpp's default, n_batch, reserved them for every token of a step.
+        extra = DRAFT_ROWS if config.spec_types else SCORED_ROWS
+        cparams.n_outputs_max = max(min(self.n_streams + extra, self.token_budget), self.n_streams)
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             L.llama_model_free(self.model)
@@ -99,7 +103,7 @@ class ModelRunner:
         follow = not config.fixed_threads and mparams.n_gpu_layers == 0  # a GPU's layers do not meet at CPU barriers
         self.threads = Threads(config.n_threads, self.set_threads, follow)
 
-        self._b = Batch(self.token_budget)
+        self._b = Batch(self.token_budget, cparams.n_outputs_max)
         self._e: EmbdBatch | None = None  # an image's rows, made at the first
         self._n = 0  # tokens in the batch
         self._thread = DecodeThread(self.decode)  # launch() and wait(): decode() while the engine's Python runs

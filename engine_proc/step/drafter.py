@@ -53,7 +53,7 @@ from engine_proc.run.draft_runner import DraftRunner
 from engine_proc.run.model_runner import ModelRunner
 from engine_proc.run.spread import logits_spread
 from engine_proc.sampling.sampler import Sampler
-from engine_proc.sequence import FIRST_DRAFT, Chunk, Drafting, Sequence
+from engine_proc.sequence import DRAFT_ROWS, FIRST_DRAFT, Chunk, Drafting, Sequence
 from engine_proc.step.draft_model import DraftModel
 from engine_proc.step.draft_pricing import Odds, StepCosts, prior
 from engine_proc.step.ngram_memory import NgramMemory, memory_path
@@ -61,8 +61,6 @@ from engine_proc.step.ngram_memory import NgramMemory, memory_path
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
 SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
 PROBE_STEPS = 64  # steps without drafts, where they do not pay, before trying again
-# Logits rows a step's drafts may add, n_vocab floats each (128 rows of gemma-3's 262k: 128 MiB).
-STEP_DRAFT_ROWS = 128
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
 # A run of the memory's marked entries shorter than this is drafted as a guess, not whole: a few tokens of an
 # earlier answer are often a common phrase.
@@ -124,7 +122,7 @@ class Drafter:
     def draft(self, decode: list[Chunk], budget: int) -> None:
         """Lengthen the step's decode chunks with drafts, within ``budget`` more tokens."""
         n = len(decode)
-        budget = min(budget, STEP_DRAFT_ROWS)
+        budget = min(budget, DRAFT_ROWS)
         need = self.costs.break_even(n, budget)  # a draft's share at the price of a step drafting its whole budget
         probe = need >= 1.0
         if probe:

@@ -1,0 +1,68 @@
+"""The logits rows the engine's llama.cpp context reserves (n_outputs_max): a row a KV stream, and a scored prompt
+chunk's or a step's drafts beyond them (engine_proc/sequence.py), not llama.cpp's default of a row for every token of
+a step, whose compute buffer (on the GPU when layers are) held n_vocab floats for each; and a decode that asked for
+more rows than that is an error, not llama.cpp's abort of the whole process."""
+
+from __future__ import annotations
+
+import re
+
+import llama_cpp as L
+import numpy as np
+import pytest
+
+from cllm.core.config import ServeConfig
+from cllm.core.model_file import resolve_model
+from engine_proc.sequence import DRAFT_ROWS, SCORED_ROWS
+
+_said: list[str] = []
+
+
+@L.llama_log_callback
+def _keep(level, text, user_data):
+    _said.append(text.decode(errors="replace"))
+
+
+def _runner(monkeypatch, config: ServeConfig):
+    """A ModelRunner, with what llama.cpp said while it made its context."""
+    import engine_proc.run.model_runner as mr
+
+    _said.clear()
+    monkeypatch.setattr(mr, "silence_llama_logs", lambda: L.llama_log_set(_keep, None))
+    try:
+        return mr.ModelRunner(resolve_model(None), config), "".join(_said)
+    finally:
+        mr.silence_llama_logs()
+
+
+def _said_value(said: str, what: str) -> float:
+    found = re.search(rf"{what}\s*=\s*([\d.]+)", said)
+    assert found, f"llama.cpp said nothing of {what}"
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("spec", ["none", "ngram"])
+def test_the_context_reserves_a_row_a_stream_and_a_chunks_or_drafts_rows(monkeypatch, spec):
+    config = ServeConfig(parallel=64, ctx_size=64 * 300, spec_type=spec, spec_memory=0)
+    runner, said = _runner(monkeypatch, config)
+    try:
+        extra = DRAFT_ROWS if spec == "ngram" else SCORED_ROWS
+        assert _said_value(said, "n_outputs_max") == runner.n_streams + extra
+        # SmolLM2's 49,152-entry rows: 12 MiB a 64 rows. With a row for each of a step's 512 tokens the buffer was 98
+        # MiB at 64 sequences (llama-server's, a row a sequence: 18 MiB).
+        assert _said_value(said, "CPU compute buffer size") < (40 if spec == "ngram" else 30)
+    finally:
+        runner.close()
+
+
+def test_a_decode_asking_for_more_rows_is_an_error_and_the_context_serves_on(monkeypatch):
+    runner, _ = _runner(monkeypatch, ServeConfig(parallel=2, ctx_size=1024))
+    try:
+        rows = runner.n_streams + SCORED_ROWS
+        with pytest.raises(RuntimeError, match=f"asked for {rows + 1} logits rows, more than the context's {rows}"):
+            runner.decode_tokens(list(range(100, 101 + rows)), 0, 0, True)
+        runner.clear(0)
+        got = runner.decode_tokens(list(range(100, 100 + rows)), 0, 0, True)
+        assert got is not None and got.shape == (rows, runner.n_vocab) and np.isfinite(got).all()
+    finally:
+        runner.close()
