@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cllm.core.config import ServeConfig
+from cllm.core.llama_log import silence_llama_logs
 from cllm.core.model_file import resolve_model
 from engine_proc.sequence import DRAFT_ROWS, SCORED_ROWS
 
@@ -32,7 +33,7 @@ def _runner(monkeypatch, config: ServeConfig):
     try:
         return mr.ModelRunner(resolve_model(None), config), "".join(_said)
     finally:
-        mr.silence_llama_logs()
+        silence_llama_logs()
 
 
 def _said_value(said: str, what: str) -> float:
@@ -53,6 +54,38 @@ def test_the_context_reserves_a_row_a_stream_and_a_chunks_or_drafts_rows(monkeyp
         assert _said_value(said, "CPU compute buffer size") < (40 if spec == "ngram" else 30)
     finally:
         runner.close()
+
+
+def test_the_draft_models_context_reserves_a_row_a_stream(monkeypatch):
+    """The draft model decodes a logits row a sequence at most (engine_proc/step/draft_model.py); its context reserves
+    no more (its vocabulary is the target's: a whole step's rows of it were 98 MiB at 64 sequences here)."""
+    import engine_proc.run.draft_runner as dr
+
+    config = ServeConfig(parallel=64, ctx_size=64 * 300)
+    runner, _ = _runner(monkeypatch, config)
+    _said.clear()
+    monkeypatch.setattr(dr.L, "llama_init_from_model", _logged(dr.L.llama_init_from_model))
+    try:
+        draft = dr.DraftRunner(resolve_model(None), runner, config)  # the embedded model drafts for itself
+        said = "".join(_said)
+        draft.close()
+    finally:
+        runner.close()
+    assert _said_value(said, "n_outputs_max") == config.parallel
+    assert _said_value(said, "CPU compute buffer size") < 30
+
+
+def _logged(make):
+    """llama_init_from_model with llama.cpp's log kept while it runs."""
+
+    def made(*args):
+        L.llama_log_set(_keep, None)
+        try:
+            return make(*args)
+        finally:
+            silence_llama_logs()
+
+    return made
 
 
 def test_a_decode_asking_for_more_rows_is_an_error_and_the_context_serves_on(monkeypatch):

@@ -59,6 +59,7 @@ class DraftRunner:
         self.size = target.token_budget  # rows of a batch
         cparams = context_params(config, self.size, min(self.size, 512), self.streams)
         cparams.n_ctx = target.seq_ctx * self.streams
+        cparams.n_outputs_max = self.streams  # a logits row a stream a decode: the compute buffer holds no more
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             L.llama_model_free(self.model)
@@ -66,7 +67,7 @@ class DraftRunner:
         target.contexts.append(self.ctx)  # it decodes on the engine's threads, as many as they are
         L.llama_set_n_threads(self.ctx, target.threads.n, target.threads.n)
         self.memory = L.llama_get_memory(self.ctx)
-        self.batch = Batch(self.size)
+        self.batch = Batch(self.size, self.streams)
 
     def decode(self, n: int, outputs: int) -> np.ndarray:
         """llama_decode of the batch's first ``n`` rows; the logits of its ``outputs`` rows marked for them, in order
