@@ -180,13 +180,14 @@ def _log_start(info: ModelInfo, name: str) -> None:
         info.model_bytes / MIB,
     )
     log.info(
-        "KV cache: %d cells (%d sequences of %d) and %d cache slots, %.1f MiB reserved; %d threads, %d-token steps;"
-        " K %s, V %s; %d GPU layers",
+        "KV cache: %d cells (%d sequences of %d) and %d cache slots, %.1f MiB reserved; compute buffers %.1f MiB;"
+        " %d threads, %d-token steps; K %s, V %s; %d GPU layers",
         info.ctx_size,
         info.parallel,
         info.seq_ctx,
         info.cache_slots,
         info.kv_bytes / MIB,
+        info.compute_bytes / MIB,
         info.threads,
         info.batch_size,
         info.cache_type_k,

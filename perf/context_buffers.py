@@ -11,6 +11,7 @@ llama-server is started with its log at debug level and stopped once its buffers
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import subprocess
 import sys
@@ -54,7 +55,16 @@ def cllm_context(model: str, args) -> dict[str, float]:
         parallel=args.parallel, ctx_size=args.ctx_size, flash_attn="on", spec_type=args.spec_type, spec_memory=0
     )
     _said.clear()
-    mr.silence_llama_logs = lambda: L.llama_log_set(_keep, None)
+    mr.silence_llama_logs = lambda: L.llama_log_set(_keep, None)  # the model's buffers, as it loads
+    reported = mr.reported
+
+    @contextlib.contextmanager
+    def kept():  # the context's, which the runner reads itself
+        with reported() as lines:
+            yield lines
+        _said.extend(lines)
+
+    mr.reported = kept
     runner = mr.ModelRunner(model, config)
     runner.close()
     return figures("".join(_said))

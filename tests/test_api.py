@@ -89,6 +89,9 @@ def test_model_info(http):
     assert data["num_layers"] == 30
     assert data["max_sequence_length"] == 8192 // 16
     assert data["num_threads"] >= 1 and data["batch_size"] == 512 and data["use_mmap"] is True
+    # llama.cpp's own figure: a logits row a stream and a scored chunk's 64 (a row for each of a step's 512 tokens
+    # was 96 MiB of it alone)
+    assert 1 << 20 < data["compute_bytes"] < 40 << 20
 
 
 def test_encode_matches_generate_prompt_tokens(http):

@@ -5,6 +5,7 @@ more rows than that is an error, not llama.cpp's abort of the whole process."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import llama_cpp as L
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from cllm.core.config import ServeConfig
-from cllm.core.llama_log import silence_llama_logs
+from cllm.core.llama_log import reported, silence_llama_logs
 from cllm.core.model_file import resolve_model
 from engine_proc.sequence import DRAFT_ROWS, SCORED_ROWS
 
@@ -28,12 +29,15 @@ def _runner(monkeypatch, config: ServeConfig):
     """A ModelRunner, with what llama.cpp said while it made its context."""
     import engine_proc.run.model_runner as mr
 
+    @contextlib.contextmanager
+    def kept():
+        with reported() as lines:
+            yield lines
+        _said.extend(lines)
+
     _said.clear()
-    monkeypatch.setattr(mr, "silence_llama_logs", lambda: L.llama_log_set(_keep, None))
-    try:
-        return mr.ModelRunner(resolve_model(None), config), "".join(_said)
-    finally:
-        silence_llama_logs()
+    monkeypatch.setattr(mr, "reported", kept)
+    return mr.ModelRunner(resolve_model(None), config), "".join(_said)
 
 
 def _said_value(said: str, what: str) -> float:
@@ -51,7 +55,8 @@ def test_the_context_reserves_a_row_a_stream_and_a_chunks_or_drafts_rows(monkeyp
         assert _said_value(said, "n_outputs_max") == runner.n_streams + extra
         # SmolLM2's 49,152-entry rows: 12 MiB a 64 rows. With a row for each of a step's 512 tokens the buffer was 98
         # MiB at 64 sequences (llama-server's, a row a sequence: 18 MiB).
-        assert _said_value(said, "CPU compute buffer size") < (40 if spec == "ngram" else 30)
+        assert runner.info.compute_bytes == int(_said_value(said, "CPU compute buffer size") * 2**20)
+        assert runner.info.compute_bytes < (40 if spec == "ngram" else 30) * 2**20
     finally:
         runner.close()
 

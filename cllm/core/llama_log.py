@@ -15,8 +15,7 @@ _log = logging.getLogger("llama.cpp")
 _caught: list[str] | None = None  # set while capture() runs: the error lines go here instead of the log
 
 
-@L.llama_log_callback
-def _log_errors(level, text, user_data):
+def _error(level, text) -> None:
     if level == _GGML_LOG_LEVEL_ERROR:
         message = text.decode(errors="replace").rstrip()
         if message:
@@ -26,8 +25,38 @@ def _log_errors(level, text, user_data):
                 _log.error(message)
 
 
+@L.llama_log_callback
+def _log_errors(level, text, user_data):
+    _error(level, text)
+
+
 def silence_llama_logs() -> None:
     L.llama_log_set(_log_errors, None)
+
+
+_said: list[str] | None = None  # set while reported() runs: every line llama.cpp logs
+
+
+@L.llama_log_callback
+def _log_all(level, text, user_data):
+    if _said is not None:
+        _said.append(text.decode(errors="replace"))
+    _error(level, text)
+
+
+@contextlib.contextmanager
+def reported():
+    """Every line llama.cpp logs during the block, its errors logged as always: what it says it allocates, say.
+    Quiet again after it."""
+    global _said
+    lines: list[str] = []
+    _said = lines
+    L.llama_log_set(_log_all, None)
+    try:
+        yield lines
+    finally:
+        _said = None
+        silence_llama_logs()
 
 
 def silence_mtmd_logs() -> None:

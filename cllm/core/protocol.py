@@ -144,6 +144,7 @@ class ModelInfo(msgspec.Struct, gc=False):
     cache_slots: int = 0  # KV streams of seq_ctx cells beyond parallel, for the prefix cache
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    compute_bytes: int = 0  # llama.cpp's compute buffers for the context, as it reports them (on the GPU with layers)
     embedding_dim: int = 0  # length of an /v1/embeddings vector
     max_embedding_tokens: int = 0  # most tokens of one embeddings input: what one embeddings decode holds
     rerank: bool = False  # the engine scores rerank prompts (--rerank): its model has a classification head

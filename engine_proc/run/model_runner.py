@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import time
 
 import llama_cpp as L
 import numpy as np
 
 from cllm.core.config import ServeConfig
-from cllm.core.llama_log import silence_llama_logs
+from cllm.core.llama_log import reported, silence_llama_logs
 from cllm.core.model_meta import gpu_layers, kv_cache_bytes
 from cllm.core.model_meta import meta as _meta
 from cllm.core.protocol import ModelInfo
@@ -91,7 +92,8 @@ class ModelRunner:
         # (engine_proc/sequence.py); llama.cpp's default, n_batch, reserved them for every token of a step.
         extra = DRAFT_ROWS if config.spec_types else SCORED_ROWS
         cparams.n_outputs_max = max(min(self.n_streams + extra, self.token_budget), self.n_streams)
-        self.ctx = L.llama_init_from_model(self.model, cparams)
+        with reported() as said:
+            self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             L.llama_model_free(self.model)
             raise ModelLoadError(f"llama.cpp could not create a context of {cparams.n_ctx} cells for {model_path}")
@@ -140,6 +142,7 @@ class ModelRunner:
             n_ctx_train=L.llama_model_n_ctx_train(self.model),
             ctx_size=self.seq_ctx * config.parallel,
             kv_bytes=kv_cache_bytes(self.model, L.llama_n_ctx(self.ctx), config.cache_type_k, config.cache_type_v),
+            compute_bytes=compute_bytes("".join(said)),
             seq_ctx=self.seq_ctx,
             parallel=config.parallel,
             cache_slots=config.kv_streams - config.parallel,
@@ -325,6 +328,11 @@ class ModelRunner:
         self._thread.close()
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
+
+
+def compute_bytes(said: str) -> int:
+    """The compute buffers llama.cpp says it allocated for a context (every device's), in bytes."""
+    return int(sum(float(m) for m in re.findall(r"compute buffer size =\s*([\d.]+) MiB", said)) * (1 << 20))
 
 
 def _quantization(model) -> str:

@@ -187,7 +187,7 @@ async def ps(request: Request) -> Response:
         if model.status != "loaded" or info is None:
             continue
         entry = await _entry(model)
-        size = info.model_bytes + info.kv_bytes
+        size = info.model_bytes + info.kv_bytes + info.compute_bytes
         keep = model.keep_alive if server(request).pool.multi else 0
         entry.update(
             expires_at=rfc3339(time.time() + keep - (time.monotonic() - model.last_used)) if keep else FOREVER,
