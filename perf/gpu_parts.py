@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+import httpx
 import psutil
 
 from cllm.bench import dialects, http_load
@@ -221,7 +222,11 @@ def http(args, label: str, model: str, record, budget: Budget, extra: tuple[str,
                 progress=False,
             )
             record({**r, "system": label, "sampled": sampled})
-        record({"system": label, "memory": memory(server.proc.pid, args.gpu_baseline)})
+        mem = memory(server.proc.pid, args.gpu_baseline)
+        if label.startswith("cllm"):  # what the engine's llama.cpp says it holds, for where the VRAM goes
+            info = httpx.get(server.url + "/model/info", timeout=REQUEST_TIMEOUT).json()["data"]
+            mem["reported_mib"] = {k: round(info.get(f"{k}_bytes", 0) / MIB) for k in ("model", "kv", "compute")}
+        record({"system": label, "memory": mem})
     finally:
         stop(server)
 

@@ -132,10 +132,20 @@ def table(doc: dict) -> str:
             lines.append(line)
         mem = [r for r in rows if "memory" in r]
         if mem:
-            lines += ["", "| server | RSS MiB (process tree) | VRAM MiB |", "|---|---|---|"]
+            lines += [
+                "",
+                "| server | RSS MiB (process tree) | VRAM MiB | the engine's model / KV / compute MiB (/model/info) |",
+                "|---|---|---|---|",
+            ]
             lines += [
                 f"| {r['system']} | {r['memory']['rss_mib']} | "
-                f"{r['memory']['vram_mib'] if r['memory']['vram_mib'] is not None else '-'} |"
+                f"{r['memory']['vram_mib'] if r['memory']['vram_mib'] is not None else '-'} | "
+                + (
+                    " / ".join(str(v) for v in r["memory"]["reported_mib"].values())
+                    if "reported_mib" in r["memory"]
+                    else "-"
+                )
+                + " |"
                 for r in mem
             ]
         if m.get("engine"):

@@ -103,7 +103,10 @@ def test_report_table_divides_the_right_cells(tmp_path):
         {"system": "llama-server", "concurrency": 32, "sampled": False, "tokens_per_second": 800.0, "errors": 0},
         {"system": "llama-server -bs", "concurrency": 32, "sampled": False, "tokens_per_second": 900.0, "errors": 0},
         {"system": "cllm", "concurrency": 32, "sampled": False, "tokens_per_second": 950.0, "errors": 0},
-        {"system": "cllm", "memory": {"rss_mib": 700, "vram_mib": 5000}},
+        {
+            "system": "cllm",
+            "memory": {"rss_mib": 700, "vram_mib": 5000, "reported_mib": {"model": 4, "kv": 3, "compute": 2}},
+        },
     ]
     doc = {
         "device": "test",
@@ -123,7 +126,7 @@ def test_report_table_divides_the_right_cells(tmp_path):
     gpu_report.render(str(tmp_path))
     md = (tmp_path / "results.md").read_text()
     assert "| 32 | greedy | 1,000 | 800 | 900 | 950 | 0.95 | 1.06 | 1.19 |" in md
-    assert "| cllm | 700 | 5000 |" in md
+    assert "| cllm | 700 | 5000 | 4 / 3 / 2 |" in md
     assert "SPEED only" in md
 
 
@@ -164,6 +167,10 @@ def test_gpu_run_dry_on_this_cpu(tmp_path):
         assert cells == want, (system, cells)
         if system != "raw":
             assert any(r["system"] == system and r.get("memory", {}).get("rss_mib", 0) > 0 for r in rows)
+        if system.startswith("cllm"):  # and what its engine's llama.cpp says it holds
+            assert any(
+                r.get("memory", {}).get("reported_mib", {}).get("compute", 0) > 0 for r in rows if r["system"] == system
+            )
     assert all(not r.get("errors") and r.get("short", 0) == 0 for r in rows if "tokens_per_second" in r)
     spec = doc["speculation"]["results"][0]["table"]  # the carried model, joined and checked
     assert spec.startswith("| workload |") and "cllm ÷ best llama-server | cllm ÷ cllm-nospec |" in spec
