@@ -8,22 +8,16 @@ from __future__ import annotations
 import contextlib
 import re
 
-import llama_cpp as L
 import numpy as np
 import pytest
 
 from cllm.core.config import ServeConfig
-from cllm.core.llama_log import reported, silence_llama_logs
+from cllm.core.llama_log import reported
 from cllm.core.model_file import resolve_model
 from engine_proc.run.model_runner import compute_bytes
 from engine_proc.sequence import DRAFT_ROWS, SCORED_ROWS
 
 _said: list[str] = []
-
-
-@L.llama_log_callback
-def _keep(level, text, user_data):
-    _said.append(text.decode(errors="replace"))
 
 
 def _runner(monkeypatch, config: ServeConfig):
@@ -69,29 +63,15 @@ def test_the_draft_models_context_reserves_a_row_a_stream(monkeypatch):
 
     config = ServeConfig(parallel=64, ctx_size=64 * 300)
     runner, _ = _runner(monkeypatch, config)
-    _said.clear()
-    monkeypatch.setattr(dr.L, "llama_init_from_model", _logged(dr.L.llama_init_from_model))
     try:
-        draft = dr.DraftRunner(resolve_model(None), runner, config)  # the embedded model drafts for itself
-        said = "".join(_said)
+        with reported() as lines:  # the draft runner leaves llama.cpp's log as it finds it
+            draft = dr.DraftRunner(resolve_model(None), runner, config)  # the embedded model drafts for itself
+        said = "".join(lines)
         draft.close()
     finally:
         runner.close()
     assert _said_value(said, "n_outputs_max") == config.parallel
     assert 0 < compute_bytes(said) < 30 * 2**20
-
-
-def _logged(make):
-    """llama_init_from_model with llama.cpp's log kept while it runs."""
-
-    def made(*args):
-        L.llama_log_set(_keep, None)
-        try:
-            return make(*args)
-        finally:
-            silence_llama_logs()
-
-    return made
 
 
 def test_a_decode_asking_for_more_rows_is_an_error_and_the_context_serves_on(monkeypatch):
