@@ -10,7 +10,9 @@ import time
 
 import pytest
 
+from cllm.core.config import ServeConfig
 from cllm.core.log import JsonFormatter, TextFormatter
+from cllm.core.model_meta import gpu_layers
 from tests.conftest import ROOT, start_server
 from tests.test_api import generate, stream_events
 
@@ -50,8 +52,11 @@ def test_json_logs_startup_figures_and_one_line_per_request(json_server):
 
     messages = " | ".join(r["message"] for r in records)
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in messages and "135M parameters" in messages
-    # 30 layers x 3 streams of 256 cells (2 sequences, no cache slot by default, a scratch stream) x 384 x 2 bytes
-    assert "KV cache: 512 cells (2 sequences of 256) and 0 cache slots, 16.9 MiB reserved; " in messages
+    # 30 layers x 2 streams of 256 cells (2 sequences, no cache slot by default; in host memory no scratch stream
+    # for them to trade places through, in device memory one more) x 384 x 2 bytes
+    streams = 2 + (gpu_layers(ServeConfig()) > 0)
+    reserved = 30 * streams * 256 * 384 * 2 / (1 << 20)
+    assert f"KV cache: 512 cells (2 sequences of 256) and 0 cache slots, {reserved:.1f} MiB reserved; " in messages
     assert f"listening on {srv.url}" in messages
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
 

@@ -54,16 +54,18 @@ class Run:
 
     def cells(self, prompt: list[int]) -> bytes:
         """The cells the prompt's request left in its stream, as llama_state_seq_get_data gives them: each cell's
-        position, then its K and V rows. They also name their stream, so they are read from the scratch stream
-        (free between steps) whatever stream holds them."""
+        position, then its K and V rows. They also name their stream, so they are read from the last stream
+        whatever stream holds them (what it held put back)."""
         runner = self.engine.runner
         entries = self.engine.scheduler.cache.entries
         (slot,) = [slot for slot, entry in entries.items() if entry.tokens.tolist() == prompt]
-        assert runner.restore(runner.scratch, runner.save(slot))
+        last = runner.n_streams - 1
+        held = runner.save(last)
+        assert runner.restore(last, runner.save(slot))
         try:
-            return runner.save(runner.scratch).tobytes()
+            return runner.save(last).tobytes()
         finally:
-            runner.clear(runner.scratch)
+            assert runner.restore(last, held)
 
     def restored(self) -> int:
         return self.engine.stats().prefix_cache.restored

@@ -22,7 +22,7 @@ LogFormat = Literal["text", "json"]
 FlashAttn = Literal["auto", "on", "off"]
 ReasoningFormat = Literal["auto", "none"]
 MAX_DRAFT = 256  # tokens one sequence may draft in a step
-MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one is the prefix cache's scratch
+MAX_STREAMS = 256  # llama.cpp's most sequences (LLAMA_MAX_SEQ); one may be the prefix cache's scratch
 CacheType = Literal["f32", "f16", "q8_0", "q4_0"]  # quantized caches hold more sequences in the same memory
 DeviceSampling = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/sampling/sampler.py)
 SteadySteps = Literal["auto", "on", "off"]  # auto: on with GPU layers (engine_proc/scheduler.py)
@@ -453,7 +453,13 @@ class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="k
         """KV streams the engine keeps: one per running sequence, and the cache's slots."""
         if not self.prefix_cache:
             return self.parallel
-        return min(self.parallel + self.cache_slots, MAX_STREAMS - 1)  # and the scratch stream
+        return min(self.parallel + self.cache_slots, MAX_STREAMS - 1)  # and room for a scratch stream
+
+    def n_streams(self, on_device: bool) -> int:
+        """KV streams llama.cpp allocates: kv_streams, and where they are in device memory (``on_device``) and the
+        prefix cache trades their places, one more that they trade places through (ModelRunner.swap); streams in
+        host memory trade places through host bytes."""
+        return self.kv_streams + (self.prefix_cache and on_device and self.kv_streams > 1)
 
     def body_bytes(self, images: bool) -> int:
         """The largest request body: as set, else 1 MiB, or where a model takes images room for a request's
@@ -462,7 +468,6 @@ class ServeConfig(_Settings, kw_only=True, forbid_unknown_fields=True, rename="k
             return self.max_body_bytes
         return MAX_REQUEST_BYTES * 4 // 3 + (1 << 20) if images else 1 << 20
 
-    @property
-    def kv_cells(self) -> int:
-        """KV cells the engine allocates: a sequence's share for every stream and one scratch stream."""
-        return self.ctx_size // self.parallel * (self.kv_streams + self.prefix_cache)
+    def kv_cells(self, on_device: bool) -> int:
+        """KV cells the engine allocates: a sequence's share for every stream (n_streams)."""
+        return self.ctx_size // self.parallel * self.n_streams(on_device)

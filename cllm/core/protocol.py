@@ -134,7 +134,7 @@ class ModelInfo(msgspec.Struct, gc=False):
     model_bytes: int  # size of the weights
     n_ctx_train: int
     ctx_size: int  # KV cells of the running sequences
-    kv_bytes: int  # memory the KV cache reserves, the prefix cache's slots and scratch stream included
+    kv_bytes: int  # memory the KV cache reserves: the prefix cache's slots and a GPU's scratch stream included
     seq_ctx: int = msgspec.field(name="max_sequence_length")  # KV cells one sequence may use
     parallel: int
     batch_size: int

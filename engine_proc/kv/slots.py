@@ -8,9 +8,9 @@ restored first), what the slot held moved out of the way or let go; a
 finished one leaves its cells behind as an entry. The scheduler
 (engine_proc/scheduler.py) decides when; this keeps the books of where.
 
-Cells move through ``kv`` (the model runner): copies asked of llama.cpp
-happen at the start of the next llama_decode, in the order asked; saves and
-restores through host memory at once.
+Cells move through ``kv`` (the model runner): between streams in host
+memory at once; between streams in device memory at the start of the next
+llama_decode, in the order asked; saves and restores through host RAM at once.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from engine_proc.sequence import Sequence
 
 class KvStreams(Protocol):
     # dst := the cells of src before position `keep` (a Sequence's cell n is at its position(n))
-    def copy(self, src: int, dst: int, keep: int, at_once: bool = False) -> None: ...
+    def copy(self, src: int, dst: int, keep: int) -> None: ...
     def swap(self, a: int, b: int) -> None: ...  # trade the two streams' cells
     def trim(self, slot: int, keep: int) -> None: ...  # drop the cells from position `keep` on
     def clear(self, slot: int) -> None: ...
@@ -157,13 +157,13 @@ class Slots:
         if eb is not None:
             self.cache.entries[a] = eb
 
-    def _rehome(self, slot: int, entry: Entry, held: Held, exclude: int, at_once: bool = False) -> None:
+    def _rehome(self, slot: int, entry: Entry, held: Held, exclude: int) -> None:
         """Move the entry out of ``slot`` before it is overwritten, or let it go (to host RAM if it has room)."""
         dst, lost = self.cache.rehome(entry, [s for s in self.free if s != exclude], held)
         if lost is not None:
             self._stash(slot if dst < 0 else dst, lost, held)
         if dst >= 0:
-            self.kv.copy(slot, dst, len(entry.tokens), at_once)
+            self.kv.copy(slot, dst, len(entry.tokens))
 
     def _stash(self, slot: int, entry: Entry, held: Held) -> None:
         """Copy the cells of an entry about to lose its stream to host RAM, if they are worth it."""
@@ -187,7 +187,7 @@ class Slots:
         cache.host.take(stored)  # first: room for what it displaces
         lost = cache.entries.pop(dst, None)
         if lost is not None and here:
-            self._rehome(dst, lost, held, exclude=dst, at_once=True)
+            self._rehome(dst, lost, held, exclude=dst)
         elif lost is not None:
             self._stash(dst, lost, held)
         if not self.kv.restore(dst, stored.data):

@@ -54,7 +54,7 @@ class ModelLoadError(RuntimeError):
 
 def context_params(config: ServeConfig, token_budget: int, n_ubatch: int, n_streams: int):
     cparams = L.llama_context_default_params()
-    cparams.n_ctx = config.kv_cells
+    cparams.n_ctx = config.ctx_size // config.parallel * n_streams
     cparams.n_batch = token_budget
     cparams.n_ubatch = n_ubatch
     cparams.n_seq_max = n_streams
@@ -82,10 +82,11 @@ class ModelRunner:
         # A step always has room for one token of every running sequence.
         self.token_budget = max(config.batch_size, config.parallel)
 
-        # --ctx-size is shared by the running sequences; the cache's slots get
-        # as much each, and so does the scratch stream the scheduler swaps through.
-        self.scratch = config.kv_streams
-        self.n_streams = config.kv_streams + config.prefix_cache
+        # --ctx-size is shared by the running sequences; the cache's slots get as much each, and so does the
+        # stream that streams in device memory trade places through (swap), where there is one.
+        on_device = mparams.n_gpu_layers > 0
+        self.n_streams = config.n_streams(on_device)
+        self.scratch = config.kv_streams if self.n_streams > config.kv_streams else None
         self.n_ubatch = min(self.token_budget, 512)
         cparams = context_params(config, self.token_budget, self.n_ubatch, self.n_streams)
         # The most logits rows a decode asks: a row a stream, and a step's scored prompt rows or drafts
@@ -117,7 +118,7 @@ class ModelRunner:
         self._positions = np.arange(self.seq_ctx, dtype=np.int32)
         # Streams in device memory are copied on the device, in the next llama_decode's order: a save and
         # restore through host bytes would wait for the device and cross the bus twice.
-        self._copy_through_host = mparams.n_gpu_layers == 0
+        self._copy_through_host = not on_device
         self.threads.probe(server=server_cpu(server))
         # llama.cpp's count of ubatches that reused the previous one's compute graph (PR 14482: same token
         # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
@@ -236,49 +237,40 @@ class ModelRunner:
 
     # The scheduler's KvStreams: one stream per slot.
 
-    def copy(self, src: int, dst: int, keep: int, at_once: bool = False) -> None:
+    def copy(self, src: int, dst: int, keep: int) -> None:
         """Stream ``dst`` := the first ``keep`` cells of ``src``, at the same indices.
 
-        llama.cpp copies the whole stream's data, every cell of it (~7 ms for
-        4096 cells of the embedded model here), at the start of the next
-        llama_decode, after the copies asked before this one. Between settled
-        streams a short sequence's cells are saved and restored at once
-        instead (~3.5 ms for 1100 tokens): see _cheaper_at_once. ``at_once``:
-        so in any case (the caller checked can_move_at_once), since it is about
-        to write ``src``'s cells itself.
+        Streams in host memory: at once, through host bytes, so that every such stream is always settled and
+        none needs a scratch stream to trade places (swap). A stream's cells saved and restored pass through
+        memory twice where llama.cpp's whole-stream copy moves every cell once, used or not: dearer only for a
+        stream more than half full. Streams in device memory: llama.cpp copies the whole stream on the device at
+        the start of the next llama_decode, after the copies asked before this one.
         """
-        if not (
-            (at_once or self._cheaper_at_once((src,), (src, dst), 1)) and self.restore(dst, self.save(src, scratch=0))
-        ):
+        if self._copy_through_host:
+            self._restore(dst, self.save(src, scratch=0))
+        else:
             L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
             self._moving.update((src, dst))
         L.llama_memory_seq_rm(self.memory, dst, keep, -1)
 
     def swap(self, a: int, b: int) -> None:
-        """Trade two streams' cells: saved and restored at once when that is cheaper, else through the scratch
-        stream."""
-        if self._cheaper_at_once((a, b), (a, b), 3):  # through the scratch stream: three copies
+        """Trade two streams' cells: through host bytes at once (streams in host memory), else through the
+        scratch stream."""
+        if self._copy_through_host:
             data_a, data_b = self.save(a, scratch=0), self.save(b, scratch=1)
-            if not (self.restore(a, data_b) and self.restore(b, data_a)):
-                raise RuntimeError(f"llama.cpp could not swap KV streams {a} and {b}")
+            self._restore(a, data_b)
+            self._restore(b, data_a)
             return
+        assert self.scratch is not None  # one stream alone trades places with none
         for src, dst in ((a, self.scratch), (b, a), (self.scratch, b)):
             L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
         self.clear(self.scratch)
         self._moving.update((a, b))
 
-    def _cheaper_at_once(self, moved: tuple[int, ...], settled: tuple[int, ...], whole_copies: int) -> bool:
-        """Whether saving and restoring the cells of the ``moved`` streams costs less than ``whole_copies``
-        whole-stream copies; only between ``settled`` streams in host memory.
-
-        Both copy the same K and V rows; a cell saved and restored through a used
-        scratch buffer passes through host memory twice where a whole-stream copy
-        moves it once, so a cell of the first is counted as 2 of the second.
-        """
-        if not self.can_move_at_once(settled):
-            return False
-        held = sum(L.llama_memory_seq_pos_max(self.memory, s) + 1 for s in moved)
-        return held * 2.0 < self.seq_ctx * whole_copies
+    def _restore(self, slot: int, data: np.ndarray) -> None:
+        # A stream's cells always fit another stream of the same size: not fitting is llama.cpp's failure.
+        if not self.restore(slot, data):
+            raise RuntimeError(f"llama.cpp could not restore {data.nbytes} bytes of cells into KV stream {slot}")
 
     def can_move_at_once(self, slots) -> bool:
         """Whether cells can go between these streams at once: streams in host memory, none waiting for a copy."""

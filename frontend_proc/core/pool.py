@@ -27,7 +27,7 @@ import msgspec
 from cllm.core.errors import RETRY_AFTER, ApiError
 from cllm.core.launch import ModelSlot
 from cllm.core.model_file import model_bytes
-from cllm.core.model_meta import kv_cache_bytes
+from cllm.core.model_meta import gpu_layers, kv_cache_bytes
 from cllm.core.protocol import Control, EngineExited, LoadModel, ModelInfo, UnloadModel
 from frontend_proc.core.lora import Adapter, LoraAdapters
 from frontend_proc.core.state import ModelState
@@ -286,7 +286,8 @@ class ModelPool:
     def _check_memory(self, model: Model, tokenizer: Tokenizer) -> None:
         """Refuse a load that would not fit the memory left: the file plus every replica's KV cache."""
         config = model.spec.config
-        kv = kv_cache_bytes(tokenizer.model, config.kv_cells, config.cache_type_k, config.cache_type_v)
+        cells = config.kv_cells(gpu_layers(config) > 0)
+        kv = kv_cache_bytes(tokenizer.model, cells, config.cache_type_k, config.cache_type_v)
         need = model_bytes(model.spec.path) + kv * len(model.clients)
         import psutil  # here: only a registry's loads need it, and its import costs every start ~0.02 CPU s
 
@@ -295,7 +296,7 @@ class ModelPool:
             raise ApiError(
                 503,
                 "insufficient memory",
-                f"the model `{model.id}` needs {need / MIB:.0f} MiB (file and KV cache of {config.kv_cells} cells"
+                f"the model `{model.id}` needs {need / MIB:.0f} MiB (file and KV cache of {cells} cells"
                 f" x {len(model.clients)} replicas) but {available / MIB:.0f} MiB are available",
             )
 

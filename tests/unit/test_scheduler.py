@@ -2,9 +2,10 @@
 that holds each stream's tokens (the prefix cache's books: tests/unit/test_slots.py).
 
 The fake keeps each stream as llama.cpp does: how many cells it says it
-holds (changed at once by every call) and what those cells hold (a copy or
-swap reaches them only at the next decode, after the ones asked before it;
-a host RAM restore at once). Every chunk a step decodes writes its tokens at
+holds (changed at once by every call) and what those cells hold (between
+streams on a device a copy or swap reaches them only at the next decode,
+after the ones asked before it; between streams in host memory, and a host
+RAM restore, at once). Every chunk a step decodes writes its tokens at
 its positions. After every step each running sequence's stream must hold
 exactly its known tokens so far, each cache entry's stream exactly its
 entry's tokens, and each copy in host RAM its entry's tokens: a slot mixed
@@ -30,12 +31,11 @@ class FakeStreams:
         self.data: list[list[int]] = [[] for _ in range(n + 1)]  # what they hold
         self.scratch = n
         self.queued: list[tuple[int, int]] = []  # stream copies (src, dst) the next decode carries out
-        self.host = host  # streams in host memory: cells can move between settled ones at once
+        self.host = host  # streams in host memory: cells move at once, none through the scratch stream
 
-    def copy(self, src: int, dst: int, keep: int, at_once: bool = False) -> None:
+    def copy(self, src: int, dst: int, keep: int) -> None:
         self.n[dst] = min(self.n[src], keep)
-        if at_once:
-            assert self.can_move_at_once((src, dst))
+        if self.host:
             self.data[dst] = list(self.data[src])
         else:
             self.queued.append((src, dst))
@@ -45,7 +45,10 @@ class FakeStreams:
 
     def swap(self, a: int, b: int) -> None:
         self.n[a], self.n[b] = self.n[b], self.n[a]
-        self.queued += [(a, self.scratch), (b, a), (self.scratch, b)]
+        if self.host:
+            self.data[a], self.data[b] = self.data[b], self.data[a]
+        else:
+            self.queued += [(a, self.scratch), (b, a), (self.scratch, b)]
 
     def trim(self, slot: int, keep: int) -> None:
         self.n[slot] = min(self.n[slot], keep)
