@@ -26,6 +26,8 @@ from engine_proc.sequence import Sequence
 
 
 class KvStreams(Protocol):
+    moves_at_once: bool  # streams in host memory: copies and swaps happen at once, so every stream is settled
+
     # dst := the cells of src before position `keep` (a Sequence's cell n is at its position(n))
     def copy(self, src: int, dst: int, keep: int) -> None: ...
     def swap(self, a: int, b: int) -> None: ...  # trade the two streams' cells
@@ -36,7 +38,6 @@ class KvStreams(Protocol):
     def settled(self, slot: int) -> bool: ...
     def save(self, slot: int) -> np.ndarray: ...
     def restore(self, slot: int, data: np.ndarray) -> bool: ...
-    def can_move_at_once(self, slots) -> bool: ...  # streams in host memory, all of these settled
 
 
 class Slots:
@@ -97,7 +98,7 @@ class Slots:
         stream its sequence takes, where a warmed stream would trade places with it: a save and a restore
         of each, through scratch pages a new process has yet to touch, cost that turn what the warming saved."""
         cache = self.cache
-        if steps or self.kv.can_move_at_once(self.free):
+        if steps or self.kv.moves_at_once:
             return cache.warm(self.kv, [])
         return cache.warm(self.kv, [s for s in self.free if s not in cache.entries and self.kv.settled(s)])
 
@@ -180,7 +181,7 @@ class Slots:
         0.16-0.17 s). Else into the settled free slot worth least.
         """
         cache = self.cache
-        here = self.kv.can_move_at_once(self.free)
+        here = self.kv.moves_at_once
         dst = into if here else cache.victim([s for s in self.free if self.kv.settled(s)], held)
         if dst < 0:
             return -1

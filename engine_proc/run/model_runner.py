@@ -103,7 +103,7 @@ class ModelRunner:
         self.eog_tokens = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
         # The contexts that decode on the engine's threads (new_context adds the embedder's).
         self.contexts = [self.ctx]
-        follow = not config.fixed_threads and mparams.n_gpu_layers == 0  # a GPU's layers do not meet at CPU barriers
+        follow = not config.fixed_threads and not on_device  # a GPU's layers do not meet at CPU barriers
         self.threads = Threads(config.n_threads, self.set_threads, follow)
 
         self._b = Batch(self.token_budget, cparams.n_outputs_max)
@@ -116,16 +116,17 @@ class ModelRunner:
         # Each grows to the largest stream copied at once: at most one stream's cells, and a quarter.
         self._scratch = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
         self._positions = np.arange(self.seq_ctx, dtype=np.int32)
-        # Streams in device memory are copied on the device, in the next llama_decode's order: a save and
-        # restore through host bytes would wait for the device and cross the bus twice.
-        self._copy_through_host = not on_device
+        # Streams in host memory move at once, through host bytes (copy, swap); streams in device memory are
+        # copied on the device, in the next llama_decode's order: a save and restore through host bytes would wait
+        # for the device and cross the bus twice.
+        self.moves_at_once = not on_device
         self.threads.probe(server=server_cpu(server))
         # llama.cpp's count of ubatches that reused the previous one's compute graph (PR 14482: same token
         # count, seq ids, outputs and KV mask shape), and whether the last decode() did.
         self._n_reused = L.llama_perf_context(self.ctx).n_reused
         self.reused = False
         self.warmed: tuple[int, float] | None = None  # the start's warm-up: tokens decoded, seconds
-        if config.warmup == "on" or (config.warmup == "auto" and mparams.n_gpu_layers > 0):
+        if config.warmup == "on" or (config.warmup == "auto" and on_device):
             try:
                 self.warm_up(WARMUP_TOKENS)
             except RuntimeError:  # a decode that failed here is no reason not to serve: the cells go all the same
@@ -246,7 +247,7 @@ class ModelRunner:
         stream more than half full. Streams in device memory: llama.cpp copies the whole stream on the device at
         the start of the next llama_decode, after the copies asked before this one.
         """
-        if self._copy_through_host:
+        if self.moves_at_once:
             self._restore(dst, self.save(src, scratch=0))
         else:
             L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
@@ -256,7 +257,7 @@ class ModelRunner:
     def swap(self, a: int, b: int) -> None:
         """Trade two streams' cells: through host bytes at once (streams in host memory), else through the
         scratch stream."""
-        if self._copy_through_host:
+        if self.moves_at_once:
             data_a, data_b = self.save(a, scratch=0), self.save(b, scratch=1)
             self._restore(a, data_b)
             self._restore(b, data_a)
@@ -271,10 +272,6 @@ class ModelRunner:
         # A stream's cells always fit another stream of the same size: not fitting is llama.cpp's failure.
         if not self.restore(slot, data):
             raise RuntimeError(f"llama.cpp could not restore {data.nbytes} bytes of cells into KV stream {slot}")
-
-    def can_move_at_once(self, slots) -> bool:
-        """Whether cells can go between these streams at once: streams in host memory, none waiting for a copy."""
-        return self._copy_through_host and all(map(self.settled, slots))
 
     def settled(self, slot: int) -> bool:
         """Whether the stream's data is what its cells say: no copy from or to it waits for the next decode."""

@@ -31,21 +31,18 @@ class FakeStreams:
         self.data: list[list[int]] = [[] for _ in range(n + 1)]  # what they hold
         self.scratch = n
         self.queued: list[tuple[int, int]] = []  # stream copies (src, dst) the next decode carries out
-        self.host = host  # streams in host memory: cells move at once, none through the scratch stream
+        self.moves_at_once = host  # streams in host memory: cells move at once, none through the scratch stream
 
     def copy(self, src: int, dst: int, keep: int) -> None:
         self.n[dst] = min(self.n[src], keep)
-        if self.host:
+        if self.moves_at_once:
             self.data[dst] = list(self.data[src])
         else:
             self.queued.append((src, dst))
 
-    def can_move_at_once(self, slots) -> bool:
-        return self.host and all(map(self.settled, slots))
-
     def swap(self, a: int, b: int) -> None:
         self.n[a], self.n[b] = self.n[b], self.n[a]
-        if self.host:
+        if self.moves_at_once:
             self.data[a], self.data[b] = self.data[b], self.data[a]
         else:
             self.queued += [(a, self.scratch), (b, a), (self.scratch, b)]
