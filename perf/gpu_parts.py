@@ -249,8 +249,10 @@ def speculation(args, model: str, record) -> None:
 
     from perf import speculative
 
-    # No draft-model systems: the one model carried is the embedded one, which would draft for itself.
-    labels = [label for label, (_, extra) in speculative.SYSTEMS.items() if "{draft}" not in extra]
+    # No draft-model systems (the one model carried is the embedded one, which would draft for itself), and of
+    # llama-server's n-gram types the two the device call's budget fits: ngram-mod, its best on this CPU
+    # (perf/results/2026-12-05-speculation-llama-server-ngram-types.md), and ngram-simple.
+    labels = ["cllm", "cllm-nospec", "llama-server-ngram-mod", "llama-server-ngram-simple", "llama-server-none"]
     started = []
     try:
         for label in labels:

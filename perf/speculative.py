@@ -49,6 +49,9 @@ SYSTEMS = {  # label: (system, extra command-line arguments)
     "cllm-nospec": ("cllm", ("--spec-type", "none")),
     "llama-server-ngram-mod": ("llama-server", ("--spec-type", "ngram-mod")),
     "llama-server-ngram-simple": ("llama-server", ("--spec-type", "ngram-simple")),
+    "llama-server-ngram-map-k": ("llama-server", ("--spec-type", "ngram-map-k")),
+    "llama-server-ngram-map-k4v": ("llama-server", ("--spec-type", "ngram-map-k4v")),
+    "llama-server-ngram-cache": ("llama-server", ("--spec-type", "ngram-cache")),
     "llama-server-none": ("llama-server", ()),
     # A draft model ({draft}: --draft, the embedded Q4_1 by default) for the target, as llama-server's -md takes it.
     "cllm-draft": ("cllm", ("--spec-type", "draft-simple", "-md", "{draft}")),
