@@ -52,6 +52,13 @@ SYSTEMS = {  # label: (system, extra command-line arguments)
     "llama-server-ngram-map-k": ("llama-server", ("--spec-type", "ngram-map-k")),
     "llama-server-ngram-map-k4v": ("llama-server", ("--spec-type", "ngram-map-k4v")),
     "llama-server-ngram-cache": ("llama-server", ("--spec-type", "ngram-cache")),
+    # Combined, a slot's draft comes from the first type that has one, in llama.cpp's order (simple, map-k, map-k4v,
+    # mod, cache): per-slot lookups first, then the shared table.
+    "llama-server-ngram-map-k4v+mod": ("llama-server", ("--spec-type", "ngram-map-k4v,ngram-mod")),
+    "llama-server-ngram-all": (
+        "llama-server",
+        ("--spec-type", "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache"),
+    ),
     "llama-server-none": ("llama-server", ()),
     # A draft model ({draft}: --draft, the embedded Q4_1 by default) for the target, as llama-server's -md takes it.
     "cllm-draft": ("cllm", ("--spec-type", "draft-simple", "-md", "{draft}")),
