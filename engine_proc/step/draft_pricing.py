@@ -51,14 +51,18 @@ class StepCosts:
 
     What drafts add is fitted as a fixed part plus a part a drafted row
     (least squares over the steps timed, recent ones weighing most): at
-    several sequences llama.cpp takes as many tokens from each stream in a
-    ubatch, so where some sequences draft, their drafts go in a ubatch of
-    their own, and a short draft pays for that ubatch as a long one does.
-    llama.cpp's CPU flash attention adds to it: it takes a stream's queries
-    in tiles of 64 only where a ubatch holds 64 of them, one at a time
-    otherwise, so on a 2-core CPU a drafted row costs 6-8 ms in drafts of
-    3-55 tokens a sequence and 3-4.5 in drafts of 63 (at 900 tokens of
-    context; perf/results/2026-12-03-draft-rows-flash-attention-tile.md).
+    several sequences llama.cpp takes as many tokens from each of a run of
+    streams whose ids follow one another in a ubatch, one of every stream
+    first, so where some sequences draft, their drafts go in ubatches of
+    their own (one a run of consecutive drafting streams), and a short draft
+    pays for its ubatch as a long one does. llama.cpp's CPU flash attention
+    adds to it: it takes a stream's queries in tiles of 64 only where a
+    ubatch holds 64 of them, one at a time otherwise, so on a 2-core CPU a
+    drafted row costs 6-8 ms in drafts of 3-55 tokens a sequence and 3-4.5
+    in drafts of 63 (at 900 tokens of context;
+    perf/results/2026-12-03-draft-rows-flash-attention-tile.md), and beside
+    sequences that do not draft, a draft keeps the tile only at 64 tokens
+    (perf/results/2026-12-05-verify-layouts-c8-repeated-and-first-run-nospec.md).
     Until drafts of sizes far enough apart were timed, every row costs
     their mean.
     """

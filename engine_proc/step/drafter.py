@@ -153,9 +153,10 @@ class Drafter:
                 drafted.append(chunk)
         if asks:
             drafted += self._ask_model(asks)
-        # llama.cpp splits a batch of several KV streams into ubatches that take as many tokens from each stream:
-        # drafts of one length keep the extra ubatches few. The length that drafts the most rows wins; longer drafts
-        # are cut to it, shorter ones wait (a plain step of theirs costs what the extra ubatch would).
+        # llama.cpp splits a batch of several KV streams into ubatches that take as many tokens from each of a run of
+        # streams whose ids follow one another: drafts of one length keep the extra ubatches few. The length that
+        # drafts the most rows wins; longer drafts are cut to it, shorter ones wait (a plain step of theirs costs
+        # what the extra ubatch would).
         if len(drafted) > 1:
             sizes = sorted(len(c.draft) for c in drafted)
             k = max(sizes, key=lambda n: n * sum(s >= n for s in sizes))
