@@ -60,7 +60,11 @@ from engine_proc.step.ngram_memory import NgramMemory, memory_path
 
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
 SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
-PROBE_STEPS = 64  # steps without drafts, where they do not pay, before trying again
+# Steps without drafts, where they do not pay, before trying again: FIRST_PROBE, doubling up to PROBE_STEPS while
+# tries do not pay. Short drafts cannot tell the step costs what long ones add (StepCosts prices every row at their
+# mean), so a run of them may price out an earlier answer's whole-tile drafts, which a try soon brings back.
+FIRST_PROBE = 4
+PROBE_STEPS = 64
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
 # A run of the memory's marked entries shorter than this is drafted as a guess, not whole: a few tokens of an
 # earlier answer are often a common phrase.
@@ -113,6 +117,7 @@ class Drafter:
         self._drafted = self._accepted = 0  # this step's
         self.costs = StepCosts()
         self._unpaid = 0  # steps since drafting last paid or was tried
+        self._probe_after = FIRST_PROBE  # unpaid steps before the next try
         self.ngram = ngram  # drafts from text (--spec-type ngram)
         self.model = model  # drafts by a draft model where text gives none (draft-simple)
         self._model_seconds = 0.0  # this step's drafting by the model
@@ -127,11 +132,14 @@ class Drafter:
         probe = need >= 1.0
         if probe:
             self._unpaid += 1
-            if self._unpaid < PROBE_STEPS or n not in self.costs.plain:
+            if self._unpaid < self._probe_after or n not in self.costs.plain:
                 return
             # Now and then, to see whether drafting pays again: drafts as long as a sequence alone would draft, so
             # that the step costs learn what long ones add, kept whatever they are priced at.
             need = prior(1)
+            self._probe_after = min(2 * self._probe_after, PROBE_STEPS)
+        else:
+            self._probe_after = FIRST_PROBE
         self._unpaid = 0
         drafted: list[Chunk] = []
         asks: list[tuple[Chunk, int]] = []  # chunks whose drafts the draft model makes, with their room
