@@ -60,9 +60,11 @@ from engine_proc.step.ngram_memory import NgramMemory, memory_path
 
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
 SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
-# Steps without drafts, where they do not pay, before trying again: FIRST_PROBE, doubling up to PROBE_STEPS while
-# tries do not pay. Short drafts cannot tell the step costs what long ones add (StepCosts prices every row at their
-# mean), so a run of them may price out an earlier answer's whole-tile drafts, which a try soon brings back.
+# Steps without drafts, where they do not pay, before trying again: PROBE_STEPS; where a sequence has an earlier answer
+# to draft, FIRST_PROBE, doubling up to PROBE_STEPS while tries do not pay. Short drafts cannot tell the step costs
+# what long ones add (StepCosts prices every row at their mean), so a run of them may price out an earlier answer's
+# whole-tile drafts, which a try soon brings back; text's guesses wait longer (at 8 sequences on this CPU they pay
+# about what they cost).
 FIRST_PROBE = 4
 PROBE_STEPS = 64
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
@@ -132,7 +134,9 @@ class Drafter:
         probe = need >= 1.0
         if probe:
             self._unpaid += 1
-            if self._unpaid < self._probe_after or n not in self.costs.plain:
+            if n not in self.costs.plain or self._unpaid < self._probe_after:
+                return
+            if self._unpaid < PROBE_STEPS and not any(self._remembers(c.seq) for c in decode):
                 return
             # Now and then, to see whether drafting pays again: drafts as long as a sequence alone would draft, so
             # that the step costs learn what long ones add, kept whatever they are priced at.
@@ -213,16 +217,12 @@ class Drafter:
         else the room the draft model may draft in (an int)."""
         if room <= 0:
             return None
-        text = seq.known(len(seq.prompt) + len(seq.output))
-        recalled: list[int] = []
-        trusted = 0
-        if self.memory is not None and not (seq.params.temperature > 0 and seq.params.seed is not None):
-            # one token past the room: the one the draft's last row should give (Drafter.keeps)
-            recalled, trusted = self.memory.chain(text, 0 if self.shared else seq.scope, room + 1)
-            k = self.recall.length(need, min(trusted, room)) if trusted >= TRUSTED_RUN else 0
-            if k:
-                d.recalled, d.after = True, recalled[k] if k < trusted else -1
-                return np.array(recalled[:k], np.int32)
+        # one token past the room: the one the draft's last row should give (Drafter.keeps)
+        recalled, trusted = self._recall(seq, room + 1)
+        k = self.recall.length(need, min(trusted, room)) if trusted >= TRUSTED_RUN else 0
+        if k:
+            d.recalled, d.after = True, recalled[k] if k < trusted else -1
+            return np.array(recalled[:k], np.int32)
         d.recalled = False
         if d.rest:
             d.rest -= 1
@@ -231,12 +231,26 @@ class Drafter:
             d.rate += (1 - d.rate) / 8  # drift back, to try again once the text may have turned to copying
             return None
         room = min(room, d.want)
+        text = seq.known(len(seq.prompt) + len(seq.output))
         draft = lookup(text, room) if self.ngram else None
         if draft is None and recalled:
             draft = np.array(recalled[:room], np.int32)
         if draft is None and self.model is not None:
             return min(room, self.model.n_max)
         return draft
+
+    def _recall(self, seq: Sequence, k: int) -> tuple[list[int], int]:
+        """Up to k tokens of an earlier answer of the sequence's scope that follow its text's tail, and how many of them
+        are marked (NgramMemory.chain); none for a seeded sampled request, which drafts from its own text only, so that
+        its text repeats."""
+        if self.memory is None or (seq.params.temperature > 0 and seq.params.seed is not None):
+            return [], 0
+        text = seq.known(len(seq.prompt) + len(seq.output))
+        return self.memory.chain(text, 0 if self.shared else seq.scope, k)
+
+    def _remembers(self, seq: Sequence) -> bool:
+        """Whether the memory holds an earlier answer for the sequence to draft: a run of marked entries."""
+        return seq.params.speculative and not seq.images and self._recall(seq, TRUSTED_RUN)[1] >= TRUSTED_RUN
 
     def keeps(self, seq: Sequence, sampler: Sampler, row: int, token: int, drafted: int) -> bool:
         """Whether a remembered token the verifying row did not pick is kept: a plain greedy sequence's, within the
