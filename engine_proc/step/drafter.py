@@ -61,12 +61,13 @@ from engine_proc.step.ngram_memory import NgramMemory, memory_path
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
 SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
 # Steps without drafts, where they do not pay, before trying again: PROBE_STEPS; where a sequence has an earlier answer
-# to draft, FIRST_PROBE, doubling up to PROBE_STEPS while tries do not pay. Short drafts cannot tell the step costs
-# what long ones add (StepCosts prices every row at their mean), so a run of them may price out an earlier answer's
-# whole-tile drafts, which a try soon brings back; text's guesses wait longer (at 8 sequences on this CPU they pay
-# about what they cost).
+# to draft for LONG_RUN tokens or more, FIRST_PROBE, doubling up to PROBE_STEPS while tries do not pay. Short drafts
+# cannot tell the step costs what long ones add (StepCosts prices every row at their mean), so a run of them may price
+# out an earlier answer's long drafts, which a try soon brings back; text's guesses and a few remembered tokens (a
+# common phrase) wait longer: at 8 sequences on this CPU they pay about what they cost.
 FIRST_PROBE = 4
 PROBE_STEPS = 64
+LONG_RUN = 32
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
 # A run of the memory's marked entries shorter than this is drafted as a guess, not whole: a few tokens of an
 # earlier answer are often a common phrase.
@@ -249,8 +250,8 @@ class Drafter:
         return self.memory.chain(text, 0 if self.shared else seq.scope, k)
 
     def _remembers(self, seq: Sequence) -> bool:
-        """Whether the memory holds an earlier answer for the sequence to draft: a run of marked entries."""
-        return seq.params.speculative and not seq.images and self._recall(seq, TRUSTED_RUN)[1] >= TRUSTED_RUN
+        """Whether the memory holds a long earlier answer for the sequence to draft: LONG_RUN marked entries."""
+        return seq.params.speculative and not seq.images and self._recall(seq, LONG_RUN)[1] >= LONG_RUN
 
     def keeps(self, seq: Sequence, sampler: Sampler, row: int, token: int, drafted: int) -> bool:
         """Whether a remembered token the verifying row did not pick is kept: a plain greedy sequence's, within the
