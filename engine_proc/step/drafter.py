@@ -60,14 +60,15 @@ from engine_proc.step.ngram_memory import NgramMemory, memory_path
 
 LONGEST_MATCH = 16  # tokens of a sequence's tail matched against its text: the longest match wins
 SHORTEST_MATCH = 4  # shorter matches are too common to predict anything
-# Steps without drafts, where they do not pay, before trying again: PROBE_STEPS; where a sequence has an earlier answer
-# to draft for LONG_RUN tokens or more, FIRST_PROBE, doubling up to PROBE_STEPS while tries do not pay. Short drafts
-# cannot tell the step costs what long ones add (StepCosts prices every row at their mean), so a run of them may price
-# out an earlier answer's long drafts, which a try soon brings back; text's guesses and a few remembered tokens (a
-# common phrase) wait longer: at 8 sequences on this CPU they pay about what they cost.
+# Steps without drafts, where they do not pay, before trying again: PROBE_STEPS; where a sequence has LONG_RUN tokens
+# or more of an earlier answer to draft, FIRST_PROBE, doubling up to PROBE_STEPS while tries do not pay. Short drafts
+# cannot tell the step costs what long ones add (StepCosts prices every row at their mean), and on the CPU a draft of
+# 64 verifies under llama.cpp's flash-attention tile, beside plain rows too, at about 0.6x a shorter one's price a row
+# (draft_pricing.py): so a run of short drafts may price out an earlier answer's whole-tile drafts, which a try soon
+# brings back. Shorter runs and text's guesses wait longer: at 8 sequences on this CPU they pay about what they cost.
 FIRST_PROBE = 4
 PROBE_STEPS = 64
-LONG_RUN = 32
+LONG_RUN = 64
 RATE_MEMORY = 0.5  # weight of a sequence's earlier acceptance rate against its last draft's
 # A run of the memory's marked entries shorter than this is drafted as a guess, not whole: a few tokens of an
 # earlier answer are often a common phrase.

@@ -93,7 +93,7 @@ def test_where_drafts_are_priced_out_an_earlier_answer_is_tried_after_4_steps_th
     drafter.costs = dear
     looping = np.concatenate((prompt, np.tile(np.arange(11, 19, dtype=np.int32), 3)))  # lookup has a draft
     assert steps_drafted(drafter, asking(looping, 12), 70) == [64]  # not another scope's answer: text's guesses wait
-    short = NgramMemory(1)  # an earlier answer of LONG_RUN - 1 tokens: a common phrase as likely as an answer
+    short = NgramMemory(1)  # an earlier answer of LONG_RUN - 1 tokens: a draft short of the tile
     short.remember(
         np.concatenate((looping, np.arange(500, 500 + LONG_RUN - 1, dtype=np.int32))), len(looping), 11, True
     )
