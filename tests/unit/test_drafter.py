@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cllm.core.protocol import SamplingParams
+from engine_proc.sampling.sampler import SeqSampler
 from engine_proc.sequence import Chunk, ImageSpan, Sequence
 from engine_proc.step.draft_pricing import StepCosts
 from engine_proc.step.drafter import LONG_RUN, Drafter
@@ -78,7 +79,10 @@ def test_where_drafts_are_priced_out_an_earlier_answer_is_tried_after_4_steps_th
     drafter.costs = dear
 
     def asking(text: np.ndarray, scope: int) -> list[Sequence]:
-        seqs = [Sequence(i, text, SamplingParams(max_tokens=500, temperature=0), None, scope=scope) for i in range(2)]
+        seqs = [
+            Sequence(i, text, SamplingParams(max_tokens=500, temperature=0), SeqSampler(None), scope=scope)
+            for i in range(2)
+        ]
         for seq in seqs:
             seq.n_cached = len(text) - 1
         return seqs
